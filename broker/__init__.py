@@ -1,0 +1,1 @@
+"""Redis protocol shared by gateway, worker and kvstore (the cluster issue)."""

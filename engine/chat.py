@@ -1,0 +1,98 @@
+"""Render chat messages to a prompt string with the model's Jinja2 chat template."""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from warmfleet.errors import InvalidRequestError
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise InvalidRequestError("messages", message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    # As transformers does: Jinja's own tojson escapes <, >, & and ' for HTML, which would change
+    # the prompt the model was trained on.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    """The compiled template; built once per distinct template string."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
+
+
+def validate_messages(messages: object) -> None:
+    """Raise InvalidRequestError("messages", ...) naming the first bad message and its problem."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages", "must be a non-empty list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequestError("messages", f"[{i}]: must be an object, not {_kind(message)}")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise InvalidRequestError(
+                "messages", f"[{i}].role: must be a string, not {_kind(role)}"
+            )
+        if role not in ROLES:
+            expected = ", ".join(sorted(ROLES))
+            raise InvalidRequestError(
+                "messages", f"[{i}].role: unknown role {role!r} (expected one of {expected})"
+            )
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise InvalidRequestError(
+                "messages", f"[{i}].content: must be a string, not {_kind(content)}"
+            )
+
+
+def _kind(value: object) -> str:
+    return "missing" if value is None else type(value).__name__
+
+
+def render_chat(
+    template: str,
+    messages: list[dict[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    """The prompt for `messages`; a bad message or a failing template is InvalidRequestError."""
+    validate_messages(messages)
+    try:
+        compiled = _compile(template)
+    except jinja2.TemplateError as e:
+        raise InvalidRequestError("chat_template", f"does not compile: {e}") from e
+    try:
+        return compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except InvalidRequestError:
+        raise
+    except Exception as e:
+        # The template is code from the model file; whatever fails inside it fails this
+        # request, never the server.
+        raise InvalidRequestError("messages", f"chat template failed: {e}") from e

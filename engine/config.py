@@ -1,0 +1,105 @@
+"""Typed configuration: the model's shape (read from GGUF) and the engine's limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from warmfleet.errors import InvalidRequestError, UnsupportedModelError
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of a llama-family model, read from GGUF metadata."""
+
+    architecture: str
+    num_layers: int
+    dim: int
+    ffn_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    rope_base: float
+    context_length: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_layers",
+            "dim",
+            "ffn_dim",
+            "num_heads",
+            "num_kv_heads",
+            "context_length",
+            "vocab_size",
+        ):
+            if getattr(self, name) < 1:
+                raise UnsupportedModelError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"head_count {self.num_heads} is not a multiple of head_count_kv "
+                f"{self.num_kv_heads}"
+            )
+        if self.head_dim * self.num_heads != self.dim or self.head_dim % 2:
+            raise UnsupportedModelError(
+                f"head_dim {self.head_dim} x {self.num_heads} heads does not make an even split "
+                f"of embedding_length {self.dim}"
+            )
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> ModelConfig:
+        arch = meta.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"architecture {arch!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+
+        def get(key: str, default: Any = None) -> Any:
+            value = meta.get(f"{arch}.{key}", default)
+            if value is None:
+                raise UnsupportedModelError(f"GGUF metadata lacks {arch}.{key}")
+            return value
+
+        dim = int(get("embedding_length"))
+        num_heads = int(get("attention.head_count"))
+        vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+        return cls(
+            architecture=arch,
+            num_layers=int(get("block_count")),
+            dim=dim,
+            ffn_dim=int(get("feed_forward_length")),
+            num_heads=num_heads,
+            num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+            head_dim=int(get("rope.dimension_count", dim // num_heads)),
+            rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(get("rope.freq_base", 10000.0)),
+            context_length=int(get("context_length")),
+            vocab_size=int(vocab),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Limits of one engine: how much work one step may do."""
+
+    max_running: int = 32  # sequences decoding together
+    prefill_chunk_tokens: int = 256  # prompt tokens one sequence prefills in one step
+    step_prefill_tokens: int = 512  # prompt tokens all sequences prefill in one step
+    session_budget_bytes: int = 2 << 30  # KV kept for idle sessions (LRU beyond it)
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "prefill_chunk_tokens", "step_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.session_budget_bytes < 0:
+            raise InvalidRequestError("session_budget_bytes", "must be >= 0")
+        if self.prefill_chunk_tokens > self.step_prefill_tokens:
+            raise InvalidRequestError("prefill_chunk_tokens", "must not exceed step_prefill_tokens")

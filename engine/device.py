@@ -1,0 +1,66 @@
+"""Choose the array module: NumPy on the CPU, CuPy where a GPU is present and asked for."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from warmfleet.errors import InvalidRequestError
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _cupy_with_gpu() -> ModuleType | None:
+    try:
+        cupy = importlib.import_module("cupy")
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:  # not installed, or no driver / device
+        return None
+
+
+def array_module(device: str) -> ModuleType:
+    """numpy for "cpu"; cupy for "cuda" (an error if unusable); "auto" picks cupy if it works."""
+    if device not in DEVICES:
+        raise InvalidRequestError("device", f"must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cpu":
+        return np
+    cupy = _cupy_with_gpu()
+    if cupy is not None:
+        return cupy
+    if device == "cuda":
+        raise InvalidRequestError(
+            "device",
+            "cuda asked for, but cupy is not installed or sees no GPU "
+            "(install the extra: pip install 'warmfleet[gpu]')",
+        )
+    return np
+
+
+def compute_dtype(name: str) -> np.dtype[Any]:
+    if name not in DTYPES:
+        raise InvalidRequestError("dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}")
+    return np.dtype(DTYPES[name])
+
+
+def set_threads(num_threads: int | None) -> int:
+    """Cap the BLAS thread pool of this process (None: one per core); returns the count.
+
+    Two processes that each spin a thread per core on the same cores slow each other down
+    many times over, so a worker sharing the box takes its share only.
+    """
+    n = num_threads or os.cpu_count() or 1
+    if n < 1:
+        raise InvalidRequestError("threads", f"must be >= 1, got {n}")
+    threadpool_limits(n, user_api="blas")
+    return n
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A NumPy copy (or view) of an array from either module."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)

@@ -1,0 +1,149 @@
+"""The llama forward pass over a flat batch of tokens from many sequences.
+
+Pure functions of their inputs: weights, token ids, positions and caches come in as arguments;
+`xp` is numpy or cupy. Shapes: N tokens in the batch, H heads, G = H / Hkv query heads per KV
+head, D head_dim, T keys of a sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+from engine.weights import LayerWeights, Weights
+
+Array = Any
+
+
+@dataclass(slots=True)
+class Segment:
+    """A run of consecutive tokens of one sequence inside the flat batch."""
+
+    cache: KVCache
+    start: int  # position of the segment's first token; the cache holds [0, start)
+    length: int
+    want_logits: bool  # logits of the segment's last token are needed
+
+
+@dataclass(frozen=True, slots=True)
+class RopeTables:
+    cos: Array  # [context, D/2]
+    sin: Array  # [context, D/2]
+
+    @classmethod
+    def build(cls, config: ModelConfig, dtype: Any, xp: ModuleType) -> RopeTables:
+        half = config.head_dim // 2
+        inv_freq = 1.0 / config.rope_base ** (
+            xp.arange(half, dtype=xp.float64) * 2 / config.head_dim
+        )
+        angles = xp.arange(config.context_length, dtype=xp.float64)[:, None] * inv_freq[None, :]
+        return cls(cos=xp.cos(angles).astype(dtype), sin=xp.sin(angles).astype(dtype))
+
+
+def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
+    # x: [N, dim]
+    scale = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * scale) * weight
+
+
+def apply_rope(x: Array, cos: Array, sin: Array, xp: ModuleType) -> Array:
+    # x: [N, heads, D] in split-half layout; cos, sin: [N, 1, D/2]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def softmax_inplace(scores: Array, xp: ModuleType) -> Array:
+    scores -= scores.max(axis=-1, keepdims=True)
+    xp.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def attend(q: Array, cache: KVCache, layer: int, start: int, xp: ModuleType) -> Array:
+    """Causal attention of one segment's queries over its cache; returns [n, H * D]."""
+    n, num_heads, d = q.shape
+    hkv = cache.config.num_kv_heads
+    g = num_heads // hkv
+    t = start + n
+    keys = cache.k[layer, :, :t]  # [Hkv, T, D]
+    values = cache.v[layer, :, :t]
+    qg = q.reshape(n, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, n * g, d)
+    scores = qg @ keys.transpose(0, 2, 1)  # [Hkv, n*G, T]
+    scores *= d**-0.5
+    if n > 1:
+        # query i sits at position start + i and sees keys 0..start + i
+        future = xp.arange(t)[None, :] > (start + xp.arange(n))[:, None]  # [n, T]
+        bias = xp.where(future, -xp.inf, 0.0).astype(scores.dtype)
+        scores.reshape(hkv, n, g, t)[...] += bias[None, :, None, :]
+    out = softmax_inplace(scores, xp) @ values  # [Hkv, n*G, D]
+    return out.reshape(hkv, n, g, d).transpose(1, 0, 2, 3).reshape(n, num_heads * d)
+
+
+def attention_block(
+    x: Array,
+    lw: LayerWeights,
+    layer: int,
+    config: ModelConfig,
+    cos: Array,
+    sin: Array,
+    segments: list[Segment],
+    xp: ModuleType,
+) -> Array:
+    n_tok = x.shape[0]
+    h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
+    qkv = h @ lw.wqkv.T  # [N, dim + 2 * kv_dim]
+    hd, kvd = config.head_dim, config.kv_dim
+    q = apply_rope(qkv[:, : config.dim].reshape(n_tok, config.num_heads, hd), cos, sin, xp)
+    k = apply_rope(qkv[:, config.dim : config.dim + kvd].reshape(n_tok, -1, hd), cos, sin, xp)
+    v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
+    out = xp.empty((n_tok, config.dim), dtype=x.dtype)
+    row = 0
+    for seg in segments:
+        rows = slice(row, row + seg.length)
+        seg.cache.write(layer, seg.start, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))
+        out[rows] = attend(q[rows], seg.cache, layer, seg.start, xp)
+        row += seg.length
+    return out @ lw.wo.T
+
+
+def mlp_block(x: Array, lw: LayerWeights, config: ModelConfig, xp: ModuleType) -> Array:
+    h = rms_norm(x, lw.ffn_norm, config.rms_eps, xp)
+    gate_up = h @ lw.w_gate_up.T  # [N, 2 * ffn]
+    gate, up = gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :]
+    act = gate / (1.0 + xp.exp(-gate))  # silu
+    act *= up
+    return act @ lw.w_down.T
+
+
+def forward(
+    weights: Weights,
+    config: ModelConfig,
+    rope: RopeTables,
+    tokens: Array,
+    positions: Array,
+    segments: list[Segment],
+    xp: ModuleType,
+) -> Array:
+    """Run the batch, write its keys and values into each segment's cache, and return the
+    logits [num segments wanting logits, vocab] of each such segment's last token.
+
+    tokens, positions: [N] integer arrays, segments in the order their tokens appear.
+    The caches must have capacity for their segments; the caller commits the token ids.
+    """
+    x = weights.embed[tokens]  # [N, dim]
+    cos = rope.cos[positions][:, None, :]  # [N, 1, D/2]
+    sin = rope.sin[positions][:, None, :]
+    for i, lw in enumerate(weights.layers):
+        x = x + attention_block(x, lw, i, config, cos, sin, segments, xp)
+        x = x + mlp_block(x, lw, config, xp)
+    last_rows, row = [], 0
+    for seg in segments:
+        row += seg.length
+        if seg.want_logits:
+            last_rows.append(row - 1)
+    h = rms_norm(x[xp.asarray(last_rows, dtype=xp.int64)], weights.out_norm, config.rms_eps, xp)
+    return h @ weights.output.T  # [M, vocab]

@@ -1,0 +1,56 @@
+"""A loaded model: config, weights on the device, rope tables, tokenizer and fingerprint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.device import array_module, compute_dtype
+from engine.forward import RopeTables
+from engine.gguf_file import open_gguf, read_metadata
+from engine.kv_cache import KVCache
+from engine.tokenizer import Tokenizer
+from engine.weights import Weights, fingerprint, load_weights
+
+
+@dataclass(slots=True)
+class Model:
+    path: Path
+    config: ModelConfig
+    weights: Weights
+    rope: RopeTables
+    tokenizer: Tokenizer
+    fingerprint: str  # changes whenever the weights or the shape change
+    dtype: np.dtype[Any]
+    xp: ModuleType
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str = "auto", dtype: str = "float32") -> Model:
+        """Read, check and dequantize a GGUF llama-family file; named errors on bad input."""
+        xp, np_dtype = array_module(device), compute_dtype(dtype)
+        reader = open_gguf(path)
+        meta = read_metadata(reader)
+        config = ModelConfig.from_metadata(meta)
+        tokenizer = Tokenizer.from_metadata(meta)
+        return cls(
+            path=Path(path),
+            config=config,
+            weights=load_weights(reader, config, np_dtype, xp),
+            rope=RopeTables.build(config, np_dtype, xp),
+            tokenizer=tokenizer,
+            fingerprint=fingerprint(reader, config),
+            dtype=np_dtype,
+            xp=xp,
+        )
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.xp is np else "cuda"
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config, self.dtype, self.xp)

@@ -1,0 +1,48 @@
+"""Builds the arrays for one step, runs the forward pass, and commits the new KV."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.device import to_host
+from engine.forward import Segment, forward
+from engine.model import Model
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, list[Sequence]]:
+        """Logits [M, vocab] (host float32) for the M sequences whose next token is due."""
+        m, xp = self.model, self.model.xp
+        tokens: list[int] = []
+        positions: list[int] = []
+        segments: list[Segment] = []
+        chunks: list[list[int]] = []
+        due: list[Sequence] = []
+        for seq, n in batch:
+            start = seq.num_computed
+            ids = seq.token_slice(start, start + n)
+            seq.cache.reserve(start + n)
+            want = start + n == seq.num_tokens
+            segments.append(Segment(seq.cache, start, n, want))
+            tokens += ids
+            positions += range(start, start + n)
+            chunks.append(ids)
+            if want:
+                due.append(seq)
+        logits = forward(
+            m.weights,
+            m.config,
+            m.rope,
+            xp.asarray(tokens, dtype=xp.int64),
+            xp.asarray(positions, dtype=xp.int64),
+            segments,
+            xp,
+        )
+        for (seq, _), ids in zip(batch, chunks, strict=True):
+            seq.cache.commit(ids)
+        return to_host(logits).astype(np.float32, copy=False), due

@@ -1,0 +1,53 @@
+"""Which sequences run in the next step, and how many of their tokens. No arrays here."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from engine.config import EngineConfig
+from engine.sequence import Sequence, SequenceStatus
+
+ScheduledBatch = list[tuple[Sequence, int]]  # each sequence and how many tokens it runs
+
+
+class Scheduler:
+    """First come, first served. Every decoding sequence gets one token per step; prompts
+    are prefilled in chunks within a per-step token budget so decodes are never starved."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch: ScheduledBatch = [(s, 1) for s in self.running if not s.prefilling]
+        budget = self.config.step_prefill_tokens
+        for seq in self.running:
+            if seq.prefilling and budget > 0:
+                budget -= self._add_chunk(batch, seq, budget)
+        while self.waiting and len(self.running) < self.config.max_running and budget > 0:
+            seq = self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            seq.t_scheduled = time.perf_counter()
+            self.running.append(seq)
+            budget -= self._add_chunk(batch, seq, budget)
+        return batch
+
+    def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        n = min(self.config.prefill_chunk_tokens, budget, seq.num_prompt - seq.num_computed)
+        batch.append((seq, n))
+        return n

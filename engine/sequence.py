@@ -1,0 +1,134 @@
+"""One object per request's state: its ids, counters, KV handle and timings."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.kv_cache import KVCache
+from engine.sampling import SamplingParams
+from engine.text_stream import TextStream
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # end-of-turn token or a stop string
+    LENGTH = "length"  # max_tokens, or the context is full
+    CANCELLED = "cancelled"
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_key: str | None = None  # the session whose KV this request may reuse and extend
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What a finished request reports besides its tokens."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV was reused
+    completion_tokens: int
+    seed: int
+    queue_s: float  # added -> first scheduled
+    ttft_s: float  # added -> first token
+    total_s: float
+    decode_tok_s: float  # tokens after the first, per second
+
+
+class Sequence:
+    __slots__ = (
+        "cache",
+        "finish_reason",
+        "num_cached",
+        "output_ids",
+        "request",
+        "rng",
+        "seed",
+        "status",
+        "t_added",
+        "t_finished",
+        "t_first_token",
+        "t_scheduled",
+        "text",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        cache: KVCache,
+        num_cached: int,
+        rng: np.random.Generator,
+        seed: int,
+        text: TextStream,
+    ) -> None:
+        self.request = request
+        self.status = SequenceStatus.WAITING
+        self.cache = cache
+        self.num_cached = num_cached
+        self.output_ids: list[int] = []
+        self.rng = rng
+        self.seed = seed
+        self.text = text
+        self.finish_reason: FinishReason | None = None
+        self.t_added = time.perf_counter()
+        self.t_scheduled: float | None = None
+        self.t_first_token: float | None = None
+        self.t_finished: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt + len(self.output_ids)
+
+    @property
+    def num_computed(self) -> int:
+        """Tokens whose keys and values are in the cache."""
+        return self.cache.offset
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < self.num_prompt
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        prompt = self.request.prompt_ids
+        head = prompt[start:stop]
+        if stop <= len(prompt):
+            return head
+        return head + self.output_ids[max(0, start - len(prompt)) : stop - len(prompt)]
+
+    def completion(self) -> Completion:
+        assert self.finish_reason is not None and self.t_finished is not None
+        first = self.t_first_token or self.t_finished
+        n_out = len(self.output_ids)
+        decode_s = self.t_finished - first
+        return Completion(
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.num_prompt,
+            cached_tokens=self.num_cached,
+            completion_tokens=n_out,
+            seed=self.seed,
+            queue_s=(self.t_scheduled or self.t_finished) - self.t_added,
+            ttft_s=first - self.t_added,
+            total_s=self.t_finished - self.t_added,
+            decode_tok_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
+        )

@@ -1,0 +1,57 @@
+"""Idle sessions' KV, least recently used first out, bounded by bytes."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Generic, Protocol, TypeVar
+
+
+class Sized(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+
+EntryT = TypeVar("EntryT", bound=Sized)
+
+
+class SessionPool(Generic[EntryT]):
+    """Maps a session key to the KV of its last request while no request uses it.
+
+    A running request takes its session's entry out (`take`) and puts it back when it ends
+    (`put`), so an entry in the pool is always idle and may be evicted.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[str, EntryT] = OrderedDict()
+        self.nbytes = 0
+        self.num_evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def keys(self) -> list[str]:
+        """Keys from least to most recently used."""
+        return list(self._entries)
+
+    def take(self, key: str) -> EntryT | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= entry.nbytes
+        return entry
+
+    def put(self, key: str, entry: EntryT) -> list[str]:
+        """Store `entry` as the most recent; returns the keys evicted to stay in budget."""
+        self.take(key)
+        self._entries[key] = entry
+        self.nbytes += entry.nbytes
+        evicted = []
+        while self.nbytes > self.budget_bytes and self._entries:
+            old_key, old = self._entries.popitem(last=False)
+            self.nbytes -= old.nbytes
+            evicted.append(old_key)
+        self.num_evicted += len(evicted)
+        return evicted

@@ -1,0 +1,124 @@
+"""Byte-level BPE tokenizer built from a GGUF file's metadata with the `tokenizers` library.
+
+It reproduces the tokenizer that transformers builds from the same file
+(`AutoTokenizer.from_pretrained(dir, gguf_file=name)`), which is the reference for token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+from warmfleet.errors import UnsupportedModelError
+
+_CONTROL = 3  # llama.cpp token types
+_USER_DEFINED = 4
+
+# Pre-tokenizers that transformers builds as plain GPT-2 byte-level splitting. llama.cpp's
+# "smollm" also splits every digit on its own first; transformers does not, so runs of spaces
+# before a digit differ ("x  1": transformers Ġ,Ġ1 pieces, llama.cpp ĠĠ,1). This vocab has no
+# merges with digits, so digits themselves come out one per token either way.
+_GPT2_STYLE_PRE = frozenset({"default", "gpt2", "smollm"})
+_TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def _byte_to_char() -> dict[int, str]:
+    """GPT-2's map from each byte to the printable character that spells it in the vocab."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    mapping = {b: chr(b) for b in printable}
+    others = [b for b in range(256) if b not in mapping]
+    mapping.update({b: chr(256 + n) for n, b in enumerate(others)})
+    return mapping
+
+
+_BYTE_TO_CHAR = _byte_to_char()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+
+
+def _spell(token: str) -> str:
+    """The token in the byte alphabet; tokens stored as raw text are respelled from their UTF-8."""
+    if all(c in _CHAR_TO_BYTE for c in token):
+        return token
+    return "".join(_BYTE_TO_CHAR[b] for b in token.encode("utf-8"))
+
+
+class Tokenizer:
+    """Text to token ids and back, for one model's vocabulary."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        """Build from GGUF metadata; prefer `from_metadata`."""
+        model = meta.get("tokenizer.ggml.model")
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        if model != "gpt2":
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.model={model!r} is not supported (only 'gpt2' byte-level BPE)"
+            )
+        if pre not in _GPT2_STYLE_PRE:
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.pre={pre!r} is not supported "
+                f"(supported: {', '.join(sorted(_GPT2_STYLE_PRE))})"
+            )
+        tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+        merges: list[str] = meta.get("tokenizer.ggml.merges") or []
+        if not tokens or not merges:
+            raise UnsupportedModelError("GGUF lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+        types: Sequence[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+        spelled = [_spell(t) for t in tokens]
+        pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
+        backend = tokenizers.Tokenizer(
+            models.BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=pairs)
+        )
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        backend.decoder = decoders.ByteLevel()
+        # As transformers does: control tokens outside the byte alphabet are llama.cpp mislabels
+        # and stay plain vocab entries; user-defined ones are matched whole but are not special.
+        special = [i for i, t in enumerate(tokens) if types[i] == _CONTROL and t == spelled[i]]
+        user = [i for i, t in enumerate(tokens) if types[i] == _USER_DEFINED and t == spelled[i]]
+        backend.add_special_tokens([AddedToken(tokens[i], normalized=False) for i in special])
+        backend.add_tokens([AddedToken(tokens[i], normalized=False) for i in user])
+
+        self._backend = backend
+        self._special_ids = frozenset(special)
+        # The ByteLevel decoder's rule, so these agree with decode(); ASCII special tokens give
+        # their own text.
+        self._token_bytes = [bytes(_CHAR_TO_BYTE[c] for c in s) for s in spelled]
+        self.vocab_size: int = len(tokens)
+        self.bos_id: int | None = meta.get("tokenizer.ggml.bos_token_id")
+        self.eos_id: int | None = meta.get("tokenizer.ggml.eos_token_id")
+        self.add_bos: bool = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        eot = {i for i, t in enumerate(tokens) if t in _TURN_END_TOKENS}
+        if self.eos_id is not None:
+            eot.add(self.eos_id)
+        self.eot_ids: frozenset[int] = frozenset(eot)
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> Tokenizer:
+        """The tokenizer a GGUF header describes; raises UnsupportedModelError if it cannot."""
+        return cls(meta)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special tokens written in the text become their ids.
+
+        BOS is prepended only when the file sets tokenizer.ggml.add_bos_token.
+        """
+        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        if self.add_bos and self.bos_id is not None:
+            return [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD."""
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one token (a special token gives its text in UTF-8)."""
+        return self._token_bytes[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a control token such as <|im_start|>."""
+        return token_id in self._special_ids

@@ -1,0 +1,1 @@
+"""gRPC gateway: admission, routing and token streaming (the cluster issue)."""

@@ -1,0 +1,1 @@
+"""kvstore service: residency index and eviction decisions (the kvstore issue)."""

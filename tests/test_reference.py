@@ -1,0 +1,96 @@
+"""The real default model against the transformers float32 reference (fixtures made by
+tests/reference/make_fixtures.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.chat import render_chat
+from engine.engine import Engine
+from engine.forward import Segment, forward
+from engine.model import Model
+from engine.sampling import SamplingParams
+from engine.sequence import Request
+from tests.conftest import FIXTURES
+from warmfleet.models import DEFAULT_MODEL_SHA256
+
+pytestmark = pytest.mark.slow
+LOGIT_TOL = 2e-3
+
+
+def run_chunks(model: Model, ids: list[int], chunk: int) -> tuple[list[int], np.ndarray]:
+    """Prefill `ids` in chunks; returns the positions whose logits came out, and the logits."""
+    cache = model.new_cache()
+    ends, rows = [], []
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        cache.reserve(start + len(part))
+        logits = forward(
+            model.weights,
+            model.config,
+            model.rope,
+            np.asarray(part),
+            np.arange(start, start + len(part)),
+            [Segment(cache, start, len(part), True)],
+            np,
+        )
+        cache.commit(part)
+        ends.append(start + len(part) - 1)
+        rows.append(logits[0])
+    return ends, np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, np.ndarray]:
+    z = np.load(FIXTURES / "reference_logits.npz")
+    assert str(z["model_sha256"]) == DEFAULT_MODEL_SHA256
+    return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_logits_at_every_position_match_transformers(
+    model: Model, reference: dict[str, np.ndarray], index: int
+) -> None:
+    ids = reference[f"ids_{index}"].tolist()
+    cols = reference["cols"]
+    expected = reference[f"logits_{index}"]
+    assert len(ids) >= 5 and expected.shape == (len(ids), len(cols))
+    # one token per step: the decode path gives the logits at every position
+    ends, ours = run_chunks(model, ids, 1)
+    assert ends == list(range(len(ids)))
+    np.testing.assert_allclose(ours[:, cols], expected, atol=LOGIT_TOL, rtol=0)
+    top5 = np.argsort(-ours, axis=1, kind="stable")[:, :5]
+    assert (top5[:, 0] == reference[f"top5_ids_{index}"][:, 0]).all()
+    # prefill in one piece and in uneven chunks lands on the same numbers
+    for chunk in (len(ids), 7):
+        ends, ours = run_chunks(model, ids, chunk)
+        np.testing.assert_allclose(ours[:, cols], expected[ends], atol=LOGIT_TOL, rtol=0)
+
+
+def test_capital_of_france_top5(model: Model) -> None:
+    ids = model.tokenizer.encode("The capital of France is")
+    _, logits = run_chunks(model, ids, len(ids))
+    top = np.argsort(-logits[0])[:5]
+    assert top.tolist() == [7042, 260, 4528, 2250, 1315]
+    np.testing.assert_allclose(logits[0, top], [17.371, 14.889, 13.245, 13.010, 12.952], atol=2e-3)
+
+
+def test_greedy_chats_match_transformers(model: Model) -> None:
+    chats = json.loads((FIXTURES / "greedy_chats.json").read_text())["chats"]
+    assert len(chats) >= 5
+    tok = model.tokenizer
+    assert tok.chat_template is not None
+    requests = []
+    for chat in chats:
+        rendered = render_chat(tok.chat_template, chat["messages"])
+        assert rendered == chat["rendered"]
+        assert tok.encode(rendered) == chat["prompt_ids"]
+        sampling = SamplingParams(max_tokens=len(chat["completion_ids"]))
+        requests.append(Request(chat["name"], chat["prompt_ids"], sampling))
+    outputs = Engine(model).generate(requests)  # all chats in one batch
+    for chat in chats:
+        got = [t for out in outputs[chat["name"]] for t in out.token_ids]
+        assert got == chat["completion_ids"], chat["name"]

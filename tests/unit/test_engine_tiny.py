@@ -1,0 +1,384 @@
+"""engine.Engine on a tiny random model: batching, abort, limits, sessions, scheduling, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from engine.config import EngineConfig
+from engine.engine import Engine, StepOutput
+from engine.model import Model
+from engine.sampling import SamplingParams
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Completion, FinishReason, Request
+from engine.session_pool import SessionPool
+from tests.tiny_gguf import VOCAB_SIZE
+from warmfleet.errors import InvalidRequestError, PromptTooLongError
+
+GREEDY = SamplingParams(max_tokens=8)
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, VOCAB_SIZE, size=length)]
+
+
+PROMPTS = {"a": prompt(1, 5), "b": prompt(2, 12), "c": prompt(3, 20), "d": prompt(4, 9)}
+
+
+@dataclass
+class Result:
+    ids: list[int]
+    text: str
+    completion: Completion
+
+
+def collect(outputs: list[StepOutput]) -> Result:
+    assert all(len(o.token_ids) <= 1 for o in outputs)
+    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    completion = outputs[-1].completion
+    assert completion is not None
+    return Result(
+        [t for o in outputs for t in o.token_ids], "".join(o.text for o in outputs), completion
+    )
+
+
+def run_alone(model: Model, request: Request, config: EngineConfig | None = None) -> Result:
+    return collect(Engine(model, config).generate([request])[request.request_id])
+
+
+def drive(engine: Engine, arrivals: dict[int, list[Request]]) -> dict[str, Result]:
+    """Step the engine, adding each request at its step number, until everything ends."""
+    outputs: dict[str, list[StepOutput]] = {}
+    step = 0
+    while step <= max(arrivals) or engine.has_work:
+        for r in arrivals.get(step, []):
+            engine.add(r)
+            outputs[r.request_id] = []
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+        step += 1
+    return {rid: collect(outs) for rid, outs in outputs.items()}
+
+
+def record_schedule(engine: Engine) -> list[list[tuple[str, int]]]:
+    """Wrap the scheduler so every batch it hands out is recorded as (request id, tokens)."""
+    batches: list[list[tuple[str, int]]] = []
+    schedule: Callable[[], ScheduledBatch] = engine.scheduler.schedule
+
+    def recording() -> ScheduledBatch:
+        batch = schedule()
+        batches.append([(seq.request_id, n) for seq, n in batch])
+        return batch
+
+    engine.scheduler.schedule = recording  # type: ignore[method-assign]
+    return batches
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model: Model) -> dict[str, list[int]]:
+    return {
+        rid: run_alone(tiny_model, Request(rid, ids, GREEDY)).ids for rid, ids in PROMPTS.items()
+    }
+
+
+def test_greedy_outputs_are_not_degenerate(alone: dict[str, list[int]]) -> None:
+    """The other tests compare these ids; they must differ between prompts to mean anything."""
+    assert all(len(ids) == 8 for ids in alone.values())
+    assert len({tuple(ids) for ids in alone.values()}) == len(alone)
+    assert all(len(set(ids)) >= 3 for ids in alone.values())
+
+
+def test_batch_invariance_with_staggered_arrivals(
+    tiny_model: Model, alone: dict[str, list[int]]
+) -> None:
+    engine = Engine(tiny_model, EngineConfig(prefill_chunk_tokens=4, step_prefill_tokens=7))
+    arrivals = {
+        0: [Request("a", PROMPTS["a"], GREEDY), Request("c", PROMPTS["c"], GREEDY)],
+        2: [Request("b", PROMPTS["b"], GREEDY)],
+        5: [Request("d", PROMPTS["d"], GREEDY)],
+    }
+    results = drive(engine, arrivals)
+    assert {rid: r.ids for rid, r in results.items()} == alone
+    assert not engine.sequences and not engine.scheduler.has_work
+
+
+def test_abort_running_request_leaves_others_unaffected(
+    tiny_model: Model, alone: dict[str, list[int]]
+) -> None:
+    engine = Engine(tiny_model)
+    engine.add(Request("a", PROMPTS["a"], GREEDY))
+    engine.add(Request("b", PROMPTS["b"], GREEDY))
+    outputs: dict[str, list[StepOutput]] = {"a": [], "b": []}
+    for _ in range(3):
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    engine.add(Request("w", PROMPTS["c"], GREEDY))  # queued, aborted before it runs
+
+    cancelled = engine.abort("a")
+    assert cancelled is not None and cancelled.token_ids == []
+    assert cancelled.completion is not None
+    assert cancelled.completion.finish_reason is FinishReason.CANCELLED
+    assert cancelled.completion.completion_tokens == 3
+    assert [t for o in outputs["a"] for t in o.token_ids] == alone["a"][:3]
+    waiting = engine.abort("w")
+    assert waiting is not None and waiting.completion is not None
+    assert waiting.completion.finish_reason is FinishReason.CANCELLED
+    assert waiting.completion.completion_tokens == 0
+    assert engine.abort("a") is None and engine.abort("nope") is None
+    assert set(engine.sequences) == {"b"}
+    assert [s.request_id for s in engine.scheduler.running] == ["b"]
+    assert not engine.scheduler.waiting
+
+    while engine.has_work:
+        for out in engine.step():
+            assert out.request_id == "b"
+            outputs["b"].append(out)
+    assert collect(outputs["b"]).ids == alone["b"]
+
+
+def test_max_tokens_gives_exactly_n_tokens(tiny_model: Model) -> None:
+    for n in (1, 5, 13):
+        result = run_alone(tiny_model, Request("r", PROMPTS["b"], SamplingParams(max_tokens=n)))
+        assert len(result.ids) == n
+        assert result.completion.finish_reason is FinishReason.LENGTH
+        assert result.completion.completion_tokens == n
+        assert result.completion.prompt_tokens == len(PROMPTS["b"])
+        assert result.completion.cached_tokens == 0
+
+
+def test_full_context_ends_with_length(tiny_model: Model) -> None:
+    ctx = tiny_model.config.context_length
+    request = Request("r", prompt(9, ctx - 3), SamplingParams(max_tokens=50))
+    result = run_alone(tiny_model, request)
+    assert len(result.ids) == 3
+    assert result.completion.finish_reason is FinishReason.LENGTH
+
+
+def test_session_extension_reuses_the_prefix(tiny_model: Model) -> None:
+    engine = Engine(tiny_model)
+    first = drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})["1"]
+    assert first.completion.cached_tokens == 0
+    assert engine.sessions.keys() == ["s"]
+    # the last sampled token was never run, so the session holds prompt + ids[:-1]
+    held = PROMPTS["c"] + first.ids[:-1]
+    second_prompt = PROMPTS["c"] + first.ids + prompt(5, 6)
+    second = drive(engine, {0: [Request("2", second_prompt, GREEDY, cache_key="s")]})["2"]
+    assert second.completion.cached_tokens == len(held)
+    assert second.ids == run_alone(tiny_model, Request("cold", second_prompt, GREEDY)).ids
+
+
+def test_session_with_identical_prompt_recomputes_the_last_token(tiny_model: Model) -> None:
+    engine = Engine(tiny_model)
+    drive(engine, {0: [Request("1", PROMPTS["b"], GREEDY, cache_key="s")]})
+    again = drive(engine, {0: [Request("2", PROMPTS["b"][:7], GREEDY, cache_key="s")]})["2"]
+    assert again.completion.cached_tokens == 6
+    assert again.ids == run_alone(tiny_model, Request("cold", PROMPTS["b"][:7], GREEDY)).ids
+
+
+def test_session_diverging_midway_reuses_only_the_common_prefix(tiny_model: Model) -> None:
+    engine = Engine(tiny_model)
+    drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})
+    diverged = [*PROMPTS["c"][:7], (PROMPTS["c"][7] + 1) % VOCAB_SIZE, *PROMPTS["c"][8:]]
+    result = drive(engine, {0: [Request("2", diverged, GREEDY, cache_key="s")]})["2"]
+    assert result.completion.cached_tokens == 7
+    assert result.ids == run_alone(tiny_model, Request("cold", diverged, GREEDY)).ids
+    # the session now holds the diverged prompt and its output, not the first request's
+    assert engine.sessions.take("s").token_ids == diverged + result.ids[:-1]  # type: ignore[union-attr]
+
+
+def test_sessions_are_evicted_by_bytes(tiny_model: Model) -> None:
+    one_cache = 256 * tiny_model.new_cache().bytes_per_token
+    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=one_cache))
+    drive(engine, {0: [Request("1", PROMPTS["a"], GREEDY, cache_key="s1")]})
+    assert engine.sessions.keys() == ["s1"] and engine.sessions.nbytes == one_cache
+    drive(engine, {0: [Request("2", PROMPTS["b"], GREEDY, cache_key="s2")]})
+    assert engine.sessions.keys() == ["s2"] and engine.sessions.num_evicted == 1
+    cold = drive(engine, {0: [Request("3", PROMPTS["a"], GREEDY, cache_key="s1")]})["3"]
+    assert cold.completion.cached_tokens == 0
+
+
+def test_scheduler_chunks_prefill_within_the_step_budget(tiny_model: Model) -> None:
+    engine = Engine(tiny_model, EngineConfig(prefill_chunk_tokens=4, step_prefill_tokens=6))
+    batches = record_schedule(engine)
+    results = drive(
+        engine,
+        {
+            0: [
+                Request("c", PROMPTS["c"][:10], GREEDY),
+                Request("b", PROMPTS["b"][:7], GREEDY),
+                Request("a", PROMPTS["a"][:3], GREEDY),
+            ]
+        },
+    )
+    assert batches[:5] == [
+        [("c", 4), ("b", 2)],
+        [("c", 4), ("b", 2)],
+        [("c", 2), ("b", 3), ("a", 1)],
+        [("c", 1), ("b", 1), ("a", 2)],
+        [("c", 1), ("b", 1), ("a", 1)],
+    ]
+    # afterwards only decodes; a's first token comes in step 4 and its eighth in step 11
+    assert batches[5:] == [[("c", 1), ("b", 1), ("a", 1)]] * 5 + [[("a", 1)]]
+    for rid, length in (("c", 10), ("b", 7), ("a", 3)):
+        cold = run_alone(tiny_model, Request(rid, PROMPTS[rid][:length], GREEDY))
+        assert results[rid].ids == cold.ids
+
+
+def test_long_prompt_is_chunked_and_counted_in_steps(tiny_model: Model) -> None:
+    engine = Engine(tiny_model, EngineConfig(prefill_chunk_tokens=16, step_prefill_tokens=16))
+    batches = record_schedule(engine)
+    long_prompt = prompt(11, 100)
+    result = drive(engine, {0: [Request("r", long_prompt, SamplingParams(max_tokens=3))]})["r"]
+    assert [n for batch in batches for _, n in batch] == [16] * 6 + [4, 1, 1]
+    assert (
+        result.ids
+        == run_alone(tiny_model, Request("r", long_prompt, SamplingParams(max_tokens=3))).ids
+    )
+
+
+def assert_state_unchanged(engine: Engine, session_ids: list[int]) -> None:
+    assert not engine.sequences and not engine.scheduler.has_work
+    assert engine.sessions.keys() == ["s"]
+    entry = engine.sessions.take("s")
+    assert entry is not None and entry.token_ids == session_ids
+    engine.sessions.put("s", entry)
+
+
+def test_prompt_too_long_changes_nothing(tiny_model: Model) -> None:
+    engine = Engine(tiny_model)
+    drive(engine, {0: [Request("1", PROMPTS["a"], GREEDY, cache_key="s")]})
+    held = engine.sessions.take("s")
+    assert held is not None
+    engine.sessions.put("s", held)
+    ctx = tiny_model.config.context_length
+    for length in (ctx, ctx + 50):
+        with pytest.raises(PromptTooLongError) as err:
+            engine.add(Request("2", PROMPTS["a"] + prompt(6, length - 5), cache_key="s"))
+        assert err.value.field == "prompt"
+        assert err.value.num_tokens == length and err.value.context_length == ctx
+        assert_state_unchanged(engine, held.token_ids)
+    engine.add(Request("ok", prompt(6, ctx - 1)))  # the longest prompt that fits
+    assert set(engine.sequences) == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("ids", "field"),
+    [
+        ([], "prompt"),
+        ([5, VOCAB_SIZE, 7], "token_ids"),
+        ([5, -1], "token_ids"),
+        ([10**12], "token_ids"),
+    ],
+)
+def test_invalid_prompt_names_the_field_and_changes_nothing(
+    tiny_model: Model, ids: list[int], field: str
+) -> None:
+    engine = Engine(tiny_model)
+    drive(engine, {0: [Request("1", PROMPTS["a"], GREEDY, cache_key="s")]})
+    held = engine.sessions.take("s")
+    assert held is not None
+    engine.sessions.put("s", held)
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add(Request("2", ids, cache_key="s"))
+    assert err.value.field == field
+    assert_state_unchanged(engine, held.token_ids)
+
+
+def test_duplicate_request_id_is_rejected(tiny_model: Model) -> None:
+    engine = Engine(tiny_model)
+    engine.add(Request("x", PROMPTS["a"]))
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add(Request("x", PROMPTS["b"]))
+    assert err.value.field == "request_id"
+    assert len(engine.scheduler.waiting) == 1
+
+
+@dataclass
+class Stub:
+    nbytes: int
+
+
+def test_session_pool_lru_by_bytes() -> None:
+    pool: SessionPool[Stub] = SessionPool(budget_bytes=100)
+    assert pool.put("a", Stub(40)) == []
+    assert pool.put("b", Stub(40)) == []
+    assert pool.put("c", Stub(30)) == ["a"]
+    assert pool.keys() == ["b", "c"] and pool.nbytes == 70 and pool.num_evicted == 1
+    assert pool.put("b", Stub(40)) == []  # refresh b: now c is the oldest
+    assert pool.keys() == ["c", "b"] and pool.nbytes == 70
+    assert pool.put("d", Stub(50)) == ["c"]
+    assert pool.keys() == ["b", "d"] and pool.nbytes == 90
+    assert pool.put("b", Stub(10)) == []  # replacing an entry replaces its bytes
+    assert pool.nbytes == 60 and pool.keys() == ["d", "b"]
+    taken = pool.take("d")
+    assert taken == Stub(50) and pool.nbytes == 10 and "d" not in pool and len(pool) == 1
+    assert pool.take("d") is None and pool.nbytes == 10
+    assert pool.put("huge", Stub(101)) == ["b", "huge"]
+    assert len(pool) == 0 and pool.nbytes == 0 and pool.num_evicted == 4
+
+
+def test_session_pool_with_zero_budget_keeps_nothing() -> None:
+    pool: SessionPool[Stub] = SessionPool(budget_bytes=0)
+    assert pool.put("a", Stub(1)) == ["a"]
+    assert pool.put("z", Stub(0)) == []
+    assert pool.keys() == ["z"] and pool.nbytes == 0
+
+
+def test_seeded_sampling_is_batch_invariant_and_seed_dependent(tiny_model: Model) -> None:
+    def seeded(rid: str, seed: int) -> Request:
+        return Request(rid, PROMPTS["b"], SamplingParams(temperature=1.0, seed=seed, max_tokens=12))
+
+    solo = run_alone(tiny_model, seeded("s", 7))
+    assert solo.completion.seed == 7
+    engine = Engine(tiny_model, EngineConfig(prefill_chunk_tokens=4, step_prefill_tokens=8))
+    results = drive(
+        engine,
+        {
+            0: [Request("g", PROMPTS["c"], GREEDY), seeded("x", 99)],
+            1: [seeded("s", 7)],
+            3: [seeded("y", 7)],
+        },
+    )
+    assert results["s"].ids == solo.ids
+    assert results["y"].ids == solo.ids  # same seed, same prompt, different arrival step
+    assert results["x"].ids != solo.ids
+    assert run_alone(tiny_model, seeded("s", 8)).ids != solo.ids
+    assert (
+        solo.ids
+        != run_alone(tiny_model, Request("g", PROMPTS["b"], SamplingParams(max_tokens=12))).ids
+    )
+
+
+def test_unseeded_sampling_reports_the_seed_it_used(tiny_model: Model) -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    first = run_alone(tiny_model, Request("r", PROMPTS["b"], params))
+    replay = SamplingParams(temperature=1.0, max_tokens=6, seed=first.completion.seed)
+    assert run_alone(tiny_model, Request("r", PROMPTS["b"], replay)).ids == first.ids
+
+
+def test_stop_string_cuts_text_and_ends_with_stop(tiny_model: Model) -> None:
+    ascii_prompt = tiny_model.tokenizer.encode("the cat sat in the hat")
+    params = SamplingParams(max_tokens=40)
+    full = run_alone(tiny_model, Request("r", ascii_prompt, params))
+    assert full.text == tiny_model.tokenizer.decode(full.ids, skip_special=True)
+    half = len(full.text) // 2
+    start = next(
+        i
+        for i in range(half, len(full.text) - 1)
+        if full.text[i : i + 2].isascii() and full.text[i : i + 2].isprintable()
+    )
+    stop = full.text[start : start + 2]
+    cut = full.text.find(stop)
+    assert cut > 0
+    stopped = run_alone(
+        tiny_model, Request("r", ascii_prompt, SamplingParams(max_tokens=40, stop=(stop,)))
+    )
+    assert stopped.text == full.text[:cut]
+    assert stopped.completion.finish_reason is FinishReason.STOP
+    assert stopped.ids == full.ids[: len(stopped.ids)]
+    # the stop ends on the token that completes it
+    assert stop in tiny_model.tokenizer.decode(stopped.ids, skip_special=True)
+    assert stop not in tiny_model.tokenizer.decode(stopped.ids[:-1], skip_special=True)

@@ -1,0 +1,152 @@
+"""`warmfleet generate`: run one prompt through the in-process engine and stream the text."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from engine.chat import render_chat, validate_messages
+from engine.device import set_threads
+from engine.engine import Engine
+from engine.model import Model
+from engine.sampling import SamplingParams
+from engine.sequence import Request
+from warmfleet.errors import InvalidRequestError
+from warmfleet.models import env_int, resolve_model
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("generate", help="generate text with the in-process engine")
+    p.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a GGUF llama-family file (default: the default model, fetched on first use)",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="raw text, sent without a chat template")
+    src.add_argument(
+        "--messages",
+        metavar="JSON",
+        help="chat messages as JSON, e.g. "
+        '\'[{"role": "user", "content": "Hi"}]\', or @FILE to read them from a file',
+    )
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 is off")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 is off")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="0 is off")
+    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop before this text (repeatable)",
+    )
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="compute dtype (float16 is meant for the GPU)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=env_int("WARMFLEET_THREADS"),
+        metavar="N",
+        help="BLAS threads (default: $WARMFLEET_THREADS, else one per core)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object at the end instead of streaming text",
+    )
+    p.set_defaults(run=run)
+
+
+def parse_messages(raw: str) -> list[dict[str, str]]:
+    if raw.startswith("@"):
+        try:
+            with open(raw[1:], encoding="utf-8") as f:
+                raw = f.read()
+        except OSError as e:
+            raise InvalidRequestError("messages", f"cannot read {raw[1:]}: {e.strerror}") from e
+    try:
+        messages = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError("messages", f"not valid JSON: {e.msg} at char {e.pos}") from e
+    validate_messages(messages)
+    return messages
+
+
+def run(args: argparse.Namespace) -> int:
+    sampling = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+    )
+    messages = parse_messages(args.messages) if args.messages is not None else None
+    set_threads(args.threads)
+    path = resolve_model(args.model)
+    t0 = time.perf_counter()
+    print(f"warmfleet: loading {path.name}", file=sys.stderr, flush=True)
+    model = Model.load(path, device=args.device, dtype=args.dtype)
+    load_s = time.perf_counter() - t0
+    print(
+        f"warmfleet: loaded in {load_s:.1f} s ({model.device}, {args.dtype})",
+        file=sys.stderr,
+        flush=True,
+    )
+    tok = model.tokenizer
+    if messages is not None:
+        if tok.chat_template is None:
+            raise InvalidRequestError("messages", "this model has no chat template; use --prompt")
+        text = render_chat(tok.chat_template, messages)
+    else:
+        text = args.prompt
+    request = Request("cli", tok.encode(text), sampling)
+    engine = Engine(model)
+    engine.add(request)
+    token_ids: list[int] = []
+    pieces: list[str] = []
+    completion = None
+    while completion is None:
+        for out in engine.step():
+            token_ids += out.token_ids
+            pieces.append(out.text)
+            completion = out.completion
+            if not args.json:
+                sys.stdout.write(out.text)
+                sys.stdout.flush()
+    if not args.json:
+        sys.stdout.write("\n")
+        return 0
+    result = {
+        "model": str(path),
+        "fingerprint": model.fingerprint,
+        "prompt_ids": request.prompt_ids,
+        "token_ids": token_ids,
+        "text": "".join(pieces),
+        "finish_reason": str(completion.finish_reason),
+        "seed": completion.seed,
+        "usage": {
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+        },
+        "timings": {
+            "load_s": round(load_s, 3),
+            "ttft_s": round(completion.ttft_s, 4),
+            "total_s": round(completion.total_s, 4),
+            "decode_tok_s": round(completion.decode_tok_s, 2),
+        },
+    }
+    print(json.dumps(result, ensure_ascii=False))
+    return 0

@@ -1,0 +1,1 @@
+"""Worker process: one per device, owns the model and the KV pool (the cluster issue)."""
