@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from engine import kernels
 from warmfleet.errors import InvalidRequestError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -58,6 +59,7 @@ def set_threads(num_threads: int | None) -> int:
     if n < 1:
         raise InvalidRequestError("threads", f"must be >= 1, got {n}")
     threadpool_limits(n, user_api="blas")
+    kernels.set_num_threads(min(n, kernels.MAX_THREADS))
     return n
 
 

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from engine.config import ModelConfig
+from engine.kernels import matmul_t
 from engine.kv_cache import KVCache
 from engine.weights import LayerWeights, Weights
 
@@ -95,7 +96,7 @@ def attention_block(
 ) -> Array:
     n_tok = x.shape[0]
     h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
-    qkv = h @ lw.wqkv.T  # [N, dim + 2 * kv_dim]
+    qkv = matmul_t(h, lw.wqkv)  # [N, dim + 2 * kv_dim]
     hd, kvd = config.head_dim, config.kv_dim
     q = apply_rope(qkv[:, : config.dim].reshape(n_tok, config.num_heads, hd), cos, sin, xp)
     k = apply_rope(qkv[:, config.dim : config.dim + kvd].reshape(n_tok, -1, hd), cos, sin, xp)
@@ -107,16 +108,16 @@ def attention_block(
         seg.cache.write(layer, seg.start, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))
         out[rows] = attend(q[rows], seg.cache, layer, seg.start, xp)
         row += seg.length
-    return out @ lw.wo.T
+    return matmul_t(out, lw.wo)
 
 
 def mlp_block(x: Array, lw: LayerWeights, config: ModelConfig, xp: ModuleType) -> Array:
     h = rms_norm(x, lw.ffn_norm, config.rms_eps, xp)
-    gate_up = h @ lw.w_gate_up.T  # [N, 2 * ffn]
+    gate_up = matmul_t(h, lw.w_gate_up)  # [N, 2 * ffn]
     gate, up = gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :]
     act = gate / (1.0 + xp.exp(-gate))  # silu
     act *= up
-    return act @ lw.w_down.T
+    return matmul_t(act, lw.w_down)
 
 
 def forward(
@@ -146,4 +147,4 @@ def forward(
         if seg.want_logits:
             last_rows.append(row - 1)
     h = rms_norm(x[xp.asarray(last_rows, dtype=xp.int64)], weights.out_norm, config.rms_eps, xp)
-    return h @ weights.output.T  # [M, vocab]
+    return matmul_t(h, weights.output)  # [M, vocab]
