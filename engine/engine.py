@@ -53,6 +53,7 @@ class Engine:
         self.sessions: SessionPool[KVCache] = SessionPool(self.config.session_budget_bytes)
         self.sequences: dict[str, Sequence] = {}
         self.stats = EngineStats()
+        self.evicted_sessions: list[str] = []  # dropped from the pool; the owner drains it
 
     @property
     def has_work(self) -> bool:
@@ -154,7 +155,7 @@ class Engine:
         self.scheduler.remove(seq)
         del self.sequences[seq.request_id]
         if seq.request.cache_key:
-            self.sessions.put(seq.request.cache_key, seq.cache)
+            self.evicted_sessions += self.sessions.put(seq.request.cache_key, seq.cache)
         return StepOutput(seq.request_id, token_ids or [], text, seq.completion())
 
     def generate(self, requests: list[Request]) -> dict[str, list[StepOutput]]:

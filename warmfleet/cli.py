@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from warmfleet import __version__
-from warmfleet.commands import generate, model
+from warmfleet.commands import chat, gateway, generate, model, up, worker
 from warmfleet.errors import WarmfleetError
 
 
@@ -23,8 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="warmfleet", description=__doc__)
     parser.add_argument("--version", action="version", version=f"warmfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    model.register(sub)
+    up.register(sub)
+    chat.register(sub)
+    gateway.register(sub)
+    worker.register(sub)
     generate.register(sub)
+    model.register(sub)
     return parser
 
 

@@ -48,3 +48,7 @@ class PromptTooLongError(InvalidRequestError):
         )
         self.num_tokens = num_tokens
         self.context_length = context_length
+
+
+class ServiceError(WarmfleetError):
+    """A service this command needs could not be started or reached (Redis, a worker)."""

@@ -1,0 +1,54 @@
+"""Every Redis key and stream name warmfleet uses, in one place (prefix `wf:`)."""
+
+from __future__ import annotations
+
+GROUP = "workers"  # the consumer group on every request stream
+PRIORITIES = ("interactive", "normal", "batch")  # served in this order
+DEFAULT_TENANT = "local"
+
+WORKERS = "wf:workers"  # set of worker ids that have registered
+
+
+def pinned_stream(worker_id: str) -> str:
+    """Requests routed to one worker because it holds the session's KV."""
+    return f"wf:q:worker:{worker_id}"
+
+
+def shared_stream(priority: str) -> str:
+    """Requests any worker may take, one stream per priority class."""
+    return f"wf:q:shared:{priority}"
+
+
+def out_stream(request_id: str) -> str:
+    """Tokens of one request, from the worker back to the gateway."""
+    return f"wf:out:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    """Present while a client has cancelled the request."""
+    return f"wf:cancel:{request_id}"
+
+
+def heartbeat_key(worker_id: str) -> str:
+    """Present (with a TTL) while the worker is alive; its value is the worker's status."""
+    return f"wf:hb:{worker_id}"
+
+
+def adopt_lock(worker_id: str) -> str:
+    """Held by the live worker that takes over a dead worker's pinned stream."""
+    return f"wf:adopt:{worker_id}"
+
+
+def session_key(tenant: str, session_id: str) -> str:
+    """Hash: where a session's KV lives (worker, tier, tokens, bytes, last use)."""
+    return f"wf:session:{tenant}:{session_id}"
+
+
+def session_index(tenant: str) -> str:
+    """Sorted set of a tenant's session ids, scored by last use (for listing)."""
+    return f"wf:sessions:{tenant}"
+
+
+def cache_key(tenant: str, session_id: str) -> str:
+    """The engine's key for a session's KV: tenant-scoped, so ids never collide."""
+    return f"{tenant}/{session_id}"

@@ -1,0 +1,178 @@
+"""The worker's side of the Redis protocol: read requests, publish tokens, hold leases."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+
+from broker import keys
+from broker.wire import Control, Fields, WireRequest
+
+OUT_STREAM_TTL_S = 300  # a finished request's tokens stay readable this long
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One stream entry this worker has taken: a request or a control order."""
+
+    stream: str
+    entry_id: str
+    request: WireRequest | None
+    control: Control | None = None
+
+
+def _parse(stream: str, entry_id: str, fields: Fields) -> Delivery:
+    if "op" in fields:
+        return Delivery(stream, entry_id, None, Control.decode(fields))
+    return Delivery(stream, entry_id, WireRequest.decode(fields))
+
+
+class WorkerBroker:
+    """Requests come from the worker's pinned stream and the shared streams (consumer group
+    `workers`, consumer = worker id). An entry stays pending until the worker acks it at the
+    end of the request; a worker renews its entries' leases while it runs them, and entries
+    whose lease lapsed (their worker died) are claimed again by a live worker."""
+
+    def __init__(self, r: redis.Redis, worker_id: str, lease_s: float) -> None:
+        self.r = r
+        self.worker_id = worker_id
+        self.lease_ms = int(lease_s * 1000)
+        self.pinned = keys.pinned_stream(worker_id)
+        self.streams = [self.pinned, *(keys.shared_stream(p) for p in keys.PRIORITIES)]
+
+    def _ensure_group(self, stream: str) -> None:
+        try:
+            self.r.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def register(self, status: dict[str, object], ttl_s: float) -> None:
+        for stream in self.streams:
+            self._ensure_group(stream)
+        # heartbeat and membership together: a member without a heartbeat counts as dead
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(keys.heartbeat_key(self.worker_id), json.dumps(status), px=int(ttl_s * 1000))
+        pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.execute()
+
+    def heartbeat(self, status: dict[str, object], ttl_s: float) -> None:
+        self.r.set(keys.heartbeat_key(self.worker_id), json.dumps(status), px=int(ttl_s * 1000))
+
+    def unregister(self) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.delete(keys.heartbeat_key(self.worker_id))
+        pipe.srem(keys.WORKERS, self.worker_id)
+        pipe.execute()
+
+    def read(self, count: int, block_ms: int | None) -> list[Delivery]:
+        """New entries, pinned stream first; blocks up to block_ms when there are none."""
+        if count <= 0:
+            return []
+        reply = self.r.xreadgroup(
+            keys.GROUP,
+            self.worker_id,
+            dict.fromkeys(self.streams, ">"),
+            count=count,
+            block=block_ms,
+        )
+        return [_parse(s, eid, f) for s, entries in reply or [] for eid, f in entries]
+
+    def renew(self, deliveries: Iterable[Delivery]) -> None:
+        """Reset the idle time of the entries this worker is running (its lease)."""
+        by_stream: dict[str, list[str]] = {}
+        for d in deliveries:
+            by_stream.setdefault(d.stream, []).append(d.entry_id)
+        if not by_stream:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for stream, ids in by_stream.items():
+            pipe.xclaim(stream, keys.GROUP, self.worker_id, 0, ids, justid=True)
+        pipe.execute()
+
+    def reclaim(self, limit: int) -> list[Delivery]:
+        """Entries whose lease lapsed, and the whole pinned stream of any dead worker."""
+        taken: list[Delivery] = []
+        for stream in self.streams[1:]:
+            taken += self._autoclaim(stream, self.lease_ms, limit - len(taken))
+        for dead in self._dead_workers():
+            if len(taken) >= limit:
+                break
+            if self.r.set(keys.adopt_lock(dead), self.worker_id, nx=True, ex=30):
+                taken += self._adopt(dead, limit - len(taken))
+        return taken
+
+    def _autoclaim(self, stream: str, min_idle_ms: int, count: int) -> list[Delivery]:
+        if count <= 0:
+            return []
+        reply = self.r.xautoclaim(
+            stream, keys.GROUP, self.worker_id, min_idle_ms, "0-0", count=count
+        )
+        return [_parse(stream, eid, f) for eid, f in reply[1] if f]
+
+    def _dead_workers(self) -> list[str]:
+        others = sorted(w for w in self.r.smembers(keys.WORKERS) if w != self.worker_id)
+        if not others:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for w in others:
+            pipe.exists(keys.heartbeat_key(w))
+        return [w for w, alive in zip(others, pipe.execute(), strict=True) if not alive]
+
+    def _adopt(self, dead: str, limit: int) -> list[Delivery]:
+        """Take a dead worker's pending and undelivered pinned entries, then retire it."""
+        stream = keys.pinned_stream(dead)
+        if not self.r.exists(stream):
+            self.r.srem(keys.WORKERS, dead)
+            return []
+        taken = self._autoclaim(stream, 0, limit)
+        reply = self.r.xreadgroup(keys.GROUP, self.worker_id, {stream: ">"}, count=limit)
+        taken += [_parse(stream, eid, f) for _, entries in reply or [] for eid, f in entries]
+        pending = self.r.xpending(stream, keys.GROUP)["pending"]
+        if not taken and self.r.xlen(stream) == pending == 0:
+            self.r.delete(stream)
+            self.r.srem(keys.WORKERS, dead)
+        return taken
+
+    def publish(
+        self,
+        events: list[tuple[str, Fields]],
+        acks: list[Delivery],
+        session_updates: list[tuple[str, str, dict[str, str] | None]],
+        watch: list[str],
+        status: tuple[dict[str, object], float] | None = None,
+    ) -> list[str]:
+        """One round trip: out-stream events, acks of finished entries, session records
+        (tenant, session id, fields; None deletes), a fresh heartbeat (status, ttl) when
+        given, and which of `watch` were cancelled."""
+        pipe = self.r.pipeline(transaction=False)
+        if status is not None:
+            hb = json.dumps(status[0])
+            pipe.set(keys.heartbeat_key(self.worker_id), hb, px=int(status[1] * 1000))
+        for request_id, fields in events:
+            stream = keys.out_stream(request_id)
+            pipe.xadd(stream, fields)
+            if fields["k"] != "chunk":
+                pipe.expire(stream, OUT_STREAM_TTL_S)
+        for d in acks:
+            pipe.xack(d.stream, keys.GROUP, d.entry_id)
+            pipe.xdel(d.stream, d.entry_id)
+        now = time.time()
+        for tenant, session_id, record in session_updates:
+            key = keys.session_key(tenant, session_id)
+            if record is None:
+                pipe.delete(key)
+                pipe.zrem(keys.session_index(tenant), session_id)
+            else:
+                pipe.hset(key, mapping=record)
+                pipe.zadd(keys.session_index(tenant), {session_id: now})
+        if watch:
+            pipe.mget([keys.cancel_key(rid) for rid in watch])
+        replies = pipe.execute()
+        if not watch:
+            return []
+        return [rid for rid, flag in zip(watch, replies[-1], strict=True) if flag]

@@ -1,0 +1,225 @@
+"""The gRPC Inference service: validate, route, enqueue, and stream tokens back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+import redis
+
+from broker.gateway_broker import GatewayBroker, SessionRecord
+from broker.keys import DEFAULT_TENANT
+from broker.wire import parse_tokens
+from engine.config import ModelConfig
+from engine.tokenizer import Tokenizer
+from gateway.validate import build_request, check_session_id
+from warmfleet.errors import InvalidRequestError, PromptTooLongError
+from warmfleet.v1 import inference_pb2 as pb
+from warmfleet.v1 import inference_pb2_grpc
+
+log = logging.getLogger("warmfleet.gateway")
+SESSION_METADATA_KEY = "x-session-id"
+POLL_MS = 1000  # longest single wait on a request's out stream
+MAX_PAGE_SIZE = 1000
+FINISH = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "cancelled": pb.FINISH_REASON_CANCELLED,
+}
+KV_SOURCE = {
+    "cold": pb.KV_SOURCE_COLD,
+    "warm": pb.KV_SOURCE_WARM,
+    "disk": pb.KV_SOURCE_DISK,
+    "prefix": pb.KV_SOURCE_PREFIX,
+}
+TIER = {"hot": pb.TIER_HOT, "warm": pb.TIER_WARM, "disk": pb.TIER_DISK, "gone": pb.TIER_GONE}
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    default_timeout_s: float = 600.0  # a request without a client deadline ends after this
+
+    def __post_init__(self) -> None:
+        if self.default_timeout_s <= 0:
+            raise InvalidRequestError("default_timeout_s", "must be > 0")
+
+
+def completion_pb(raw: dict[str, Any]) -> pb.Completion:
+    u, t = raw["usage"], raw["timings"]
+    return pb.Completion(
+        request_id=raw["request_id"],
+        finish_reason=FINISH[raw["finish_reason"]],
+        usage=pb.Usage(**u),
+        timings=pb.Timings(**t),
+        worker_id=raw["worker_id"],
+        kv_source=KV_SOURCE[raw["kv_source"]],
+        seed=raw["seed"],
+    )
+
+
+def session_pb(record: SessionRecord) -> pb.Session:
+    return pb.Session(
+        session_id=record.session_id,
+        tier=TIER.get(record.tier, pb.TIER_GONE),
+        worker_id=record.worker_id,
+        num_tokens=record.num_tokens,
+        kv_bytes=record.kv_bytes,
+        last_used_unix_s=record.last_used,
+    )
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+class InferenceService(inference_pb2_grpc.InferenceServicer):
+    def __init__(
+        self,
+        broker: GatewayBroker,
+        tokenizer: Tokenizer,
+        model_config: ModelConfig,
+        config: GatewayConfig,
+    ) -> None:
+        self.broker = broker
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.config = config
+
+    def Generate(
+        self, request: pb.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.GenerateResponse]:
+        metadata = dict(context.invocation_metadata())
+        session_id = request.session_id or str(metadata.get(SESSION_METADATA_KEY, ""))
+        remaining = context.time_remaining()
+        timeout_s = (
+            min(remaining, self.config.default_timeout_s)
+            if remaining
+            else self.config.default_timeout_s
+        )
+        try:
+            wire = build_request(
+                request, session_id, DEFAULT_TENANT, self.tokenizer, self.model_config, timeout_s
+            )
+        except PromptTooLongError as e:
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except InvalidRequestError as e:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        rid = wire.request_id
+        try:
+            if not self.broker.live_workers():
+                _abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
+            self.broker.enqueue(wire)
+        except redis.RedisError as e:
+            _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+        context.add_callback(lambda: self._on_rpc_end(rid, context))
+        yield from self._stream(rid, wire.deadline_at, context)
+
+    def _on_rpc_end(self, rid: str, context: grpc.ServicerContext) -> None:
+        if context.is_active():
+            return
+        try:  # the client went away or the deadline passed: free the worker's sequence
+            self.broker.cancel(rid)
+        except redis.RedisError as e:
+            log.warning("could not cancel %s: %s", rid, e)
+
+    def _stream(
+        self, rid: str, deadline_at: float, context: grpc.ServicerContext
+    ) -> Iterator[pb.GenerateResponse]:
+        after, next_index = "0", 0
+        while True:
+            left_ms = int((deadline_at - time.time()) * 1000)
+            if left_ms <= 0:
+                self.broker.cancel(rid)
+                _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+            if not context.is_active():
+                return
+            try:
+                events = self.broker.read_out(rid, after, min(POLL_MS, left_ms))
+            except redis.RedisError as e:
+                _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+            for entry_id, fields in events:
+                after = entry_id
+                kind = fields["k"]
+                if kind == "chunk":
+                    index, ids = int(fields["i"]), parse_tokens(fields["t"])
+                    # a request retried on another worker replays its tokens: send each once
+                    skip = max(0, next_index - index)
+                    if skip > len(ids) or (skip == len(ids) and ids):
+                        continue
+                    next_index = index + len(ids)
+                    yield pb.GenerateResponse(
+                        chunk=pb.Chunk(index=index + skip, token_ids=ids[skip:], text=fields["x"])
+                    )
+                elif kind == "done":
+                    yield pb.GenerateResponse(completion=completion_pb(json.loads(fields["c"])))
+                    return
+                else:
+                    code = getattr(grpc.StatusCode, fields["code"], grpc.StatusCode.INTERNAL)
+                    _abort(context, code, fields["m"])
+
+    def GetSession(
+        self, request: pb.GetSessionRequest, context: grpc.ServicerContext
+    ) -> pb.Session:
+        record = self._session_call(
+            context,
+            lambda: self.broker.get_session(
+                DEFAULT_TENANT, self._session_id(request.session_id, context)
+            ),
+        )
+        if record is None:
+            _abort(context, grpc.StatusCode.NOT_FOUND, f"no session {request.session_id!r}")
+        return session_pb(record)
+
+    def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        size = request.page_size or 100
+        if size > MAX_PAGE_SIZE:
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"page_size: at most {MAX_PAGE_SIZE}, got {size}",
+            )
+        try:
+            offset = int(request.page_token or "0")
+            if offset < 0:
+                raise ValueError
+        except ValueError:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not a token we issued")
+        records = self._session_call(
+            context, lambda: self.broker.list_sessions(DEFAULT_TENANT, offset, size + 1)
+        )
+        more = len(records) > size
+        return pb.ListSessionsResponse(
+            sessions=[session_pb(r) for r in records[:size]],
+            next_page_token=str(offset + size) if more else "",
+        )
+
+    def DeleteSession(
+        self, request: pb.DeleteSessionRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteSessionResponse:
+        sid = self._session_id(request.session_id, context)
+        deleted = self._session_call(
+            context, lambda: self.broker.delete_session(DEFAULT_TENANT, sid)
+        )
+        return pb.DeleteSessionResponse(deleted=deleted)
+
+    def _session_id(self, session_id: str, context: grpc.ServicerContext) -> str:
+        try:
+            if not session_id:
+                raise InvalidRequestError("session_id", "is required")
+            return check_session_id(session_id)
+        except InvalidRequestError as e:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    def _session_call(self, context: grpc.ServicerContext, call: Any) -> Any:
+        try:
+            return call()
+        except redis.RedisError as e:
+            _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")

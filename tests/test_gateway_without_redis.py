@@ -1,0 +1,64 @@
+"""A gateway whose Redis is unreachable answers UNAVAILABLE quickly, never hangs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from warmfleet.client import Client
+from warmfleet.probes import HealthProbe
+from warmfleet.processes import Process, free_port, kill, spawn
+
+
+@pytest.fixture(scope="module")
+def gateway(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port, dead_redis = free_port(), free_port()  # nothing listens on dead_redis
+    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    proc: Process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "warmfleet.cli",
+            "gateway",
+            "--redis-url",
+            f"redis://127.0.0.1:{dead_redis}/0",
+            "--port",
+            str(port),
+            "--model",
+            str(default_model_path),
+        ],
+        log,
+    )
+    target = f"127.0.0.1:{port}"
+    probe = HealthProbe(target)
+    try:
+        deadline = time.monotonic() + 60
+        while probe.not_serving_reason() is not None:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "gateway not serving after 60 s"
+            time.sleep(0.2)
+        yield target
+    finally:
+        probe.close()
+        kill(proc)
+
+
+@pytest.mark.parametrize("deadline_s", [2.0, 5.0])
+def test_requests_fail_unavailable_within_their_deadline(gateway: str, deadline_s: float) -> None:
+    with Client(gateway) as client:
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            client.complete("s", prompt="hello", max_tokens=4, timeout_s=deadline_s)
+        elapsed = time.monotonic() - t0
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        assert "unavailable" in err.value.details()
+        assert elapsed < deadline_s
+        for call in (lambda: client.get_session("s"), lambda: client.delete_session("s")):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,30 @@
+"""The committed generated code is what proto/generate.py makes from the .proto files."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_generator():  # proto/ is not a package: load the script by path
+    spec = importlib.util.spec_from_file_location("proto_generate", REPO / "proto" / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
+    written = load_generator().generate(tmp_path)
+    names = {p.relative_to(tmp_path).as_posix() for p in written}
+    assert names == {
+        "warmfleet/v1/inference_pb2.py",
+        "warmfleet/v1/inference_pb2.pyi",
+        "warmfleet/v1/inference_pb2_grpc.py",
+    }
+    for name in names:
+        fresh = (tmp_path / name).read_text()
+        committed = (REPO / name).read_text()
+        assert committed == fresh, f"{name} is stale: run .venv/bin/python proto/generate.py"

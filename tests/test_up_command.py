@@ -1,0 +1,133 @@
+"""`warmfleet up` end to end with stand-in workers and gateway: ready banner, demo, signals."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fake_cluster import CLI_MODULE, child_env
+from warmfleet.commands import up
+from warmfleet.launcher import Cluster
+from warmfleet.processes import free_port
+from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
+
+
+def fake_clusters(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str] | None = None
+) -> list[Cluster]:
+    """Make `up` build clusters of stand-ins; returns the list they are recorded in."""
+    made: list[Cluster] = []
+
+    def factory(**kwargs: object) -> Cluster:
+        cluster = Cluster(
+            **kwargs,  # type: ignore[arg-type]
+            cli_module=CLI_MODULE,
+            extra_env=child_env(**(env or {})),
+            log_dir=tmp_path / "logs",
+        )
+        made.append(cluster)
+        return cluster
+
+    monkeypatch.setattr(up, "Cluster", factory)
+    return made
+
+
+def signal_when(condition: Callable[[], bool], timeout_s: float = 60.0) -> threading.Thread:
+    """SIGTERM this process once `condition()` holds (or after `timeout_s`)."""
+
+    def wait_then_signal() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_up(argv: list[str]) -> int:
+    from warmfleet.cli import build_parser
+
+    args = build_parser().parse_args(["up", *argv])
+    return int(args.run(args))
+
+
+def test_up_demo_then_sigterm_stops_cleanly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = fake_clusters(monkeypatch, tmp_path)
+    stdout = io.StringIO()
+    monkeypatch.setattr("sys.stdout", stdout)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    port = free_port()
+    signal_when(lambda: stdout.getvalue().count("[demo-") >= 8)  # 4 turns, 2 lines each
+    code = run_up(["--workers", "2", "--port", str(port), "--model", str(model), "--demo"])
+    assert code == 0
+    out = stdout.getvalue()
+    assert f"warmfleet is up: gRPC 127.0.0.1:{port} · workers w0, w1 · redis redis://" in out
+    assert f"try: warmfleet chat --session demo --target 127.0.0.1:{port}" in out
+    assert "[demo-a] user: What is the capital of France?" in out
+    assert "[demo-b · fake · cached 0/" in out  # the stand-in's worker id, first turn cold
+    second_turn = out.split("[demo-a] user: And which river runs through it?\n")[1]
+    assert second_turn.startswith("[demo-a · fake · cached ") and "cached 0/" not in second_turn
+    assert "stopping..." in capsys.readouterr().err
+    (cluster,) = made
+    assert {n: p.returncode for n, p in cluster.processes.items() if n != "redis"} == {
+        "w0": 0,
+        "w1": 0,
+        "gateway": 0,
+    }
+
+
+def test_a_signal_during_start_stops_everything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    made = fake_clusters(monkeypatch, tmp_path, env={"FAKE_SILENT": "w0"})  # never ready
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    signal_when(lambda: bool(made) and "w0" in made[0].processes)
+    code = run_up(["--workers", "1", "--port", str(free_port()), "--model", str(model)])
+    assert code == 130
+    assert all(p.poll() is not None for p in made[0].processes.values())
+
+
+def test_first_signal_asks_second_insists() -> None:
+    signals = StopSignals().install()
+    try:
+        assert not signals.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.requested and not signals.urgent
+        with pytest.raises(StopNow):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signals.urgent
+    finally:
+        signals.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_interruptible_raises_on_the_first_signal() -> None:
+    signals = StopSignals().install()
+    try:
+        with pytest.raises(StopRequested), signals.interruptible():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted by the handler
+        with pytest.raises(StopRequested), signals.interruptible():
+            pass  # a stop already requested: leave at once
+    finally:
+        signals.restore()
+
+
+def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from warmfleet.cli import main
+
+    assert main(["up", "--workers", "0"]) == 2
+    assert capsys.readouterr().err == "warmfleet: error: --workers: must be at least 1, got 0\n"

@@ -1,0 +1,114 @@
+"""`warmfleet up`: start Redis, the workers and the gateway on this machine; Ctrl-C stops them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from warmfleet.demo import run_demo
+from warmfleet.errors import InvalidRequestError
+from warmfleet.launcher import Cluster
+from warmfleet.models import resolve_model
+from warmfleet.processes import describe_exit, format_tail
+from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
+
+DEFAULT_PORT = 50051
+STOP_TIMEOUT_S = 15.0
+_POLL_S = 0.2
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start warmfleet on this machine: a private redis-server (unless --redis-url), "
+        "the workers and the gRPC gateway; Ctrl-C stops them all",
+    )
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="worker processes (2)")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"gRPC port ({DEFAULT_PORT})"
+    )
+    p.add_argument(
+        "--redis-url", metavar="URL", help="use this Redis instead of a private redis-server"
+    )
+    p.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a GGUF llama-family file (default: the default model, fetched on first use)",
+    )
+    p.add_argument(
+        "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
+    )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="once up, run two sessions at once (two turns each) and print their replies",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise InvalidRequestError("--workers", f"must be at least 1, got {args.workers}")
+    if not 0 <= args.port <= 65535:
+        raise InvalidRequestError("--port", f"must be in [0, 65535], got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequestError("--threads", f"must be at least 1, got {args.threads}")
+    model = resolve_model(args.model)  # fetched once here, before any worker starts
+    cluster = Cluster(
+        num_workers=args.workers,
+        port=args.port,
+        redis_url=args.redis_url,
+        model=model,
+        threads_per_worker=args.threads,
+    )
+    signals = StopSignals().install()
+    try:
+        with signals.interruptible():
+            cluster.start()
+        print(_banner(cluster), flush=True)
+        if args.demo and not run_demo(cluster.target, lambda: signals.requested):
+            print("warmfleet: the demo failed (see above); still up", file=sys.stderr)
+        return _supervise(cluster, signals)
+    except (StopRequested, StopNow):
+        return 130
+    finally:
+        _stop(cluster, signals)
+        signals.restore()
+
+
+def _banner(cluster: Cluster) -> str:
+    target = "" if cluster.target == f"127.0.0.1:{DEFAULT_PORT}" else f" --target {cluster.target}"
+    return (
+        f"warmfleet is up: gRPC {cluster.target} · workers {', '.join(cluster.worker_ids)} · "
+        f"redis {cluster.redis_url} · logs {cluster.log_dir}\n"
+        f"try: warmfleet chat --session demo{target}    (Ctrl-C stops everything)"
+    )
+
+
+def _supervise(cluster: Cluster, signals: StopSignals) -> int:
+    """Wait for a stop signal (0). Report each child that exits; return 1 if serving stops."""
+    reported: set[str] = set()
+    while not signals.requested:
+        exited = cluster.exited()
+        for name in sorted(exited.keys() - reported):
+            reported.add(name)
+            log = format_tail(cluster.log_path(name), 10)
+            print(f"warmfleet: {name} {describe_exit(exited[name])}; {log}", file=sys.stderr)
+        if "gateway" in exited or "redis" in exited or set(cluster.worker_ids) <= exited.keys():
+            print("warmfleet: cannot serve any more; stopping", file=sys.stderr)
+            return 1
+        time.sleep(_POLL_S)
+    return 0
+
+
+def _stop(cluster: Cluster, signals: StopSignals) -> None:
+    """Stop every child: draining first, at once after a second signal."""
+    if signals.requested:
+        print("warmfleet: stopping... (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+    try:
+        cluster.stop(timeout_s=0 if signals.urgent else STOP_TIMEOUT_S)
+    except StopNow:
+        print("warmfleet: stopping now", file=sys.stderr, flush=True)
+        cluster.stop(timeout_s=0)

@@ -1,0 +1,111 @@
+"""Child processes: spawn with a log file, stop with a deadline, read the tail of a log."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+Process = subprocess.Popen[bytes]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    """True if a listener could bind 127.0.0.1:`port` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is ok
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> Process:
+    """Start `argv` with stdout and stderr appended to `log_path` and stdin closed.
+
+    The child gets a session of its own, so a Ctrl-C in the terminal reaches only the
+    launcher, which then stops its children in order.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+
+
+def signal_process(proc: Process, signum: int) -> None:
+    """Send `signum` to `proc` unless it has already exited and been reaped."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+
+def wait_exit(proc: Process, timeout_s: float) -> int | None:
+    """Wait up to `timeout_s` for `proc` to exit; its exit code, or None if it still runs."""
+    try:
+        return proc.wait(timeout=max(0.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def kill(proc: Process, timeout_s: float = 5.0) -> int | None:
+    """SIGKILL `proc` and reap it; its exit code (None only if the kernel never reaps it)."""
+    signal_process(proc, signal.SIGKILL)
+    return wait_exit(proc, timeout_s)
+
+
+def terminate(proc: Process, timeout_s: float) -> int | None:
+    """SIGTERM `proc`, wait up to `timeout_s`, then SIGKILL it; its exit code."""
+    signal_process(proc, signal.SIGTERM)
+    code = wait_exit(proc, timeout_s)
+    return code if code is not None else kill(proc)
+
+
+def tail(path: Path, num_lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
+    """The last `num_lines` lines of a log file (empty if it is missing)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return lines[-num_lines:]
+
+
+def describe_exit(code: int) -> str:
+    """'exited with code 1' or 'was killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def format_tail(path: Path, num_lines: int = 20) -> str:
+    """The tail of a log, indented, under a header line naming the file."""
+    lines = tail(path, num_lines)
+    if not lines:
+        return f"(its log {path} is empty)"
+    body = "\n".join(f"    {line}" for line in lines)
+    return f"last lines of {path}:\n{body}"

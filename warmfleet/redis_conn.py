@@ -1,0 +1,27 @@
+"""Redis connections with finite timeouts everywhere."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+CONNECT_TIMEOUT_S = 1.0
+
+
+def redis_url_default() -> str:
+    return os.environ.get("WARMFLEET_REDIS_URL", DEFAULT_REDIS_URL)
+
+
+def connect(url: str, *, block_ms: int, max_connections: int | None = None) -> redis.Redis:
+    """A client whose every call fails within block_ms plus a few seconds, never hangs."""
+    pool = redis.ConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=block_ms / 1000 + 5.0,
+        health_check_interval=15,
+        max_connections=max_connections,
+    )
+    return redis.Redis(connection_pool=pool)
