@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from bench.llamacpp import llamacpp_available, measure_llamacpp
+from bench.table import print_table
 from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
@@ -187,15 +188,7 @@ def main() -> None:
     rows.append(("KV bytes per token", f"{kv}", f"{lc_kv:.0f} (f16)" if lc_kv else "-", "-"))
     rows.append(("peak RSS (MiB)", f"{rss_mib:.0f}", "-", "-"))
 
-    widths = [
-        max(len(r[i]) for r in [*rows, ("figure", "warmfleet", "llama.cpp", "ratio")])
-        for i in range(4)
-    ]
-    header = ("figure", "warmfleet", "llama.cpp", "ratio")
-    print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    print("-|-".join("-" * w for w in widths))
-    for row in rows:
-        print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print_table(("figure", "warmfleet", "llama.cpp", "ratio"), rows)
 
 
 if __name__ == "__main__":

@@ -278,7 +278,7 @@ def test_bad_input_is_rejected_precisely(
     client: Client, name: str, kwargs: dict[str, object], code: grpc.StatusCode, field: str
 ) -> None:
     with pytest.raises(grpc.RpcError) as err:
-        client.complete("bad-input", timeout_s=30, **kwargs)  # type: ignore[arg-type]
+        client.complete("bad-input", timeout_s=30, **kwargs)
     assert err.value.code() == code, err.value.details()
     assert field in err.value.details()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -141,35 +141,14 @@ class Client:
         self,
         session_id: str,
         *,
-        messages: Sequence[Mapping[str, str]] | None = None,
-        prompt: str | None = None,
-        token_ids: Sequence[int] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        priority: int | str | None = None,
         timeout_s: float | None = None,
         metadata: Metadata = (),
+        **fields: Any,
     ) -> GenerateStream:
-        """Start a Generate call; it yields chunks, then one completion (or raises RpcError)."""
-        request = build_request(
-            session_id,
-            messages=messages,
-            prompt=prompt,
-            token_ids=token_ids,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            seed=seed,
-            stop=stop,
-            priority=priority,
-        )
+        """Start a Generate call; it yields chunks, then one completion (or raises RpcError).
+
+        `fields` are the keyword arguments of build_request (input, sampling, priority)."""
+        request = build_request(session_id, **fields)
         call = self._stub.Generate(
             request,
             timeout=self.timeout_s if timeout_s is None else timeout_s,
@@ -177,41 +156,9 @@ class Client:
         )
         return cast(GenerateStream, call)
 
-    def complete(
-        self,
-        session_id: str,
-        *,
-        messages: Sequence[Mapping[str, str]] | None = None,
-        prompt: str | None = None,
-        token_ids: Sequence[int] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        priority: int | str | None = None,
-        timeout_s: float | None = None,
-        metadata: Metadata = (),
-    ) -> Reply:
-        """Generate to the end and return the whole reply."""
-        call = self.stream(
-            session_id,
-            messages=messages,
-            prompt=prompt,
-            token_ids=token_ids,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            seed=seed,
-            stop=stop,
-            priority=priority,
-            timeout_s=timeout_s,
-            metadata=metadata,
-        )
+    def complete(self, session_id: str, **options: Any) -> Reply:
+        """Generate to the end and return the whole reply; `options` are those of stream()."""
+        call = self.stream(session_id, **options)
         try:
             return collect(call)
         finally:

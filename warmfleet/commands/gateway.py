@@ -16,21 +16,17 @@ from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
 from gateway.server import build_server
 from gateway.service import POLL_MS, GatewayConfig
+from warmfleet.commands.common import add_redis_url
 from warmfleet.errors import ServiceError
 from warmfleet.models import resolve_model
-from warmfleet.redis_conn import connect, redis_url_default
+from warmfleet.redis_conn import connect
 
 DRAIN_S = 10.0
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("gateway", help="run the gRPC gateway")
-    p.add_argument(
-        "--redis-url",
-        default=redis_url_default(),
-        metavar="URL",
-        help="default: $WARMFLEET_REDIS_URL, else redis://127.0.0.1:6379/0",
-    )
+    add_redis_url(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument(

@@ -14,8 +14,9 @@ from engine.engine import Engine
 from engine.model import Model
 from engine.sampling import SamplingParams
 from engine.sequence import Request
+from warmfleet.commands.common import add_compute
 from warmfleet.errors import InvalidRequestError
-from warmfleet.models import env_int, resolve_model
+from warmfleet.models import resolve_model
 
 
 def register(sub: Any) -> None:
@@ -46,20 +47,7 @@ def register(sub: Any) -> None:
         metavar="TEXT",
         help="stop before this text (repeatable)",
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--dtype",
-        choices=["float32", "float16"],
-        default="float32",
-        help="compute dtype (float16 is meant for the GPU)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=env_int("WARMFLEET_THREADS"),
-        metavar="N",
-        help="BLAS threads (default: $WARMFLEET_THREADS, else one per core)",
-    )
+    add_compute(p)
     p.add_argument(
         "--json",
         action="store_true",

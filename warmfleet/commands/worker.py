@@ -16,30 +16,18 @@ from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
-from warmfleet.models import env_int, resolve_model
-from warmfleet.redis_conn import connect, redis_url_default
+from warmfleet.commands.common import add_compute, add_redis_url
+from warmfleet.models import resolve_model
+from warmfleet.redis_conn import connect
 from worker.loop import Worker, WorkerConfig
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("worker", help="run one worker: the model on one device, fed from Redis")
-    p.add_argument(
-        "--redis-url",
-        default=redis_url_default(),
-        metavar="URL",
-        help="default: $WARMFLEET_REDIS_URL, else redis://127.0.0.1:6379/0",
-    )
+    add_redis_url(p)
     p.add_argument("--worker-id", default=f"{socket.gethostname()}-{os.getpid()}", metavar="ID")
     p.add_argument("--model", metavar="PATH", help="GGUF file (default: the default model)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=env_int("WARMFLEET_THREADS"),
-        metavar="N",
-        help="BLAS/kernel threads (default: $WARMFLEET_THREADS, else one per core)",
-    )
+    add_compute(p)
     p.add_argument(
         "--max-running", type=int, default=32, metavar="N", help="sequences decoded together"
     )

@@ -1,0 +1,40 @@
+"""Options that several subcommands share, defined once."""
+
+from __future__ import annotations
+
+import argparse
+
+from warmfleet.models import env_int
+from warmfleet.redis_conn import redis_url_default
+
+
+def add_redis_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--redis-url",
+        default=redis_url_default(),
+        metavar="URL",
+        help="default: $WARMFLEET_REDIS_URL, else redis://127.0.0.1:6379/0",
+    )
+
+
+def add_compute(p: argparse.ArgumentParser) -> None:
+    """--device, --dtype and --threads: where and how the model runs."""
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="cuda uses CuPy; auto uses it when a GPU is seen",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="compute dtype (float16 is meant for the GPU)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=env_int("WARMFLEET_THREADS"),
+        metavar="N",
+        help="BLAS/kernel threads (default: $WARMFLEET_THREADS, else one per core)",
+    )
