@@ -96,17 +96,22 @@ class GatewayBroker:
         return [self._record(s, f) for s, f in zip(ids, pipe.execute(), strict=True) if f]
 
     def delete_session(self, tenant: str, session_id: str) -> bool:
-        """Forget the session; the worker holding its KV is told to drop it."""
+        """Forget the session; whoever holds its KV is told to drop it: the live worker that
+        has it in memory, or any worker of the host when it is on disk."""
         key = keys.session_key(tenant, session_id)
-        worker = self.r.hget(key, "worker")
-        if worker and not self.alive([worker])[0]:
-            worker = None
+        record = self.r.hgetall(key)
+        worker, tier = record.get("worker", ""), record.get("tier", "")
+        stream = None
+        if worker and self.alive([worker])[0]:
+            stream = keys.pinned_stream(worker)
+        elif tier == "disk":
+            stream = keys.shared_stream("normal")
         pipe = self.r.pipeline(transaction=True)
         pipe.delete(key)
         pipe.zrem(keys.session_index(tenant), session_id)
-        if worker:
+        if stream is not None:
             drop = Control("drop_session", {"tenant": tenant, "session_id": session_id})
-            pipe.xadd(keys.pinned_stream(worker), drop.encode())
+            pipe.xadd(stream, drop.encode())
         return bool(pipe.execute()[0])
 
     def _record(self, session_id: str, f: dict[str, str]) -> SessionRecord:

@@ -53,7 +53,8 @@ class Engine:
         self.sessions: SessionPool[KVCache] = SessionPool(self.config.session_budget_bytes)
         self.sequences: dict[str, Sequence] = {}
         self.stats = EngineStats()
-        self.evicted_sessions: list[str] = []  # dropped from the pool; the owner drains it
+        # sessions pushed out of the pool by its budget; the owner spills or forgets them
+        self.evicted_sessions: list[tuple[str, KVCache]] = []
 
     @property
     def has_work(self) -> bool:
@@ -93,6 +94,10 @@ class Engine:
         if seq is None:
             return None
         return self._finish(seq, FinishReason.CANCELLED, "")
+
+    def adopt_session(self, key: str, cache: KVCache) -> None:
+        """Put a session's KV (restored from elsewhere) into the pool as the most recent."""
+        self.evicted_sessions += self.sessions.put(key, cache)
 
     def _check(self, request: Request) -> None:
         ids, ctx = request.prompt_ids, self.model.config.context_length

@@ -47,15 +47,16 @@ class SessionPool(Generic[EntryT]):
             self.nbytes -= entry.nbytes
         return entry
 
-    def put(self, key: str, entry: EntryT) -> list[str]:
-        """Store `entry` as the most recent; returns the keys evicted to stay in budget."""
+    def put(self, key: str, entry: EntryT) -> list[tuple[str, EntryT]]:
+        """Store `entry` as the most recent; returns what was evicted to stay in budget,
+        oldest first (the caller may spill it)."""
         self.take(key)
         self._entries[key] = entry
         self.nbytes += entry.nbytes
-        evicted = []
+        evicted: list[tuple[str, EntryT]] = []
         while self.nbytes > self.budget_bytes and self._entries:
             old_key, old = self._entries.popitem(last=False)
             self.nbytes -= old.nbytes
-            evicted.append(old_key)
+            evicted.append((old_key, old))
         self.num_evicted += len(evicted)
         return evicted

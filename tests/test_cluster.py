@@ -46,6 +46,7 @@ def cluster(
         model=default_model_path,
         lease_s=2.0,
         log_dir=tmp_path_factory.mktemp("cluster-logs"),
+        worker_args=["--spill-dir", str(tmp_path_factory.mktemp("spill"))],
     ) as c:
         yield c
 

@@ -52,3 +52,11 @@ class PromptTooLongError(InvalidRequestError):
 
 class ServiceError(WarmfleetError):
     """A service this command needs could not be started or reached (Redis, a worker)."""
+
+
+class SpillFileError(WarmfleetError):
+    """A spill file failed a check (magic, version, model, layout, size or checksum)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.reason = reason

@@ -8,7 +8,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +65,7 @@ class Cluster:
         extra_env: Mapping[str, str] | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         progress: Progress = print_progress,
+        worker_args: Sequence[str] = (),
         cli_module: str = "warmfleet.cli",
     ) -> None:
         if num_workers < 1:
@@ -77,6 +78,7 @@ class Cluster:
         self._given_redis_url = redis_url
         self._model = model
         self._lease_s = lease_s
+        self._worker_args = tuple(worker_args)  # more `warmfleet worker` options
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         # Kept after stop(), so a failed run can be read afterwards.
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="warmfleet-"))
@@ -181,7 +183,7 @@ class Cluster:
             argv += ["--model", str(self._model)]
         if self._lease_s is not None:
             argv += ["--lease-s", str(self._lease_s)]
-        return argv
+        return argv + list(self._worker_args)
 
     def _gateway_argv(self) -> list[str]:
         argv = [sys.executable, "-m", self._cli_module, "gateway", "--redis-url", self.redis_url]

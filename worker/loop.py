@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
@@ -17,6 +17,7 @@ from engine.engine import Engine
 from engine.sampling import SamplingParams
 from engine.sequence import Completion, Request
 from warmfleet.errors import InvalidRequestError, PromptTooLongError, WarmfleetError
+from worker.spiller import Spiller
 
 log = logging.getLogger("warmfleet.worker")
 SessionUpdate = tuple[str, str, dict[str, str] | None]
@@ -48,6 +49,7 @@ class InFlight:
     admitted_at: float  # unix seconds
     next_index: int = 0  # index of the next generated token to publish
     cache_key: str | None = None
+    from_disk: bool = False  # the session's KV was restored from its spill file
 
 
 @dataclass(slots=True)
@@ -60,8 +62,15 @@ class Outbox:
 
 
 class Worker:
-    def __init__(self, engine: Engine, broker: WorkerBroker, config: WorkerConfig) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        broker: WorkerBroker,
+        config: WorkerConfig,
+        spiller: Spiller | None = None,
+    ) -> None:
         self.engine = engine
+        self.spiller = spiller  # None: evicted sessions are forgotten
         self.broker = broker
         self.config = config
         self.inflight: dict[str, InFlight] = {}
@@ -82,6 +91,7 @@ class Worker:
             "steps": self.engine.stats.num_steps,
             "stopping": self.stopping,
             "model_fingerprint": self.engine.model.fingerprint,
+            "spill": asdict(self.spiller.stats) if self.spiller else None,
         }
 
     def run(self, max_steps: int | None = None) -> None:
@@ -104,6 +114,8 @@ class Worker:
             self.teardown()
 
     def teardown(self) -> None:
+        if self.spiller is not None:
+            self.spiller.close()
         try:
             self.broker.unregister()
         except redis.RedisError as e:
@@ -142,7 +154,10 @@ class Worker:
         if d.control is not None:
             if d.control.op == "drop_session":
                 args = d.control.args
-                self.engine.sessions.take(keys.cache_key(args["tenant"], args["session_id"]))
+                key = keys.cache_key(args["tenant"], args["session_id"])
+                self.engine.sessions.take(key)
+                if self.spiller is not None:
+                    self.spiller.drop(key)
             out.acks.append(d)
             return
         req = d.request
@@ -156,6 +171,11 @@ class Worker:
             out.acks.append(d)
             return
         cache_key = keys.cache_key(req.tenant, req.session_id) if req.session_id else None
+        from_disk = False
+        if cache_key and self.spiller and cache_key not in self.engine.sessions:
+            cache, from_disk = self.spiller.take_back(cache_key)
+            if cache is not None:
+                self.engine.adopt_session(cache_key, cache)
         try:
             sampling = SamplingParams(**{**req.sampling, "stop": tuple(req.sampling["stop"])})
             self.engine.add(Request(req.request_id, req.prompt_ids, sampling, cache_key))
@@ -164,7 +184,9 @@ class Worker:
             out.events.append((req.request_id, error_event(code, str(e))))
             out.acks.append(d)
             return
-        self.inflight[req.request_id] = InFlight(d, req, time.time(), cache_key=cache_key)
+        self.inflight[req.request_id] = InFlight(
+            d, req, time.time(), cache_key=cache_key, from_disk=from_disk
+        )
         if req.session_id:
             out.sessions.append((req.tenant, req.session_id, self._record("hot", cache_key)))
 
@@ -191,10 +213,15 @@ class Worker:
             )
 
     def _flush(self) -> None:
-        for key in self.engine.evicted_sessions:
-            tenant, session_id = key.split("/", 1)
-            self._outbox.sessions.append((tenant, session_id, {"worker": "", "tier": "gone"}))
+        for key, cache in self.engine.evicted_sessions:
+            if self.spiller is not None:
+                self.spiller.spill(key, cache)  # its record changes when the write is done
+            else:
+                self._outbox.sessions.append((*_split(key), {"worker": "", "tier": "gone"}))
         self.engine.evicted_sessions.clear()
+        if self.spiller is not None:
+            for key, record in self.spiller.completed():
+                self._outbox.sessions.append((*_split(key), record))
         out, self._outbox = self._outbox, Outbox()
         status = None
         if sorted(self.inflight) != self._published_running:  # keep the status exact
@@ -243,6 +270,11 @@ class Worker:
                 "total_s": time.time() - f.request.accepted_at,
             },
             "worker_id": self.config.worker_id,
-            "kv_source": "warm" if c.cached_tokens > 0 else "cold",
+            "kv_source": "cold" if c.cached_tokens == 0 else "disk" if f.from_disk else "warm",
             "seed": c.seed,
         }
+
+
+def _split(cache_key: str) -> tuple[str, str]:
+    tenant, session_id = cache_key.split("/", 1)
+    return tenant, session_id

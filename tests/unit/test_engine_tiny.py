@@ -305,24 +305,25 @@ def test_session_pool_lru_by_bytes() -> None:
     pool: SessionPool[Stub] = SessionPool(budget_bytes=100)
     assert pool.put("a", Stub(40)) == []
     assert pool.put("b", Stub(40)) == []
-    assert pool.put("c", Stub(30)) == ["a"]
+    a = pool.peek("a")
+    assert pool.put("c", Stub(30)) == [("a", a)]
     assert pool.keys() == ["b", "c"] and pool.nbytes == 70 and pool.num_evicted == 1
     assert pool.put("b", Stub(40)) == []  # refresh b: now c is the oldest
     assert pool.keys() == ["c", "b"] and pool.nbytes == 70
-    assert pool.put("d", Stub(50)) == ["c"]
+    assert [k for k, _ in pool.put("d", Stub(50))] == ["c"]
     assert pool.keys() == ["b", "d"] and pool.nbytes == 90
     assert pool.put("b", Stub(10)) == []  # replacing an entry replaces its bytes
     assert pool.nbytes == 60 and pool.keys() == ["d", "b"]
     taken = pool.take("d")
     assert taken == Stub(50) and pool.nbytes == 10 and "d" not in pool and len(pool) == 1
     assert pool.take("d") is None and pool.nbytes == 10
-    assert pool.put("huge", Stub(101)) == ["b", "huge"]
+    assert [k for k, _ in pool.put("huge", Stub(101))] == ["b", "huge"]
     assert len(pool) == 0 and pool.nbytes == 0 and pool.num_evicted == 4
 
 
 def test_session_pool_with_zero_budget_keeps_nothing() -> None:
     pool: SessionPool[Stub] = SessionPool(budget_bytes=0)
-    assert pool.put("a", Stub(1)) == ["a"]
+    assert [k for k, _ in pool.put("a", Stub(1))] == ["a"]
     assert pool.put("z", Stub(0)) == []
     assert pool.keys() == ["z"] and pool.nbytes == 0
 

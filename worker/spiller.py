@@ -1,0 +1,104 @@
+"""Moves evicted sessions' KV to disk on an I/O thread, and brings it back on resume."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.kv_cache import KVCache
+from engine.model import Model
+from warmfleet.errors import SpillFileError
+from worker.spill import SpilledKV, SpillStore
+
+log = logging.getLogger("warmfleet.worker")
+RECLAIM_WAIT_S = 30.0  # longest wait for a write in flight when its session comes back
+
+
+@dataclass(slots=True)
+class SpillStats:
+    num_spilled: int = 0
+    num_restored: int = 0
+    num_rejected: int = 0  # files that failed a check: deleted, session recomputed
+    num_failed: int = 0  # writes that failed (e.g. disk full): session recomputed later
+
+
+class Spiller:
+    """The one rule: a session's KV is in memory or in its file, never both for long. A
+    file is deleted as soon as its session is back in memory."""
+
+    def __init__(self, store: SpillStore, model: Model) -> None:
+        self.store = store
+        self.model = model
+        self.stats = SpillStats()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spill")
+        self._pending: dict[str, tuple[KVCache, Future[int]]] = {}
+
+    def spill(self, key: str, cache: KVCache) -> None:
+        """Write `cache` (no longer used by the engine) in the background."""
+        n = cache.offset
+        kv = SpilledKV(cache.k[:, :, :n], cache.v[:, :, :n], list(cache.token_ids))
+        self._pending[key] = (cache, self._io.submit(self.store.write, key, kv))
+
+    def completed(self) -> list[tuple[str, dict[str, str]]]:
+        """Session records for the writes that finished since the last call."""
+        done = []
+        for key, (cache, future) in list(self._pending.items()):
+            if not future.done():
+                continue
+            del self._pending[key]
+            try:
+                size = future.result()
+            except OSError as e:
+                self.stats.num_failed += 1
+                log.warning("could not spill %s (%s); it will be recomputed", key, e)
+                done.append((key, {"worker": "", "tier": "gone"}))
+                continue
+            self.stats.num_spilled += 1
+            done.append(
+                (
+                    key,
+                    {
+                        "worker": "",
+                        "tier": "disk",
+                        "num_tokens": str(cache.offset),
+                        "kv_bytes": str(size),
+                    },
+                )
+            )
+        return done
+
+    def take_back(self, key: str) -> tuple[KVCache | None, bool]:
+        """The session's KV back in memory: (cache, came_from_disk), or (None, False)."""
+        pending = self._pending.pop(key, None)
+        if pending is not None:  # evicted moments ago: the bytes are still here
+            cache, future = pending
+            future.exception(timeout=RECLAIM_WAIT_S)
+            self.store.delete(key)
+            return cache, False
+        try:
+            kv = self.store.read(key, like=self._shape(), dtype=self.model.dtype)
+        except SpillFileError as e:
+            self.stats.num_rejected += 1
+            log.warning("rejected spill file, recomputing %s: %s", key, e.reason)
+            return None, False
+        if kv is None:
+            return None, False
+        self.store.delete(key)
+        self.stats.num_restored += 1
+        m = self.model
+        return KVCache.from_state(m.config, m.xp, kv.k, kv.v, kv.token_ids), True
+
+    def drop(self, key: str) -> None:
+        """Forget the session everywhere (DeleteSession)."""
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            pending[1].exception(timeout=RECLAIM_WAIT_S)
+        self.store.delete(key)
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
+
+    def _shape(self) -> tuple[int, int, int]:
+        c = self.model.config
+        return c.num_layers, c.num_kv_heads, c.head_dim
