@@ -145,10 +145,12 @@ class WorkerBroker:
         session_updates: list[tuple[str, str, dict[str, str] | None]],
         watch: list[str],
         status: tuple[dict[str, object], float] | None = None,
-    ) -> list[str]:
+        read_count: int = 0,
+    ) -> tuple[list[str], list[Delivery]]:
         """One round trip: out-stream events, acks of finished entries, session records
         (tenant, session id, fields; None deletes), a fresh heartbeat (status, ttl) when
-        given, and which of `watch` were cancelled."""
+        given, which of `watch` were cancelled, and up to `read_count` new entries (read
+        without blocking, so a busy worker admits in the same round trip)."""
         pipe = self.r.pipeline(transaction=False)
         if status is not None:
             hb = json.dumps(status[0])
@@ -172,7 +174,13 @@ class WorkerBroker:
                 pipe.zadd(keys.session_index(tenant), {session_id: now})
         if watch:
             pipe.mget([keys.cancel_key(rid) for rid in watch])
+        if read_count > 0:
+            pipe.xreadgroup(
+                keys.GROUP, self.worker_id, dict.fromkeys(self.streams, ">"), count=read_count
+            )
         replies = pipe.execute()
-        if not watch:
-            return []
-        return [rid for rid, flag in zip(watch, replies[-1], strict=True) if flag]
+        read = replies.pop() if read_count > 0 else None
+        cancelled = (
+            [rid for rid, flag in zip(watch, replies[-1], strict=True) if flag] if watch else []
+        )
+        return cancelled, [_parse(s, eid, f) for s, entries in read or [] for eid, f in entries]

@@ -119,16 +119,19 @@ def test_corrupt_spill_file_is_rejected_and_recomputed(
 
 
 def test_delete_session_on_disk_leaves_no_trace(
-    cluster: Cluster, client: Client, spill_dir: Path
+    cluster: Cluster, client: Client, spill_dir: Path, model: Model
 ) -> None:
     for i in range(3):  # push the older sessions out to disk
         client.complete(f"filler-{i}", prompt=f"Filler number {i}.", max_tokens=4)
     disk = [s.session_id for s in client.list_sessions() if s.tier == pb.TIER_DISK]
     assert disk
     sid = disk[0]
-    before = len(list(spill_dir.glob("*.wfkv")))
+    path = SpillStore(spill_dir, model.fingerprint).path_for(
+        keys.cache_key(keys.DEFAULT_TENANT, sid)
+    )
+    assert path.exists()
     assert client.delete_session(sid) is True
-    wait_for(lambda: len(list(spill_dir.glob("*.wfkv"))) == before - 1, "the file to go")
+    wait_for(lambda: not path.exists(), "the session's spill file to go")
     r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
     assert not r.exists(keys.session_key(keys.DEFAULT_TENANT, sid))
     assert r.zscore(keys.session_index(keys.DEFAULT_TENANT), sid) is None

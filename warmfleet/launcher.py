@@ -19,6 +19,7 @@ from redis.retry import Retry
 
 from warmfleet.errors import ServiceError
 from warmfleet.models import resolve_model
+from warmfleet.parent_watch import PARENT_ENV
 from warmfleet.probes import HealthProbe, HeartbeatMark, heartbeat_is_fresh, mark_heartbeat
 from warmfleet.processes import (
     Process,
@@ -79,7 +80,12 @@ class Cluster:
         self._model = model
         self._lease_s = lease_s
         self._worker_args = tuple(worker_args)  # more `warmfleet worker` options
-        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        self._env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            PARENT_ENV: str(os.getpid()),
+            **(extra_env or {}),
+        }
         # Kept after stop(), so a failed run can be read afterwards.
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="warmfleet-"))
         self._progress = progress

@@ -79,6 +79,7 @@ class Worker:
         self._next_beat = self._next_renew = self._next_reclaim = 0.0
         self._outbox = Outbox()
         self._published_running: list[str] = []
+        self._prefetched: list[Delivery] = []  # read with the last publish, not yet started
 
     def status(self) -> dict[str, Any]:
         return {
@@ -100,7 +101,9 @@ class Worker:
         self.broker.register(self.status(), self.config.lease_s)
         log.info("worker %s ready", self.config.worker_id)
         try:
-            while not self.stop_now and not (self.stopping and not self.inflight):
+            while not self.stop_now and not (
+                self.stopping and not self.inflight and not self._prefetched
+            ):
                 if max_steps is not None and self.engine.stats.num_steps >= max_steps:
                     break
                 try:
@@ -123,16 +126,20 @@ class Worker:
 
     def _pass(self) -> None:
         self._housekeeping()
-        if not self.stopping:
-            capacity = self.engine.config.max_running - len(self.inflight)
-            block = (
-                None if self.engine.has_work or self._outbox.events else self.config.idle_block_ms
-            )
-            for d in self.broker.read(capacity, block):
-                self._start(d)
+        # busy: admit what the last publish read; idle: wait (bounded) for new requests
+        deliveries, self._prefetched = self._prefetched, []
+        if not deliveries and not self.stopping and not self.engine.has_work:
+            pending = self._outbox.events or self._outbox.acks
+            block = None if pending else self.config.idle_block_ms
+            deliveries = self.broker.read(self._capacity(), block)
+        for d in deliveries:
+            self._start(d)
         if self.engine.has_work:
             self._step()
         self._flush()
+
+    def _capacity(self) -> int:
+        return self.engine.config.max_running - len(self.inflight) - len(self._prefetched)
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -143,8 +150,7 @@ class Worker:
             self.broker.renew(f.delivery for f in self.inflight.values())
             self._next_renew = now + self.config.lease_s / 4
         if now >= self._next_reclaim and not self.stopping:
-            capacity = self.engine.config.max_running - len(self.inflight)
-            for d in self.broker.reclaim(capacity):
+            for d in self.broker.reclaim(self._capacity()):
                 log.info("taking over %s from %s", d.entry_id, d.stream)
                 self._start(d)
             self._next_reclaim = now + self.config.lease_s / 2
@@ -228,9 +234,11 @@ class Worker:
             status = (self.status(), self.config.lease_s)
             self._published_running = sorted(self.inflight)
             self._next_beat = time.monotonic() + self.config.heartbeat_interval_s
-        cancelled = self.broker.publish(
-            out.events, out.acks, out.sessions, list(self.inflight), status
+        read = self._capacity() if self.engine.has_work and not self.stopping else 0
+        cancelled, prefetched = self.broker.publish(
+            out.events, out.acks, out.sessions, list(self.inflight), status, read
         )
+        self._prefetched += prefetched
         for rid in cancelled:
             stopped = self.engine.abort(rid)
             f = self.inflight.get(rid)

@@ -19,6 +19,7 @@ from gateway.service import POLL_MS, GatewayConfig
 from warmfleet.commands.common import add_redis_url
 from warmfleet.errors import ServiceError
 from warmfleet.models import resolve_model
+from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
 
 DRAIN_S = 10.0
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             stopped.set()
             server.stop(DRAIN_S)
 
+    watch_parent(lambda: on_signal(signal.SIGTERM, None))
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.wait_for_termination()

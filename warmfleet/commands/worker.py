@@ -19,6 +19,7 @@ from engine.engine import Engine
 from engine.model import Model
 from warmfleet.commands.common import add_compute, add_redis_url
 from warmfleet.models import resolve_model
+from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
 from worker.loop import Worker, WorkerConfig
 from worker.spill import SpillStore
@@ -114,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
             logging.info("draining: finishing %d running requests", len(worker.inflight))
             worker.stopping = True
 
+    def on_parent_gone() -> None:
+        logging.info("the launcher is gone: draining")
+        worker.stopping = True
+
+    watch_parent(on_parent_gone)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     worker.run()
