@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import redis
@@ -28,6 +29,36 @@ return {stream, worker}
 """
 
 
+# Fork in one step: the new session's record is the source's, and the order to copy the KV
+# goes on the stream that the new session's requests will be routed to, so the copy comes
+# first. Returns 0 if the source is missing, -1 if the new id is taken, else the stream
+# used ("" when the source's KV is gone and there is nothing to copy).
+FORK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local worker = redis.call('HGET', KEYS[1], 'worker') or ''
+local tier = redis.call('HGET', KEYS[1], 'tier') or 'gone'
+local stream = ''
+if worker ~= '' and redis.call('EXISTS', ARGV[3] .. worker) == 1 then
+  stream = ARGV[4] .. worker
+elseif tier == 'disk' then
+  stream = ARGV[5]
+else
+  worker = ''
+  tier = 'gone'
+end
+redis.call('HSET', KEYS[2], 'worker', worker, 'tier', tier == 'hot' and 'warm' or tier,
+           'num_tokens', redis.call('HGET', KEYS[1], 'num_tokens') or '0',
+           'kv_bytes', redis.call('HGET', KEYS[1], 'kv_bytes') or '0', 'last_used', ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[6], ARGV[2])
+if stream ~= '' then
+  redis.call('XADD', stream, '*', 'op', 'fork_session', 'tenant', ARGV[7],
+             'session_id', ARGV[1], 'new_session_id', ARGV[2])
+end
+return stream
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Routed:
     stream: str
@@ -48,6 +79,7 @@ class GatewayBroker:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self._route = r.register_script(ROUTE_AND_ENQUEUE)
+        self._fork = r.register_script(FORK)
 
     def enqueue(self, request: WireRequest) -> Routed:
         body = request.encode()["body"]
@@ -113,6 +145,26 @@ class GatewayBroker:
             drop = Control("drop_session", {"tenant": tenant, "session_id": session_id})
             pipe.xadd(stream, drop.encode())
         return bool(pipe.execute()[0])
+
+    def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> int | str:
+        """0: no such source; -1: the new id exists; else the stream the copy order went on."""
+        result: int | str = self._fork(
+            keys=[
+                keys.session_key(tenant, session_id),
+                keys.session_key(tenant, new_session_id),
+                keys.session_index(tenant),
+            ],
+            args=[
+                session_id,
+                new_session_id,
+                keys.heartbeat_key(""),
+                keys.pinned_stream(""),
+                keys.shared_stream("normal"),
+                f"{time.time():.3f}",
+                tenant,
+            ],
+        )
+        return result
 
     def _record(self, session_id: str, f: dict[str, str]) -> SessionRecord:
         worker = f.get("worker", "")

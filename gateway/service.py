@@ -210,11 +210,28 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         )
         return pb.DeleteSessionResponse(deleted=deleted)
 
-    def _session_id(self, session_id: str, context: grpc.ServicerContext) -> str:
+    def ForkSession(
+        self, request: pb.ForkSessionRequest, context: grpc.ServicerContext
+    ) -> pb.Session:
+        source = self._session_id(request.session_id, context)
+        new = self._session_id(request.new_session_id, context, field="new_session_id")
+        result = self._session_call(
+            context, lambda: self.broker.fork_session(DEFAULT_TENANT, source, new)
+        )
+        if result == 0:
+            _abort(context, grpc.StatusCode.NOT_FOUND, f"no session {source!r}")
+        if result == -1:
+            _abort(context, grpc.StatusCode.ALREADY_EXISTS, f"session {new!r} already exists")
+        record = self._session_call(context, lambda: self.broker.get_session(DEFAULT_TENANT, new))
+        return session_pb(record)
+
+    def _session_id(
+        self, session_id: str, context: grpc.ServicerContext, field: str = "session_id"
+    ) -> str:
         try:
             if not session_id:
-                raise InvalidRequestError("session_id", "is required")
-            return check_session_id(session_id)
+                raise InvalidRequestError(field, "is required")
+            return check_session_id(session_id, field)
         except InvalidRequestError as e:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 

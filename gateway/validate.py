@@ -27,13 +27,13 @@ PRIORITY_NAMES = {
 }
 
 
-def check_session_id(session_id: str) -> str:
+def check_session_id(session_id: str, field: str = "session_id") -> str:
     """Session ids are up to 128 UTF-8 bytes of printable characters ("" means none)."""
     if len(session_id.encode("utf-8")) > MAX_SESSION_ID_BYTES:
-        raise InvalidRequestError("session_id", f"longer than {MAX_SESSION_ID_BYTES} bytes")
+        raise InvalidRequestError(field, f"longer than {MAX_SESSION_ID_BYTES} bytes")
     bad = next((c for c in session_id if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
     if bad is not None:
-        raise InvalidRequestError("session_id", f"contains control character U+{ord(bad):04X}")
+        raise InvalidRequestError(field, f"contains control character U+{ord(bad):04X}")
     return session_id
 
 

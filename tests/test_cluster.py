@@ -317,3 +317,26 @@ def test_session_id_from_metadata_and_delete(client: Client) -> None:
         client.get_session("from-metadata")
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert client.delete_session("from-metadata") is False
+
+
+def test_fork_session_continues_independently(client: Client, model: Model) -> None:
+    base = [{"role": "user", "content": "Name a large animal."}]
+    first = client.complete("trunk", messages=base, max_tokens=NEW_TOKENS)
+    fork = client.fork_session("trunk", "branch")
+    assert fork.session_id == "branch" and fork.worker_id == first.completion.worker_id
+    history = [*base, {"role": "assistant", "content": first.text}]
+    for sid, follow_up in (("trunk", "Where does it live?"), ("branch", "What does it eat?")):
+        messages = [*history, {"role": "user", "content": follow_up}]
+        reply = client.complete(sid, messages=messages, max_tokens=NEW_TOKENS)
+        assert reply.token_ids == reference(model, messages)[1], sid
+        assert reply.completion.kv_source == pb.KV_SOURCE_WARM, sid
+        assert reply.completion.usage.cached_tokens >= len(first.token_ids) + 30, sid
+        assert reply.completion.worker_id == first.completion.worker_id
+    for source, new, code in (
+        ("no-such", "x", grpc.StatusCode.NOT_FOUND),
+        ("trunk", "branch", grpc.StatusCode.ALREADY_EXISTS),
+        ("trunk", "", grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            client.fork_session(source, new)
+        assert err.value.code() == code

@@ -148,3 +148,20 @@ def _prompt(model: Model, messages: list[dict[str, str]]) -> list[int]:
 def _holds(path: Path, session_id: str, model: Model) -> bool:
     store = SpillStore(path.parent, model.fingerprint)
     return store.path_for(keys.cache_key(keys.DEFAULT_TENANT, session_id)) == path
+
+
+def test_fork_of_a_session_on_disk(cluster: Cluster, client: Client, model: Model) -> None:
+    texts = {f"pusher-{i}": f"Pusher number {i} writes a short line." for i in range(3)}
+    for sid, text in texts.items():  # the first pushers go to disk
+        client.complete(sid, prompt=text, max_tokens=4)
+    source = "pusher-0"  # two sessions fit: the third pushed the first out
+    wait_for(lambda: client.get_session(source).tier == pb.TIER_DISK, "pusher-0 on disk")
+    restored = spill_stats(cluster)["num_restored"]
+    client.fork_session(source, f"{source}-fork")
+    reply = client.complete(
+        f"{source}-fork", prompt=texts[source] + " And another one.", max_tokens=4
+    )
+    # the worker brought the source back from its file and copied it before this request
+    assert spill_stats(cluster)["num_restored"] == restored + 1
+    assert reply.completion.kv_source == pb.KV_SOURCE_WARM
+    assert reply.completion.usage.cached_tokens >= len(model.tokenizer.encode(texts[source])) - 1

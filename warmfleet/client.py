@@ -194,6 +194,12 @@ class Client:
         )
         return response.deleted
 
+    def fork_session(self, session_id: str, new_session_id: str) -> pb.Session:
+        """A new session starting from a copy of `session_id`'s KV; RpcError NOT_FOUND or
+        ALREADY_EXISTS otherwise."""
+        request = pb.ForkSessionRequest(session_id=session_id, new_session_id=new_session_id)
+        return cast(pb.Session, self._stub.ForkSession(request, timeout=self.unary_timeout_s))
+
     def close(self) -> None:
         """Close the channel; calls still running end with CANCELLED."""
         self._channel.close()

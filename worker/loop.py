@@ -14,6 +14,7 @@ from broker import keys
 from broker.wire import Fields, WireRequest, chunk_event, done_event, error_event
 from broker.worker_broker import Delivery, WorkerBroker
 from engine.engine import Engine
+from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams
 from engine.sequence import Completion, Request
 from warmfleet.errors import InvalidRequestError, PromptTooLongError, WarmfleetError
@@ -158,12 +159,7 @@ class Worker:
     def _start(self, d: Delivery) -> None:
         out = self._outbox
         if d.control is not None:
-            if d.control.op == "drop_session":
-                args = d.control.args
-                key = keys.cache_key(args["tenant"], args["session_id"])
-                self.engine.sessions.take(key)
-                if self.spiller is not None:
-                    self.spiller.drop(key)
+            self._control(d.control.op, d.control.args)
             out.acks.append(d)
             return
         req = d.request
@@ -195,6 +191,34 @@ class Worker:
         )
         if req.session_id:
             out.sessions.append((req.tenant, req.session_id, self._record("hot", cache_key)))
+
+    def _control(self, op: str, args: dict[str, str]) -> None:
+        tenant = args["tenant"]
+        key = keys.cache_key(tenant, args["session_id"])
+        if op == "drop_session":
+            self.engine.sessions.take(key)
+            if self.spiller is not None:
+                self.spiller.drop(key)
+        elif op == "fork_session":
+            self._fork(tenant, key, args["new_session_id"])
+        else:
+            log.warning("unknown control order %r ignored", op)
+
+    def _fork(self, tenant: str, key: str, new_session_id: str) -> None:
+        """Copy a session's KV (from the pool, or back from disk) under a new session id."""
+        cache = self.engine.sessions.peek(key)
+        if cache is None and self.spiller is not None:
+            cache, _ = self.spiller.take_back(key)
+            if cache is not None:
+                self.engine.adopt_session(key, cache)
+                self._outbox.sessions.append((*_split(key), self._record("warm", key)))
+        new_key = keys.cache_key(tenant, new_session_id)
+        if cache is None:  # running or gone: the new session recomputes what it needs
+            self._outbox.sessions.append((tenant, new_session_id, {"worker": "", "tier": "gone"}))
+            return
+        m = self.engine.model
+        self.engine.adopt_session(new_key, KVCache.from_state(m.config, m.xp, *cache.state()))
+        self._outbox.sessions.append((tenant, new_session_id, self._record("warm", new_key)))
 
     def _step(self) -> None:
         for out in self.engine.step():

@@ -210,3 +210,11 @@ class DeleteSessionResponse(_message.Message):
     DELETED_FIELD_NUMBER: _ClassVar[int]
     deleted: bool
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("session_id", "new_session_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    new_session_id: str
+    def __init__(self, session_id: _Optional[str] = ..., new_session_id: _Optional[str] = ...) -> None: ...

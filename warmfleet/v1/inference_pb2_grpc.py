@@ -54,6 +54,11 @@ class InferenceStub:
                 request_serializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionRequest.SerializeToString,
                 response_deserializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/warmfleet.v1.Inference/ForkSession',
+                request_serializer=warmfleet_dot_v1_dot_inference__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=warmfleet_dot_v1_dot_inference__pb2.Session.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -85,6 +90,14 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """A new session that starts from a copy of another's KV (for agents that branch). The
+        copy is made by the worker that holds the source, before any later request of either.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -107,6 +120,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.DeleteSession,
                     request_deserializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionRequest.FromString,
                     response_serializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=warmfleet_dot_v1_dot_inference__pb2.ForkSessionRequest.FromString,
+                    response_serializer=warmfleet_dot_v1_dot_inference__pb2.Session.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -217,6 +235,33 @@ class Inference:
             '/warmfleet.v1.Inference/DeleteSession',
             warmfleet_dot_v1_dot_inference__pb2.DeleteSessionRequest.SerializeToString,
             warmfleet_dot_v1_dot_inference__pb2.DeleteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmfleet.v1.Inference/ForkSession',
+            warmfleet_dot_v1_dot_inference__pb2.ForkSessionRequest.SerializeToString,
+            warmfleet_dot_v1_dot_inference__pb2.Session.FromString,
             options,
             channel_credentials,
             insecure,
