@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.device import to_host
+from engine.device import threads_for_rows, to_host
 from engine.forward import Segment, forward
 from engine.model import Model
 from engine.scheduler import ScheduledBatch
@@ -34,6 +34,8 @@ class ModelRunner:
             chunks.append(ids)
             if want:
                 due.append(seq)
+        if xp is np:
+            threads_for_rows(len(tokens))
         logits = forward(
             m.weights,
             m.config,
