@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -14,7 +13,8 @@ from broker.wire import Control, Fields, WireRequest
 CANCEL_TTL_S = 600
 
 # Route and enqueue in one step: to the pinned stream of the live worker that holds the
-# session, else to the shared stream of the priority class. Checking the heartbeat inside
+# session, else to the shared stream of the priority class; nowhere when no worker is alive
+# (the request would wait for nobody). Checking the heartbeat inside
 # the script closes the race with a worker dying between the check and the XADD.
 ROUTE_AND_ENQUEUE = """
 local worker = redis.call('HGET', KEYS[1], 'worker')
@@ -23,6 +23,16 @@ if worker and worker ~= '' and redis.call('EXISTS', ARGV[2] .. worker) == 1 then
   stream = ARGV[3] .. worker
 else
   worker = ''
+  local alive = false
+  for _, w in ipairs(redis.call('SMEMBERS', ARGV[4])) do
+    if redis.call('EXISTS', ARGV[2] .. w) == 1 then
+      alive = true
+      break
+    end
+  end
+  if not alive then
+    return {'', ''}
+  end
 end
 redis.call('XADD', stream, '*', 'body', ARGV[1])
 return {stream, worker}
@@ -61,7 +71,7 @@ return stream
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    stream: str
+    stream: str  # "" when no worker is alive: nothing was enqueued
     worker_id: str  # "" when the request went to a shared stream
 
 
@@ -87,7 +97,7 @@ class GatewayBroker:
         session = keys.session_key(request.tenant, sid) if sid else "wf:session:-"
         stream, worker = self._route(
             keys=[session, keys.shared_stream(request.priority)],
-            args=[body, keys.heartbeat_key(""), keys.pinned_stream("")],
+            args=[body, keys.heartbeat_key(""), keys.pinned_stream(""), keys.WORKERS],
         )
         return Routed(stream, worker)
 
@@ -106,14 +116,6 @@ class GatewayBroker:
         for w in worker_ids:
             pipe.exists(keys.heartbeat_key(w))
         return [bool(x) for x in pipe.execute()]
-
-    def live_workers(self) -> list[str]:
-        workers = sorted(self.r.smembers(keys.WORKERS))
-        return [w for w, up in zip(workers, self.alive(workers), strict=True) if up]
-
-    def worker_status(self, worker_id: str) -> dict[str, object] | None:
-        raw = self.r.get(keys.heartbeat_key(worker_id))
-        return json.loads(raw) if raw else None
 
     def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
         fields = self.r.hgetall(keys.session_key(tenant, session_id))

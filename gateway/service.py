@@ -112,11 +112,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         rid = wire.request_id
         try:
-            if not self.broker.live_workers():
-                _abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
-            self.broker.enqueue(wire)
+            routed = self.broker.enqueue(wire)
         except redis.RedisError as e:
             _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+        if not routed.stream:
+            _abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
         context.add_callback(lambda: self._on_rpc_end(rid, context))
         yield from self._stream(rid, wire.deadline_at, context)
 

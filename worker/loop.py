@@ -180,7 +180,7 @@ class Worker:
                 self.engine.adopt_session(cache_key, cache)
         try:
             sampling = SamplingParams(**{**req.sampling, "stop": tuple(req.sampling["stop"])})
-            self.engine.add(Request(req.request_id, req.prompt_ids, sampling, cache_key))
+            seq = self.engine.add(Request(req.request_id, req.prompt_ids, sampling, cache_key))
         except (WarmfleetError, TypeError) as e:
             code = "RESOURCE_EXHAUSTED" if isinstance(e, PromptTooLongError) else "INVALID_ARGUMENT"
             out.events.append((req.request_id, error_event(code, str(e))))
@@ -190,7 +190,7 @@ class Worker:
             d, req, time.time(), cache_key=cache_key, from_disk=from_disk
         )
         if req.session_id:
-            out.sessions.append((req.tenant, req.session_id, self._record("hot", cache_key)))
+            out.sessions.append((req.tenant, req.session_id, self._record("hot", seq.cache)))
 
     def _control(self, op: str, args: dict[str, str]) -> None:
         tenant = args["tenant"]
@@ -211,14 +211,15 @@ class Worker:
             cache, _ = self.spiller.take_back(key)
             if cache is not None:
                 self.engine.adopt_session(key, cache)
-                self._outbox.sessions.append((*_split(key), self._record("warm", key)))
+                self._outbox.sessions.append((*_split(key), self._record("warm", cache)))
         new_key = keys.cache_key(tenant, new_session_id)
         if cache is None:  # running or gone: the new session recomputes what it needs
             self._outbox.sessions.append((tenant, new_session_id, {"worker": "", "tier": "gone"}))
             return
         m = self.engine.model
-        self.engine.adopt_session(new_key, KVCache.from_state(m.config, m.xp, *cache.state()))
-        self._outbox.sessions.append((tenant, new_session_id, self._record("warm", new_key)))
+        copy = KVCache.from_state(m.config, m.xp, *cache.state())
+        self.engine.adopt_session(new_key, copy)
+        self._outbox.sessions.append((tenant, new_session_id, self._record("warm", copy)))
 
     def _step(self) -> None:
         for out in self.engine.step():
@@ -237,10 +238,9 @@ class Worker:
         del self.inflight[req.request_id]
         self._outbox.events.append((req.request_id, done_event(self._completion(f, completion))))
         self._outbox.acks.append(f.delivery)
-        if req.session_id:
-            self._outbox.sessions.append(
-                (req.tenant, req.session_id, self._record("warm", f.cache_key))
-            )
+        if req.session_id and f.cache_key:
+            held = self.engine.sessions.peek(f.cache_key)
+            self._outbox.sessions.append((req.tenant, req.session_id, self._record("warm", held)))
 
     def _flush(self) -> None:
         for key, cache in self.engine.evicted_sessions:
@@ -271,16 +271,13 @@ class Worker:
         if cancelled:
             self._flush()
 
-    def _record(self, tier: str, cache_key: str | None) -> dict[str, str]:
-        seq_tokens, nbytes = 0, 0
-        if cache_key is not None:
-            held = self.engine.sessions.peek(cache_key)
-            if held is not None:
-                seq_tokens, nbytes = held.offset, held.nbytes
+    def _record(self, tier: str, cache: KVCache | None) -> dict[str, str]:
+        """The session record for a session whose KV is `cache` on this worker."""
+        num_tokens, nbytes = (cache.offset, cache.nbytes) if cache is not None else (0, 0)
         return {
             "worker": self.config.worker_id,
             "tier": tier,
-            "num_tokens": str(seq_tokens),
+            "num_tokens": str(num_tokens),
             "kv_bytes": str(nbytes),
             "last_used": f"{time.time():.3f}",
         }
