@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import redis
 
-from broker import keys
-from broker.wire import Control, Fields, WireRequest
+from broker import keys, kv_commands, kv_events
+from broker.wire import Fields, WireRequest
 
 CANCEL_TTL_S = 600
+REPLY_NOT_FOUND = "not_found"  # the kvstore's answer (kvstore.index.REPLY_NOT_FOUND)
 
 # Route and enqueue in one step: to the pinned stream of the live worker that holds the
 # session, else to the shared stream of the priority class; nowhere when no worker is alive
@@ -39,36 +39,6 @@ return {stream, worker}
 """
 
 
-# Fork in one step: the new session's record is the source's, and the order to copy the KV
-# goes on the stream that the new session's requests will be routed to, so the copy comes
-# first. Returns 0 if the source is missing, -1 if the new id is taken, else the stream
-# used ("" when the source's KV is gone and there is nothing to copy).
-FORK = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
-local worker = redis.call('HGET', KEYS[1], 'worker') or ''
-local tier = redis.call('HGET', KEYS[1], 'tier') or 'gone'
-local stream = ''
-if worker ~= '' and redis.call('EXISTS', ARGV[3] .. worker) == 1 then
-  stream = ARGV[4] .. worker
-elseif tier == 'disk' then
-  stream = ARGV[5]
-else
-  worker = ''
-  tier = 'gone'
-end
-redis.call('HSET', KEYS[2], 'worker', worker, 'tier', tier == 'hot' and 'warm' or tier,
-           'num_tokens', redis.call('HGET', KEYS[1], 'num_tokens') or '0',
-           'kv_bytes', redis.call('HGET', KEYS[1], 'kv_bytes') or '0', 'last_used', ARGV[6])
-redis.call('ZADD', KEYS[3], ARGV[6], ARGV[2])
-if stream ~= '' then
-  redis.call('XADD', stream, '*', 'op', 'fork_session', 'tenant', ARGV[7],
-             'session_id', ARGV[1], 'new_session_id', ARGV[2])
-end
-return stream
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class Routed:
     stream: str  # "" when no worker is alive: nothing was enqueued
@@ -79,7 +49,7 @@ class Routed:
 class SessionRecord:
     session_id: str
     worker_id: str
-    tier: str  # hot, warm, gone (later: disk)
+    tier: str  # hot, warm, spilling, disk or gone
     num_tokens: int
     kv_bytes: int
     last_used: float
@@ -89,7 +59,6 @@ class GatewayBroker:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self._route = r.register_script(ROUTE_AND_ENQUEUE)
-        self._fork = r.register_script(FORK)
 
     def enqueue(self, request: WireRequest) -> Routed:
         body = request.encode()["body"]
@@ -130,43 +99,17 @@ class GatewayBroker:
         return [self._record(s, f) for s, f in zip(ids, pipe.execute(), strict=True) if f]
 
     def delete_session(self, tenant: str, session_id: str) -> bool:
-        """Forget the session; whoever holds its KV is told to drop it: the live worker that
-        has it in memory, or any worker of the host when it is on disk."""
-        key = keys.session_key(tenant, session_id)
-        record = self.r.hgetall(key)
-        worker, tier = record.get("worker", ""), record.get("tier", "")
-        stream = None
-        if worker and self.alive([worker])[0]:
-            stream = keys.pinned_stream(worker)
-        elif tier == "disk":
-            stream = keys.shared_stream("normal")
-        pipe = self.r.pipeline(transaction=True)
-        pipe.delete(key)
-        pipe.zrem(keys.session_index(tenant), session_id)
-        if stream is not None:
-            drop = Control("drop_session", {"tenant": tenant, "session_id": session_id})
-            pipe.xadd(stream, drop.encode())
-        return bool(pipe.execute()[0])
+        """Forget the session everywhere (index, worker memory, spill file); False if there
+        was no such session. The kvstore carries it out; raises ServiceError when it does
+        not answer in time."""
+        key = keys.cache_key(tenant, session_id)
+        return kv_commands.call(self.r, kv_events.DELETE, key) != REPLY_NOT_FOUND
 
-    def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> int | str:
-        """0: no such source; -1: the new id exists; else the stream the copy order went on."""
-        result: int | str = self._fork(
-            keys=[
-                keys.session_key(tenant, session_id),
-                keys.session_key(tenant, new_session_id),
-                keys.session_index(tenant),
-            ],
-            args=[
-                session_id,
-                new_session_id,
-                keys.heartbeat_key(""),
-                keys.pinned_stream(""),
-                keys.shared_stream("normal"),
-                f"{time.time():.3f}",
-                tenant,
-            ],
-        )
-        return result
+    def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> str:
+        """A new session starting from a copy of another's KV: "ok", "not_found" (no such
+        source) or "exists" (the new id is taken). Raises ServiceError as delete does."""
+        source, new = keys.cache_key(tenant, session_id), keys.cache_key(tenant, new_session_id)
+        return kv_commands.call(self.r, kv_events.FORK, source, new)
 
     def _record(self, session_id: str, f: dict[str, str]) -> SessionRecord:
         worker = f.get("worker", "")

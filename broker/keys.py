@@ -8,6 +8,10 @@ DEFAULT_TENANT = "local"
 
 WORKERS = "wf:workers"  # set of worker ids that have registered
 
+KV_EVENTS = "wf:kv:events"  # stream: workers' session events and commands, for the kvstore
+KV_GROUP = "kvstore"  # the consumer group on KV_EVENTS
+KV_STATS = "wf:kv:stats"  # hash: the kvstore's counters (spills, restores, rejected files...)
+
 
 def pinned_stream(worker_id: str) -> str:
     """Requests routed to one worker because it holds the session's KV."""
@@ -44,6 +48,11 @@ def session_key(tenant: str, session_id: str) -> str:
     return f"wf:session:{tenant}:{session_id}"
 
 
+def session_prefix() -> str:
+    """What every session hash's key starts with (for scanning the index)."""
+    return "wf:session:"
+
+
 def session_index(tenant: str) -> str:
     """Sorted set of a tenant's session ids, scored by last use (for listing)."""
     return f"wf:sessions:{tenant}"
@@ -52,3 +61,14 @@ def session_index(tenant: str) -> str:
 def cache_key(tenant: str, session_id: str) -> str:
     """The engine's key for a session's KV: tenant-scoped, so ids never collide."""
     return f"{tenant}/{session_id}"
+
+
+def split_cache_key(key: str) -> tuple[str, str]:
+    """(tenant, session id) of a cache key."""
+    tenant, session_id = key.split("/", 1)
+    return tenant, session_id
+
+
+def reply_key(token: str) -> str:
+    """List that receives the one answer to a command sent on KV_EVENTS."""
+    return f"wf:reply:{token}"

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import redis
 
 from broker import keys
+from broker.kv_events import KVEvent
 from broker.wire import Control, Fields, WireRequest
 
 OUT_STREAM_TTL_S = 300  # a finished request's tokens stay readable this long
+REPLY_TTL_S = 60  # an answer nobody took is dropped after this
+# the kvstore deletes what it has applied; this bounds the stream while it is down (a
+# kvstore that missed events rebuilds from the workers' inventories and the disk)
+KV_EVENTS_MAXLEN = 1_000_000
 
 
 @dataclass(slots=True)
@@ -142,15 +146,16 @@ class WorkerBroker:
         self,
         events: list[tuple[str, Fields]],
         acks: list[Delivery],
-        session_updates: list[tuple[str, str, dict[str, str] | None]],
+        kv_events: list[KVEvent],
+        replies: list[tuple[str, str]],
         watch: list[str],
         status: tuple[dict[str, object], float] | None = None,
         read_count: int = 0,
     ) -> tuple[list[str], list[Delivery]]:
-        """One round trip: out-stream events, acks of finished entries, session records
-        (tenant, session id, fields; None deletes), a fresh heartbeat (status, ttl) when
-        given, which of `watch` were cancelled, and up to `read_count` new entries (read
-        without blocking, so a busy worker admits in the same round trip)."""
+        """One round trip: out-stream events, acks of finished entries, session events for
+        the kvstore, answers to commands (reply key, answer), a fresh heartbeat (status,
+        ttl) when given, which of `watch` were cancelled, and up to `read_count` new entries
+        (read without blocking, so a busy worker admits in the same round trip)."""
         pipe = self.r.pipeline(transaction=False)
         if status is not None:
             hb = json.dumps(status[0])
@@ -163,24 +168,20 @@ class WorkerBroker:
         for d in acks:
             pipe.xack(d.stream, keys.GROUP, d.entry_id)
             pipe.xdel(d.stream, d.entry_id)
-        now = time.time()
-        for tenant, session_id, record in session_updates:
-            key = keys.session_key(tenant, session_id)
-            if record is None:
-                pipe.delete(key)
-                pipe.zrem(keys.session_index(tenant), session_id)
-            else:
-                pipe.hset(key, mapping=record)
-                pipe.zadd(keys.session_index(tenant), {session_id: now})
+        for e in kv_events:
+            pipe.xadd(keys.KV_EVENTS, e.encode(), maxlen=KV_EVENTS_MAXLEN, approximate=True)
+        for reply_key, answer in replies:
+            pipe.rpush(reply_key, answer)
+            pipe.expire(reply_key, REPLY_TTL_S)
         if watch:
             pipe.mget([keys.cancel_key(rid) for rid in watch])
         if read_count > 0:
             pipe.xreadgroup(
                 keys.GROUP, self.worker_id, dict.fromkeys(self.streams, ">"), count=read_count
             )
-        replies = pipe.execute()
-        read = replies.pop() if read_count > 0 else None
+        results = pipe.execute()
+        read = results.pop() if read_count > 0 else None
         cancelled = (
-            [rid for rid, flag in zip(watch, replies[-1], strict=True) if flag] if watch else []
+            [rid for rid, flag in zip(watch, results[-1], strict=True) if flag] if watch else []
         )
         return cancelled, [_parse(s, eid, f) for s, entries in read or [] for eid, f in entries]

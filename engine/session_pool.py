@@ -37,6 +37,10 @@ class SessionPool(Generic[EntryT]):
         """Keys from least to most recently used."""
         return list(self._entries)
 
+    def items(self) -> list[tuple[str, EntryT]]:
+        """(key, entry) from least to most recently used."""
+        return list(self._entries.items())
+
     def peek(self, key: str) -> EntryT | None:
         """The entry, without taking it or touching its recency."""
         return self._entries.get(key)

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 import redis
@@ -17,8 +17,9 @@ from broker.keys import DEFAULT_TENANT
 from broker.wire import parse_tokens
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
-from gateway.validate import build_request, check_session_id
-from warmfleet.errors import InvalidRequestError, PromptTooLongError
+from gateway.validate import build_request, require_session_id
+from warmfleet.errors import InvalidRequestError, PromptTooLongError, ServiceError
+from warmfleet.grpc_serve import abort
 from warmfleet.v1 import inference_pb2 as pb
 from warmfleet.v1 import inference_pb2_grpc
 
@@ -37,7 +38,13 @@ KV_SOURCE = {
     "disk": pb.KV_SOURCE_DISK,
     "prefix": pb.KV_SOURCE_PREFIX,
 }
-TIER = {"hot": pb.TIER_HOT, "warm": pb.TIER_WARM, "disk": pb.TIER_DISK, "gone": pb.TIER_GONE}
+TIER = {
+    "hot": pb.TIER_HOT,
+    "warm": pb.TIER_WARM,
+    "spilling": pb.TIER_SPILLING,
+    "disk": pb.TIER_DISK,
+    "gone": pb.TIER_GONE,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +80,6 @@ def session_pb(record: SessionRecord) -> pb.Session:
     )
 
 
-def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    context.abort(code, message)
-    raise AssertionError("unreachable")  # context.abort raises
-
-
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(
         self,
@@ -107,16 +109,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 request, session_id, DEFAULT_TENANT, self.tokenizer, self.model_config, timeout_s
             )
         except PromptTooLongError as e:
-            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except InvalidRequestError as e:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         rid = wire.request_id
         try:
             routed = self.broker.enqueue(wire)
         except redis.RedisError as e:
-            _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+            abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
         if not routed.stream:
-            _abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
+            abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
         context.add_callback(lambda: self._on_rpc_end(rid, context))
         yield from self._stream(rid, wire.deadline_at, context)
 
@@ -136,13 +138,13 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             left_ms = int((deadline_at - time.time()) * 1000)
             if left_ms <= 0:
                 self.broker.cancel(rid)
-                _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
             if not context.is_active():
                 return
             try:
                 events = self.broker.read_out(rid, after, min(POLL_MS, left_ms))
             except redis.RedisError as e:
-                _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+                abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
             for entry_id, fields in events:
                 after = entry_id
                 kind = fields["k"]
@@ -161,7 +163,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     return
                 else:
                     code = getattr(grpc.StatusCode, fields["code"], grpc.StatusCode.INTERNAL)
-                    _abort(context, code, fields["m"])
+                    abort(context, code, fields["m"])
 
     def GetSession(
         self, request: pb.GetSessionRequest, context: grpc.ServicerContext
@@ -173,7 +175,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             ),
         )
         if record is None:
-            _abort(context, grpc.StatusCode.NOT_FOUND, f"no session {request.session_id!r}")
+            abort(context, grpc.StatusCode.NOT_FOUND, f"no session {request.session_id!r}")
         return session_pb(record)
 
     def ListSessions(
@@ -181,7 +183,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     ) -> pb.ListSessionsResponse:
         size = request.page_size or 100
         if size > MAX_PAGE_SIZE:
-            _abort(
+            abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"page_size: at most {MAX_PAGE_SIZE}, got {size}",
@@ -191,7 +193,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             if offset < 0:
                 raise ValueError
         except ValueError:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not a token we issued")
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not a token we issued")
         records = self._session_call(
             context, lambda: self.broker.list_sessions(DEFAULT_TENANT, offset, size + 1)
         )
@@ -218,25 +220,27 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         result = self._session_call(
             context, lambda: self.broker.fork_session(DEFAULT_TENANT, source, new)
         )
-        if result == 0:
-            _abort(context, grpc.StatusCode.NOT_FOUND, f"no session {source!r}")
-        if result == -1:
-            _abort(context, grpc.StatusCode.ALREADY_EXISTS, f"session {new!r} already exists")
+        if result == "not_found":
+            abort(context, grpc.StatusCode.NOT_FOUND, f"no session {source!r}")
+        if result == "exists":
+            abort(context, grpc.StatusCode.ALREADY_EXISTS, f"session {new!r} already exists")
         record = self._session_call(context, lambda: self.broker.get_session(DEFAULT_TENANT, new))
+        if record is None:  # deleted again in between
+            abort(context, grpc.StatusCode.NOT_FOUND, f"no session {new!r}")
         return session_pb(record)
 
     def _session_id(
         self, session_id: str, context: grpc.ServicerContext, field: str = "session_id"
     ) -> str:
         try:
-            if not session_id:
-                raise InvalidRequestError(field, "is required")
-            return check_session_id(session_id, field)
+            return require_session_id(session_id, field)
         except InvalidRequestError as e:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def _session_call(self, context: grpc.ServicerContext, call: Any) -> Any:
         try:
             return call()
         except redis.RedisError as e:
-            _abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+            abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+        except ServiceError as e:
+            abort(context, grpc.StatusCode.UNAVAILABLE, str(e))

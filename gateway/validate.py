@@ -37,6 +37,13 @@ def check_session_id(session_id: str, field: str = "session_id") -> str:
     return session_id
 
 
+def require_session_id(session_id: str, field: str = "session_id") -> str:
+    """A session id that must be given."""
+    if not session_id:
+        raise InvalidRequestError(field, "is required")
+    return check_session_id(session_id, field)
+
+
 def prompt_ids(request: pb.GenerateRequest, tokenizer: Tokenizer) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "messages":

@@ -178,17 +178,18 @@ def _run_worker(args: argparse.Namespace) -> None:
     print(f"{args.worker_id}: stopped at {time.time():.6f}", flush=True)
 
 
-def _run_gateway(args: argparse.Namespace) -> None:
-    _switches("gateway")
+def _run_grpc(name: str, args: argparse.Namespace) -> None:
+    """The gateway or the kvstore: a gRPC server that answers health checks."""
+    _switches(name)
     stopping = threading.Event()
-    if os.environ.get("FAKE_IGNORE_TERM") != "gateway":
+    if os.environ.get("FAKE_IGNORE_TERM") != name:
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     server, _ = serve(FakeInference(), args.port)
-    print(f"gateway: argv {json.dumps(sys.argv[1:])}", flush=True)
+    print(f"{name}: argv {json.dumps(sys.argv[1:])}", flush=True)
     while not stopping.wait(0.2):
         pass
     server.stop(grace=1.0).wait(2.0)
-    print(f"gateway: stopped at {time.time():.6f}", flush=True)
+    print(f"{name}: stopped at {time.time():.6f}", flush=True)
 
 
 def main() -> None:
@@ -200,15 +201,22 @@ def main() -> None:
     worker.add_argument("--threads", type=int, required=True)
     worker.add_argument("--model")
     worker.add_argument("--lease-s", type=float)
+    worker.add_argument("--spill-dir")
+    worker.add_argument("--warm-budget")
     gateway = sub.add_parser("gateway")
     gateway.add_argument("--redis-url", required=True)
     gateway.add_argument("--port", type=int, required=True)
     gateway.add_argument("--model")
+    kvstore = sub.add_parser("kvstore")
+    kvstore.add_argument("--redis-url", required=True)
+    kvstore.add_argument("--port", type=int, required=True)
+    kvstore.add_argument("--spill-dir")
+    kvstore.add_argument("--disk-budget")
     args = parser.parse_args()
     if args.role == "worker":
         _run_worker(args)
     else:
-        _run_gateway(args)
+        _run_grpc(args.role, args)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ def test_kill_9_mid_generation_resumes_elsewhere_without_duplicates(
     assert completion.worker_id != victim
     assert [c.index for c in chunks if c.token_ids] == list(range(len(expected)))
     assert [t for c in chunks for t in c.token_ids] == expected
-    cluster.start_worker(cluster.worker_ids.index(victim))  # leave the cluster whole
+    cluster.restart(victim)  # leave the cluster whole
 
 
 BAD_INPUTS = [

@@ -61,7 +61,7 @@ def test_starts_every_part_then_stops_gateway_first(tmp_path: Path) -> None:
         assert probe.not_serving_reason() is None
         probe.close()
         assert cluster.worker_ids == ["w0", "w1"]
-        assert set(cluster.processes) == {"redis", "w0", "w1", "gateway"}
+        assert set(cluster.processes) == {"redis", "kvstore", "w0", "w1", "gateway"}
         w1 = logged_argv(cluster, "w1")
         assert w1[w1.index("--worker-id") + 1] == "w1"
         assert w1[w1.index("--redis-url") + 1] == cluster.redis_url
@@ -70,14 +70,20 @@ def test_starts_every_part_then_stops_gateway_first(tmp_path: Path) -> None:
         assert w1[w1.index("--model") + 1] == str(tmp_path / "model.gguf")
         gateway = logged_argv(cluster, "gateway")
         assert gateway[gateway.index("--port") + 1] == str(cluster.port)
+        kvstore = logged_argv(cluster, "kvstore")
+        assert kvstore[kvstore.index("--port") + 1] == str(cluster.kvstore_port)
+        assert HealthProbe(cluster.kvstore_target).not_serving_reason() is None
         processes = cluster.processes
         redis_port = int(cluster.redis_url.rsplit(":", 1)[1].split("/")[0])
     assert {name: p.returncode for name, p in processes.items() if name != "redis"} == {
         "w0": 0,
         "w1": 0,
         "gateway": 0,
+        "kvstore": 0,
     }
-    assert stopped_at(cluster, "gateway") <= min(stopped_at(cluster, w) for w in ["w0", "w1"])
+    workers_stopped = [stopped_at(cluster, w) for w in ["w0", "w1"]]
+    assert stopped_at(cluster, "gateway") <= min(workers_stopped)
+    assert stopped_at(cluster, "kvstore") >= max(workers_stopped)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", redis_port), timeout=1.0)
 
@@ -117,7 +123,7 @@ def test_stop_kills_a_child_that_ignores_sigterm(
     cluster.start(deadline_s=60)
     cluster.stop(timeout_s=1.0)
     codes = {name: p.returncode for name, p in cluster.processes.items()}
-    assert codes == {"w0": -9, "w1": 0, "gateway": 0}
+    assert codes == {"w0": -9, "w1": 0, "gateway": 0, "kvstore": 0}
 
 
 def test_kill_and_restart_a_worker(
@@ -127,10 +133,10 @@ def test_kill_and_restart_a_worker(
 ) -> None:
     with make_cluster(tmp_path, redis_url=redis_server.url) as cluster:
         old_pid = cluster.processes["w0"].pid
-        assert cluster.kill_worker(0) == -9
+        assert cluster.kill("w0") == -9
         assert cluster.exited() == {"w0": -9}
         assert redis.exists(heartbeat_key("w0"))  # stale until its TTL lapses
-        cluster.start_worker(0, deadline_s=60)
+        cluster.restart("w0", deadline_s=60)
         new_pid = cluster.processes["w0"].pid
         assert new_pid != old_pid
         assert json.loads(redis.get(heartbeat_key("w0")))["pid"] == new_pid

@@ -20,9 +20,9 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     written = load_generator().generate(tmp_path)
     names = {p.relative_to(tmp_path).as_posix() for p in written}
     assert names == {
-        "warmfleet/v1/inference_pb2.py",
-        "warmfleet/v1/inference_pb2.pyi",
-        "warmfleet/v1/inference_pb2_grpc.py",
+        f"warmfleet/v1/{stem}{suffix}"
+        for stem in ("inference", "kvstore")
+        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
     }
     for name in names:
         fresh = (tmp_path / name).read_text()

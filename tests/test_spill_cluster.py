@@ -35,11 +35,11 @@ def spill_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster(
     default_model_path: Path, spill_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    args = ["--spill-dir", str(spill_dir), "--warm-budget-mb", str(WARM_BUDGET_MB)]
     with Cluster(
         num_workers=1,
         model=default_model_path,
-        worker_args=args,
+        spill_dir=spill_dir,
+        warm_budget=WARM_BUDGET_MB << 20,
         log_dir=tmp_path_factory.mktemp("logs"),
     ) as c:
         yield c

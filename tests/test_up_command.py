@@ -73,7 +73,7 @@ def test_up_demo_then_sigterm_stops_cleanly(
     code = run_up(["--workers", "2", "--port", str(port), "--model", str(model), "--demo"])
     assert code == 0
     out = stdout.getvalue()
-    assert f"warmfleet is up: gRPC 127.0.0.1:{port} · workers w0, w1 · redis redis://" in out
+    assert f"warmfleet is up: gRPC 127.0.0.1:{port} · workers w0, w1 · kvstore 127.0.0.1:" in out
     assert f"try: warmfleet chat --session demo --target 127.0.0.1:{port}" in out
     assert "[demo-a] user: What is the capital of France?" in out
     assert "[demo-b · fake · cached 0/" in out  # the stand-in's worker id, first turn cold
@@ -85,6 +85,7 @@ def test_up_demo_then_sigterm_stops_cleanly(
         "w0": 0,
         "w1": 0,
         "gateway": 0,
+        "kvstore": 0,
     }
 
 

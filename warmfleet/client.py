@@ -1,4 +1,5 @@
-"""A small typed gRPC client for warmfleet's Inference service (`warmfleet chat` and the tests)."""
+"""Small typed gRPC clients for warmfleet's Inference and KVStore services (the CLI, the
+tests)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import grpc
 
 from warmfleet.errors import ServiceError
 from warmfleet.v1 import inference_pb2 as pb
-from warmfleet.v1 import inference_pb2_grpc
+from warmfleet.v1 import inference_pb2_grpc, kvstore_pb2_grpc
+from warmfleet.v1 import kvstore_pb2 as kvpb
 
 Metadata = Sequence[tuple[str, str]]
 _MAX_PAGES = 100_000  # a guard against a server that never ends its page tokens
@@ -213,4 +215,35 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+
+class KVStoreClient:
+    """A connection to the kvstore's operator service. Every call has a deadline."""
+
+    def __init__(self, target: str, *, timeout_s: float = 10.0) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(target)
+        self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
+
+    def usage(self) -> kvpb.KVUsage:
+        """Pool and disk usage, counts per tier, counters."""
+        return cast(
+            kvpb.KVUsage, self._stub.GetUsage(kvpb.GetUsageRequest(), timeout=self.timeout_s)
+        )
+
+    def evict(self, session_id: str, tenant: str = "") -> int:
+        """Order an idle session to disk; the tier it is in now (TIER_SPILLING when ordered)."""
+        request = kvpb.EvictRequest(session_id=session_id, tenant=tenant)
+        response = cast(kvpb.EvictResponse, self._stub.Evict(request, timeout=self.timeout_s))
+        return int(response.tier)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> KVStoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -48,6 +48,7 @@ def print_progress(message: str) -> None:
 class _Child:
     name: str
     argv: list[str]
+    grpc_target: str = ""  # gateway and kvstore: ready when its health check says SERVING
     process: Process | None = None
     mark: HeartbeatMark | None = None  # workers: the heartbeat key before this start
 
@@ -68,6 +69,10 @@ class Cluster:
         progress: Progress = print_progress,
         worker_args: Sequence[str] = (),
         cli_module: str = "warmfleet.cli",
+        spill_dir: str | os.PathLike[str] | None = None,
+        warm_budget: int | None = None,
+        disk_budget: int | None = None,
+        kvstore_port: int = 0,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -75,6 +80,10 @@ class Cluster:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         self.num_workers = num_workers
         self.port = port or free_port()
+        self.kvstore_port = kvstore_port or free_port()
+        self.spill_dir = Path(spill_dir) if spill_dir is not None else None
+        self._warm_budget = warm_budget
+        self._disk_budget = disk_budget
         self.threads_per_worker = threads_per_worker or max(1, (os.cpu_count() or 1) // num_workers)
         self._given_redis_url = redis_url
         self._model = model
@@ -94,11 +103,17 @@ class Cluster:
         self._redis: redis.Redis | None = None
         self._workers: list[_Child] = []
         self._gateway: _Child | None = None
+        self._kvstore: _Child | None = None
 
     @property
     def target(self) -> str:
         """Where clients connect: "127.0.0.1:PORT"."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def kvstore_target(self) -> str:
+        """Where operators reach the KVStore service: "127.0.0.1:PORT"."""
+        return f"127.0.0.1:{self.kvstore_port}"
 
     @property
     def redis_url(self) -> str:
@@ -115,25 +130,32 @@ class Cluster:
 
     @property
     def processes(self) -> dict[str, Process]:
-        """Every child process started so far, by name ("redis", "w0", ..., "gateway")."""
+        """Every child process started so far, by name ("redis", "kvstore", "w0", ...,
+        "gateway")."""
         procs: dict[str, Process] = {}
         if self._redis_server is not None and self._redis_server.process is not None:
             procs["redis"] = self._redis_server.process
-        for child in [*self._workers, *([self._gateway] if self._gateway else [])]:
+        for child in self._children():
             if child.process is not None:
                 procs[child.name] = child.process
         return procs
 
+    def _children(self) -> list[_Child]:
+        return [c for c in (self._kvstore, *self._workers, self._gateway) if c is not None]
+
     def log_path(self, name: str) -> Path:
-        """The file that holds a child's stdout and stderr ("redis", "w0", ..., "gateway")."""
+        """The file that holds a child's stdout and stderr ("redis", "kvstore", "w0", ...,
+        "gateway")."""
         return self.log_dir / f"{name}.log"
 
     def start(self, deadline_s: float = 180.0) -> Cluster:
-        """Start Redis (unless a URL was given), the workers, then the gateway; wait until ready.
+        """Start Redis (unless a URL was given), the kvstore, the workers, then the gateway;
+        wait until ready.
 
-        Ready means every worker has written a fresh heartbeat and the gateway's health check
-        answers SERVING. Raises ServiceError when a child exits first (naming it, with the end
-        of its log) or when `deadline_s` passes; everything started is stopped again then.
+        Ready means every worker has written a fresh heartbeat and the gateway's and the
+        kvstore's health checks answer SERVING. Raises ServiceError when a child exits first
+        (naming it, with the end of its log) or when `deadline_s` passes; everything started
+        is stopped again then.
         """
         if self._redis is not None:
             raise RuntimeError("Cluster.start() called twice")
@@ -148,6 +170,10 @@ class Cluster:
     def _start(self, deadline: float) -> None:
         if not port_is_free(self.port):
             raise ServiceError(f"port {self.port} is in use; choose another one (--port)")
+        if not port_is_free(self.kvstore_port):
+            raise ServiceError(
+                f"port {self.kvstore_port} is in use; choose another one (--kvstore-port)"
+            )
         model = resolve_model(
             self._model, progress=lambda m: self._progress(m.removeprefix("warmfleet: "))
         )
@@ -163,6 +189,9 @@ class Cluster:
             retry=Retry(NoBackoff(), 0),  # readiness polls itself; redis-py's retries take ~4 s
         )
         self._check_redis()
+        self._kvstore = _Child("kvstore", self._kvstore_argv(), self.kvstore_target)
+        self._progress(f"starting the kvstore on {self.kvstore_target}")
+        self._spawn(self._kvstore)
         self._workers = [_Child(w, self._worker_argv(w)) for w in self.worker_ids]
         self._progress(
             f"starting {self.num_workers} worker(s) ({', '.join(self.worker_ids)}; "
@@ -170,10 +199,10 @@ class Cluster:
         )
         for child in self._workers:
             self._spawn(child)
-        self._gateway = _Child("gateway", self._gateway_argv())
+        self._gateway = _Child("gateway", self._gateway_argv(), self.target)
         self._progress(f"starting the gateway on {self.target}")
         self._spawn(self._gateway)
-        self._wait_ready([*self._workers, self._gateway], deadline)
+        self._wait_ready(self._children(), deadline)
 
     def _check_redis(self) -> None:
         assert self._redis is not None
@@ -189,7 +218,20 @@ class Cluster:
             argv += ["--model", str(self._model)]
         if self._lease_s is not None:
             argv += ["--lease-s", str(self._lease_s)]
+        if self.spill_dir is not None:
+            argv += ["--spill-dir", str(self.spill_dir)]
+        if self._warm_budget is not None:
+            argv += ["--warm-budget", str(self._warm_budget)]
         return argv + list(self._worker_args)
+
+    def _kvstore_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", self._cli_module, "kvstore", "--redis-url", self.redis_url]
+        argv += ["--port", str(self.kvstore_port)]
+        if self.spill_dir is not None:
+            argv += ["--spill-dir", str(self.spill_dir)]
+        if self._disk_budget is not None:
+            argv += ["--disk-budget", str(self._disk_budget)]
+        return argv
 
     def _gateway_argv(self) -> list[str]:
         argv = [sys.executable, "-m", self._cli_module, "gateway", "--redis-url", self.redis_url]
@@ -199,7 +241,7 @@ class Cluster:
         return argv
 
     def _spawn(self, child: _Child) -> None:
-        if child is not self._gateway:
+        if not child.grpc_target:
             assert self._redis is not None
             child.mark = mark_heartbeat(self._redis, child.name)
         child.process = spawn(child.argv, self.log_path(child.name), self._env)
@@ -210,12 +252,12 @@ class Cluster:
         pending = {c.name: c for c in children}
         reasons: dict[str, str] = {}
         self._progress(f"waiting for {', '.join(pending)} (each loads the model)")
-        health = HealthProbe(self.target)
+        probes = {c.name: HealthProbe(c.grpc_target) for c in children if c.grpc_target}
         try:
             while pending:
                 self._raise_if_exited(pending.values())
                 for name, child in list(pending.items()):
-                    reason = self._not_ready_reason(child, health)
+                    reason = self._not_ready_reason(child, probes.get(name))
                     if reason is None:
                         del pending[name]
                         self._progress(f"{name} ready after {time.monotonic() - t0:.1f} s")
@@ -226,7 +268,8 @@ class Cluster:
                 if pending:
                     time.sleep(_POLL_S)
         finally:
-            health.close()
+            for probe in probes.values():
+                probe.close()
 
     def _raise_if_exited(self, children: Iterable[_Child]) -> None:
         """Raise ServiceError if the private Redis or one of `children` has exited."""
@@ -240,8 +283,8 @@ class Cluster:
                 log = format_tail(self.log_path(child.name))
                 raise ServiceError(f"{child.name} {describe_exit(code)} before it was ready; {log}")
 
-    def _not_ready_reason(self, child: _Child, health: HealthProbe) -> str | None:
-        if child is self._gateway:
+    def _not_ready_reason(self, child: _Child, health: HealthProbe | None) -> str | None:
+        if health is not None:
             return health.not_serving_reason()
         assert self._redis is not None and child.mark is not None
         try:
@@ -261,17 +304,18 @@ class Cluster:
         """The children (workers, gateway, private redis) that have exited, with exit codes."""
         return {n: code for n, p in self.processes.items() if (code := p.poll()) is not None}
 
-    def kill_worker(self, index: int) -> int | None:
-        """SIGKILL worker `index` (as a crash would) and reap it; its exit code."""
-        process = self._workers[index].process
+    def kill(self, name: str) -> int | None:
+        """SIGKILL a child ("kvstore", "w0", ...) as a crash would, and reap it; its exit
+        code."""
+        process = self._child(name).process
         if process is None:
-            raise RuntimeError(f"{self.worker_ids[index]} was never started")
+            raise RuntimeError(f"{name} was never started")
         return kill(process)
 
-    def start_worker(self, index: int, *, deadline_s: float | None = 120.0) -> None:
-        """Start worker `index` again after it exited; wait for a fresh heartbeat unless
-        `deadline_s` is None. Its log continues in the same file."""
-        child = self._workers[index]
+    def restart(self, name: str, *, deadline_s: float | None = 120.0) -> None:
+        """Start a child again after it exited; wait until it is ready unless `deadline_s`
+        is None. Its log continues in the same file."""
+        child = self._child(name)
         if child.process is not None and child.process.poll() is None:
             raise RuntimeError(f"{child.name} is still running")
         self._progress(f"restarting {child.name}")
@@ -279,8 +323,15 @@ class Cluster:
         if deadline_s is not None:
             self._wait_ready([child], time.monotonic() + deadline_s)
 
+    def _child(self, name: str) -> _Child:
+        for child in self._children():
+            if child.name == name:
+                return child
+        raise KeyError(f"no child named {name!r}")
+
     def stop(self, timeout_s: float = 15.0) -> None:
-        """Stop the gateway (it drains its streams first), then the workers, then the private Redis.
+        """Stop the gateway (it drains its streams first), then the workers, the kvstore, then
+        the private Redis.
 
         Each gets SIGTERM and is SIGKILLed when its share of `timeout_s` has passed: the gateway
         may use two thirds, the workers the rest. `timeout_s=0` kills at once. Idempotent.
@@ -289,6 +340,8 @@ class Cluster:
         if self._gateway is not None:
             self._terminate([self._gateway], deadline - timeout_s / 3)
         self._terminate(self._workers, deadline)
+        if self._kvstore is not None:  # last: it applies the workers' final events
+            self._terminate([self._kvstore], max(deadline, time.monotonic() + 2.0))
         if self._redis is not None:
             self._redis.close()
         if self._redis_server is not None:

@@ -11,6 +11,8 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker import kv_events as ev
+from broker.kv_events import Held, KVEvent, inventory_event
 from broker.wire import Fields, WireRequest, chunk_event, done_event, error_event
 from broker.worker_broker import Delivery, WorkerBroker
 from engine.engine import Engine
@@ -21,7 +23,6 @@ from warmfleet.errors import InvalidRequestError, PromptTooLongError, WarmfleetE
 from worker.spiller import Spiller
 
 log = logging.getLogger("warmfleet.worker")
-SessionUpdate = tuple[str, str, dict[str, str] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,9 @@ class WorkerConfig:
     idle_block_ms: int = 500  # longest wait for new requests while idle
     heartbeat_interval_s: float = 0.5
     max_backoff_s: float = 5.0  # cap of the reconnect back-off
+    # idle sessions' KV that the kvstore keeps in this worker's memory; the engine's own
+    # pool evicts by itself only past twice this (a kvstore that is down gives no orders)
+    warm_budget_bytes: int = 2 << 30
 
     def __post_init__(self) -> None:
         if (
@@ -41,6 +45,8 @@ class WorkerConfig:
             raise InvalidRequestError("worker_id", "1-64 characters, no ':', '/' or spaces")
         if self.lease_s < 1.0:
             raise InvalidRequestError("lease_s", f"must be >= 1 s, got {self.lease_s}")
+        if self.warm_budget_bytes < 0:
+            raise InvalidRequestError("warm_budget_bytes", "must be >= 0")
 
 
 @dataclass(slots=True)
@@ -50,7 +56,7 @@ class InFlight:
     admitted_at: float  # unix seconds
     next_index: int = 0  # index of the next generated token to publish
     cache_key: str | None = None
-    from_disk: bool = False  # the session's KV was restored from its spill file
+    kv_from: str = "none"  # where the session's KV was found: none, pool, pending, disk
 
 
 @dataclass(slots=True)
@@ -59,7 +65,8 @@ class Outbox:
 
     events: list[tuple[str, Fields]] = field(default_factory=list)
     acks: list[Delivery] = field(default_factory=list)
-    sessions: list[SessionUpdate] = field(default_factory=list)
+    kv: list[KVEvent] = field(default_factory=list)  # for the kvstore
+    replies: list[tuple[str, str]] = field(default_factory=list)  # answers to commands
 
 
 class Worker:
@@ -81,6 +88,7 @@ class Worker:
         self._outbox = Outbox()
         self._published_running: list[str] = []
         self._prefetched: list[Delivery] = []  # read with the last publish, not yet started
+        self._drop_at_finish: set[str] = set()  # sessions deleted while a request used them
 
     def status(self) -> dict[str, Any]:
         return {
@@ -90,6 +98,7 @@ class Worker:
             "num_running": len(self.inflight),
             "num_sessions": len(self.engine.sessions),
             "pool_bytes": self.engine.sessions.nbytes,
+            "warm_budget": self.config.warm_budget_bytes,
             "steps": self.engine.stats.num_steps,
             "stopping": self.stopping,
             "model_fingerprint": self.engine.model.fingerprint,
@@ -100,6 +109,7 @@ class Worker:
         """Serve until stopped (or until `max_steps` engine steps, for tests)."""
         backoff = 0.1
         self.broker.register(self.status(), self.config.lease_s)
+        self._outbox.kv.append(self._inventory())  # a fresh start holds nothing
         log.info("worker %s ready", self.config.worker_id)
         try:
             while not self.stop_now and not (
@@ -173,11 +183,7 @@ class Worker:
             out.acks.append(d)
             return
         cache_key = keys.cache_key(req.tenant, req.session_id) if req.session_id else None
-        from_disk = False
-        if cache_key and self.spiller and cache_key not in self.engine.sessions:
-            cache, from_disk = self.spiller.take_back(cache_key)
-            if cache is not None:
-                self.engine.adopt_session(cache_key, cache)
+        kv_from = self._bring_back(cache_key) if cache_key else "none"
         try:
             sampling = SamplingParams(**{**req.sampling, "stop": tuple(req.sampling["stop"])})
             seq = self.engine.add(Request(req.request_id, req.prompt_ids, sampling, cache_key))
@@ -187,39 +193,81 @@ class Worker:
             out.acks.append(d)
             return
         self.inflight[req.request_id] = InFlight(
-            d, req, time.time(), cache_key=cache_key, from_disk=from_disk
+            d, req, time.time(), cache_key=cache_key, kv_from=kv_from
         )
-        if req.session_id:
-            out.sessions.append((req.tenant, req.session_id, self._record("hot", seq.cache)))
+        if cache_key:
+            out.kv.append(self._event(ev.HOT, cache_key, seq.cache, detail=kv_from))
+
+    def _bring_back(self, key: str) -> str:
+        """Put the session's KV in the pool if this worker can find it: where it was."""
+        if key in self.engine.sessions:
+            return "pool"
+        if self.spiller is None:
+            return "none"
+        cache, found = self.spiller.take_back(key)
+        if found == "rejected":
+            self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.REJECTED))
+        if cache is not None:
+            self.engine.adopt_session(key, cache)
+        return found
 
     def _control(self, op: str, args: dict[str, str]) -> None:
-        tenant = args["tenant"]
-        key = keys.cache_key(tenant, args["session_id"])
-        if op == "drop_session":
-            self.engine.sessions.take(key)
-            if self.spiller is not None:
-                self.spiller.drop(key)
+        key = args.get("key", "")
+        if op == "spill_session":
+            self._spill(key)
+        elif op == "drop_session":
+            self._drop(key)
+            self._outbox.replies.append((args["r"], "ok"))
         elif op == "fork_session":
-            self._fork(tenant, key, args["new_session_id"])
+            self._fork(key, args["new_key"])
+            self._outbox.replies.append((args["r"], "ok"))
+        elif op == "report":
+            self._outbox.kv.append(self._inventory())
         else:
             log.warning("unknown control order %r ignored", op)
 
-    def _fork(self, tenant: str, key: str, new_session_id: str) -> None:
-        """Copy a session's KV (from the pool, or back from disk) under a new session id."""
+    def _spill(self, key: str) -> None:
+        """The kvstore's order: write an idle session to disk (a running one stays)."""
+        cache = self.engine.sessions.take(key)
+        if cache is not None:
+            self._evict(key, cache)
+        elif not any(f.cache_key == key for f in self.inflight.values()):
+            self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
+
+    def _evict(self, key: str, cache: KVCache) -> None:
+        if self.spiller is not None:
+            self.spiller.spill(key, cache)  # reported when the write is done
+        else:
+            self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
+
+    def _drop(self, key: str) -> None:
+        """DeleteSession: forget the KV here and on disk (a running request keeps using it
+        and drops it when it ends)."""
+        self.engine.sessions.take(key)
+        if self.spiller is not None:
+            self.spiller.drop(key)
+        if any(f.cache_key == key for f in self.inflight.values()):
+            self._drop_at_finish.add(key)
+        self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
+
+    def _fork(self, key: str, new_key: str) -> None:
+        """Copy a session's KV (from the pool, or back from disk) under a new key."""
+        if self._bring_back(key) == "disk":
+            self._outbox.kv.append(self._event(ev.WARM, key, self.engine.sessions.peek(key)))
         cache = self.engine.sessions.peek(key)
-        if cache is None and self.spiller is not None:
-            cache, _ = self.spiller.take_back(key)
-            if cache is not None:
-                self.engine.adopt_session(key, cache)
-                self._outbox.sessions.append((*_split(key), self._record("warm", cache)))
-        new_key = keys.cache_key(tenant, new_session_id)
         if cache is None:  # running or gone: the new session recomputes what it needs
-            self._outbox.sessions.append((tenant, new_session_id, {"worker": "", "tier": "gone"}))
+            self._outbox.kv.append(self._event(ev.GONE, new_key, None, detail=ev.DROPPED))
             return
         m = self.engine.model
         copy = KVCache.from_state(m.config, m.xp, *cache.state())
         self.engine.adopt_session(new_key, copy)
-        self._outbox.sessions.append((tenant, new_session_id, self._record("warm", copy)))
+        self._outbox.kv.append(self._event(ev.WARM, new_key, copy))
+
+    def _inventory(self) -> KVEvent:
+        now = time.time()
+        held = [Held(k, "warm", c.offset, c.nbytes, now) for k, c in self.engine.sessions.items()]
+        held += [Held(f.cache_key, "hot", 0, 0, now) for f in self.inflight.values() if f.cache_key]
+        return inventory_event(self.config.worker_id, held, now)
 
     def _step(self) -> None:
         for out in self.engine.step():
@@ -238,20 +286,34 @@ class Worker:
         del self.inflight[req.request_id]
         self._outbox.events.append((req.request_id, done_event(self._completion(f, completion))))
         self._outbox.acks.append(f.delivery)
-        if req.session_id and f.cache_key:
-            held = self.engine.sessions.peek(f.cache_key)
-            self._outbox.sessions.append((req.tenant, req.session_id, self._record("warm", held)))
+        key = f.cache_key
+        if key and key in self._drop_at_finish:
+            self._drop_at_finish.discard(key)
+            self.engine.sessions.take(key)
+        elif key:
+            self._outbox.kv.append(self._event(ev.WARM, key, self.engine.sessions.peek(key)))
 
     def _flush(self) -> None:
+        if self.engine.evicted_sessions:
+            log.warning(
+                "pool past twice its warm budget: evicting %d session(s) without an order "
+                "(is the kvstore running?)",
+                len(self.engine.evicted_sessions),
+            )
         for key, cache in self.engine.evicted_sessions:
-            if self.spiller is not None:
-                self.spiller.spill(key, cache)  # its record changes when the write is done
-            else:
-                self._outbox.sessions.append((*_split(key), {"worker": "", "tier": "gone"}))
+            self._evict(key, cache)
         self.engine.evicted_sessions.clear()
         if self.spiller is not None:
-            for key, record in self.spiller.completed():
-                self._outbox.sessions.append((*_split(key), record))
+            for done in self.spiller.completed():
+                if done.file is None:
+                    event = self._event(ev.GONE, done.key, None, detail=ev.WRITE_FAILED)
+                else:
+                    file = done.file
+                    event = KVEvent(
+                        ev.DISK, self.config.worker_id, done.key, file.num_tokens, file.size,
+                        time.time(), str(file.mtime_ns),
+                    )  # fmt: skip
+                self._outbox.kv.append(event)
         out, self._outbox = self._outbox, Outbox()
         status = None
         if sorted(self.inflight) != self._published_running:  # keep the status exact
@@ -260,7 +322,7 @@ class Worker:
             self._next_beat = time.monotonic() + self.config.heartbeat_interval_s
         read = self._capacity() if self.engine.has_work and not self.stopping else 0
         cancelled, prefetched = self.broker.publish(
-            out.events, out.acks, out.sessions, list(self.inflight), status, read
+            out.events, out.acks, out.kv, out.replies, list(self.inflight), status, read
         )
         self._prefetched += prefetched
         for rid in cancelled:
@@ -271,16 +333,10 @@ class Worker:
         if cancelled:
             self._flush()
 
-    def _record(self, tier: str, cache: KVCache | None) -> dict[str, str]:
-        """The session record for a session whose KV is `cache` on this worker."""
+    def _event(self, kind: str, key: str, cache: KVCache | None, *, detail: str = "") -> KVEvent:
+        """An event about the session `key` whose KV on this worker is `cache`."""
         num_tokens, nbytes = (cache.offset, cache.nbytes) if cache is not None else (0, 0)
-        return {
-            "worker": self.config.worker_id,
-            "tier": tier,
-            "num_tokens": str(num_tokens),
-            "kv_bytes": str(nbytes),
-            "last_used": f"{time.time():.3f}",
-        }
+        return KVEvent(kind, self.config.worker_id, key, num_tokens, nbytes, time.time(), detail)
 
     def _completion(self, f: InFlight, c: Completion) -> dict[str, Any]:
         waited = f.admitted_at - f.request.accepted_at
@@ -299,11 +355,8 @@ class Worker:
                 "total_s": time.time() - f.request.accepted_at,
             },
             "worker_id": self.config.worker_id,
-            "kv_source": "cold" if c.cached_tokens == 0 else "disk" if f.from_disk else "warm",
+            "kv_source": (
+                "cold" if c.cached_tokens == 0 else "disk" if f.kv_from == "disk" else "warm"
+            ),
             "seed": c.seed,
         }
-
-
-def _split(cache_key: str) -> tuple[str, str]:
-    tenant, session_id = cache_key.split("/", 1)
-    return tenant, session_id

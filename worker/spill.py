@@ -22,10 +22,38 @@ import xxhash
 from warmfleet.errors import SpillFileError
 
 MAGIC = b"WFKV"
-VERSION = 1
+VERSION = 2  # 2: the header names the session (key)
 LAYOUT = "k,v;layers,kv_heads,tokens,head_dim"
 _PREFIX = struct.Struct("<4sII")
 MAX_HEADER_BYTES = 16 << 20
+
+
+def spill_path(directory: Path, key: str) -> Path:
+    """A fixed, filesystem-safe name for a session key (tenant/session id)."""
+    return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.wfkv"
+
+
+@dataclass(frozen=True, slots=True)
+class FileSummary:
+    key: str
+    size: int
+    mtime_ns: int
+    num_tokens: int
+
+
+def read_summary(path: Path) -> FileSummary | None:
+    """The session a spill file holds, from its header alone (no payload check); None when
+    the file is gone or its header cannot be read."""
+    try:
+        with path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            magic, version, header_len = _PREFIX.unpack(f.read(_PREFIX.size))
+            if magic != MAGIC or version != VERSION or header_len > MAX_HEADER_BYTES:
+                return None
+            h = json.loads(f.read(header_len))
+        return FileSummary(str(h["key"]), st.st_size, st.st_mtime_ns, len(h["token_ids"]))
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +73,16 @@ class SpillStore:
         self.num_rejected = 0
 
     def path_for(self, key: str) -> Path:
-        """A fixed, filesystem-safe name for a session key (tenant/session id)."""
-        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.wfkv"
+        return spill_path(self.directory, key)
 
-    def write(self, key: str, kv: SpilledKV) -> int:
-        """Write atomically; returns the file's size. Raises OSError (e.g. disk full), leaving
-        no partial file behind."""
+    def write(self, key: str, kv: SpilledKV) -> FileSummary:
+        """Write atomically. Raises OSError (e.g. disk full), leaving no partial file behind."""
         k, v = np.ascontiguousarray(kv.k), np.ascontiguousarray(kv.v)
         digest = xxhash.xxh3_64(k.data.cast("B"))
         digest.update(v.data.cast("B"))
         header = json.dumps(
             {
+                "key": key,
                 "fingerprint": self.fingerprint,
                 "dtype": k.dtype.str,
                 "layout": LAYOUT,
@@ -79,7 +106,8 @@ class SpillStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return path.stat().st_size
+        st = path.stat()
+        return FileSummary(key, st.st_size, st.st_mtime_ns, len(kv.token_ids))
 
     def read(
         self, key: str, *, like: tuple[int, int, int], dtype: np.dtype[Any]

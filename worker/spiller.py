@@ -9,10 +9,18 @@ from dataclasses import dataclass
 from engine.kv_cache import KVCache
 from engine.model import Model
 from warmfleet.errors import SpillFileError
-from worker.spill import SpilledKV, SpillStore
+from worker.spill import FileSummary, SpilledKV, SpillStore
 
 log = logging.getLogger("warmfleet.worker")
 RECLAIM_WAIT_S = 30.0  # longest wait for a write in flight when its session comes back
+
+
+@dataclass(frozen=True, slots=True)
+class SpillResult:
+    key: str
+    cache: KVCache
+    file: FileSummary | None  # None: the write failed
+    error: str = ""
 
 
 @dataclass(slots=True)
@@ -32,7 +40,7 @@ class Spiller:
         self.model = model
         self.stats = SpillStats()
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spill")
-        self._pending: dict[str, tuple[KVCache, Future[int]]] = {}
+        self._pending: dict[str, tuple[KVCache, Future[FileSummary]]] = {}
 
     def spill(self, key: str, cache: KVCache) -> None:
         """Write `cache` (no longer used by the engine) in the background."""
@@ -40,54 +48,45 @@ class Spiller:
         kv = SpilledKV(cache.k[:, :, :n], cache.v[:, :, :n], list(cache.token_ids))
         self._pending[key] = (cache, self._io.submit(self.store.write, key, kv))
 
-    def completed(self) -> list[tuple[str, dict[str, str]]]:
-        """Session records for the writes that finished since the last call."""
+    def completed(self) -> list[SpillResult]:
+        """The writes that finished since the last call."""
         done = []
         for key, (cache, future) in list(self._pending.items()):
             if not future.done():
                 continue
             del self._pending[key]
             try:
-                size = future.result()
+                done.append(SpillResult(key, cache, future.result()))
             except OSError as e:
                 self.stats.num_failed += 1
                 log.warning("could not spill %s (%s); it will be recomputed", key, e)
-                done.append((key, {"worker": "", "tier": "gone"}))
+                done.append(SpillResult(key, cache, None, str(e)))
                 continue
             self.stats.num_spilled += 1
-            done.append(
-                (
-                    key,
-                    {
-                        "worker": "",
-                        "tier": "disk",
-                        "num_tokens": str(cache.offset),
-                        "kv_bytes": str(size),
-                    },
-                )
-            )
         return done
 
-    def take_back(self, key: str) -> tuple[KVCache | None, bool]:
-        """The session's KV back in memory: (cache, came_from_disk), or (None, False)."""
+    def take_back(self, key: str) -> tuple[KVCache | None, str]:
+        """The session's KV back in memory, and where it was: (cache, "pending") when its
+        write was still in flight, (cache, "disk"), (None, "rejected") when its file
+        failed a check (deleted), or (None, "none")."""
         pending = self._pending.pop(key, None)
         if pending is not None:  # evicted moments ago: the bytes are still here
             cache, future = pending
             future.exception(timeout=RECLAIM_WAIT_S)
             self.store.delete(key)
-            return cache, False
+            return cache, "pending"
         try:
             kv = self.store.read(key, like=self._shape(), dtype=self.model.dtype)
         except SpillFileError as e:
             self.stats.num_rejected += 1
             log.warning("rejected spill file, recomputing %s: %s", key, e.reason)
-            return None, False
+            return None, "rejected"
         if kv is None:
-            return None, False
+            return None, "none"
         self.store.delete(key)
         self.stats.num_restored += 1
         m = self.model
-        return KVCache.from_state(m.config, m.xp, kv.k, kv.v, kv.token_ids), True
+        return KVCache.from_state(m.config, m.xp, kv.k, kv.v, kv.token_ids), "disk"
 
     def drop(self, key: str) -> None:
         """Forget the session everywhere (DeleteSession)."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from warmfleet.errors import SpillFileError
-from worker.spill import SpilledKV, SpillStore
+from worker.spill import SpilledKV, SpillStore, read_summary
 
 SHAPE = (3, 2, 5, 8)  # layers, kv_heads, tokens, head_dim
 LIKE = (3, 2, 8)
@@ -29,9 +29,11 @@ def store(tmp_path: Path) -> SpillStore:
 
 def test_round_trip_is_exact_and_atomic(store: SpillStore, tmp_path: Path) -> None:
     kv = sample_kv()
-    size = store.write("local/s1", kv)
+    written = store.write("local/s1", kv)
     path = store.path_for("local/s1")
-    assert path.stat().st_size == size > kv.k.nbytes + kv.v.nbytes
+    assert path.stat().st_size == written.size > kv.k.nbytes + kv.v.nbytes
+    assert read_summary(path) == written
+    assert written.key == "local/s1" and written.num_tokens == len(kv.token_ids)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
     back = store.read("local/s1", like=LIKE, dtype=np.dtype(np.float32))
     assert back is not None and back.token_ids == kv.token_ids

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from warmfleet.models import env_int
 from warmfleet.redis_conn import redis_url_default
@@ -37,4 +39,21 @@ def add_compute(p: argparse.ArgumentParser) -> None:
         default=env_int("WARMFLEET_THREADS"),
         metavar="N",
         help="BLAS/kernel threads (default: $WARMFLEET_THREADS, else one per core)",
+    )
+
+
+def default_spill_dir() -> str:
+    return os.environ.get(
+        "WARMFLEET_SPILL_DIR", str(Path.home() / ".cache" / "warmfleet" / "spill")
+    )
+
+
+def add_spill_dir(p: argparse.ArgumentParser, *, allow_none: bool = True) -> None:
+    none = "; 'none' forgets evicted sessions instead" if allow_none else ""
+    p.add_argument(
+        "--spill-dir",
+        default=default_spill_dir(),
+        metavar="DIR",
+        help="where evicted sessions are written, shared by the workers and the kvstore "
+        f"of a host (default: $WARMFLEET_SPILL_DIR, else ~/.cache/warmfleet/spill){none}",
     )

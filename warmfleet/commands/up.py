@@ -7,14 +7,17 @@ import sys
 import time
 from typing import Any
 
+from warmfleet.commands.common import add_spill_dir
 from warmfleet.demo import run_demo
 from warmfleet.errors import InvalidRequestError
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
 from warmfleet.processes import describe_exit, format_tail
+from warmfleet.sizes import size_arg
 from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
 
 DEFAULT_PORT = 50051
+DEFAULT_KVSTORE_PORT = 50052
 STOP_TIMEOUT_S = 15.0
 _POLL_S = 0.2
 
@@ -23,7 +26,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "up",
         help="start warmfleet on this machine: a private redis-server (unless --redis-url), "
-        "the workers and the gRPC gateway; Ctrl-C stops them all",
+        "the kvstore, the workers and the gRPC gateway; Ctrl-C stops them all",
     )
     p.add_argument("--workers", type=int, default=2, metavar="N", help="worker processes (2)")
     p.add_argument(
@@ -41,6 +44,26 @@ def register(sub: Any) -> None:
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
     )
     p.add_argument(
+        "--kvstore-port",
+        type=int,
+        default=DEFAULT_KVSTORE_PORT,
+        metavar="P",
+        help=f"the kvstore's gRPC port, for operators ({DEFAULT_KVSTORE_PORT})",
+    )
+    add_spill_dir(p, allow_none=False)
+    p.add_argument(
+        "--warm-budget",
+        type=size_arg,
+        metavar="SIZE",
+        help="idle sessions' KV kept in each worker's memory (see `warmfleet worker`)",
+    )
+    p.add_argument(
+        "--disk-budget",
+        type=size_arg,
+        metavar="SIZE",
+        help="spill files kept at most (see `warmfleet kvstore`)",
+    )
+    p.add_argument(
         "--demo",
         action="store_true",
         help="once up, run two sessions at once (two turns each) and print their replies",
@@ -51,8 +74,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InvalidRequestError("--workers", f"must be at least 1, got {args.workers}")
-    if not 0 <= args.port <= 65535:
-        raise InvalidRequestError("--port", f"must be in [0, 65535], got {args.port}")
+    for name, port in (("--port", args.port), ("--kvstore-port", args.kvstore_port)):
+        if not 0 <= port <= 65535:
+            raise InvalidRequestError(name, f"must be in [0, 65535], got {port}")
     if args.threads is not None and args.threads < 1:
         raise InvalidRequestError("--threads", f"must be at least 1, got {args.threads}")
     model = resolve_model(args.model)  # fetched once here, before any worker starts
@@ -62,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         model=model,
         threads_per_worker=args.threads,
+        spill_dir=args.spill_dir,
+        warm_budget=args.warm_budget,
+        disk_budget=args.disk_budget,
+        kvstore_port=args.kvstore_port,
     )
     signals = StopSignals().install()
     try:
@@ -82,7 +110,8 @@ def _banner(cluster: Cluster) -> str:
     target = "" if cluster.target == f"127.0.0.1:{DEFAULT_PORT}" else f" --target {cluster.target}"
     return (
         f"warmfleet is up: gRPC {cluster.target} · workers {', '.join(cluster.worker_ids)} · "
-        f"redis {cluster.redis_url} · logs {cluster.log_dir}\n"
+        f"kvstore {cluster.kvstore_target} · redis {cluster.redis_url} · "
+        f"logs {cluster.log_dir}\n"
         f"try: warmfleet chat --session demo{target}    (Ctrl-C stops everything)"
     )
 
@@ -96,7 +125,8 @@ def _supervise(cluster: Cluster, signals: StopSignals) -> int:
             reported.add(name)
             log = format_tail(cluster.log_path(name), 10)
             print(f"warmfleet: {name} {describe_exit(exited[name])}; {log}", file=sys.stderr)
-        if "gateway" in exited or "redis" in exited or set(cluster.worker_ids) <= exited.keys():
+        essential = {"gateway", "redis", "kvstore"} & exited.keys()
+        if essential or set(cluster.worker_ids) <= exited.keys():
             print("warmfleet: cannot serve any more; stopping", file=sys.stderr)
             return 1
         time.sleep(_POLL_S)

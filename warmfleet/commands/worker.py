@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -17,10 +16,11 @@ from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
-from warmfleet.commands.common import add_compute, add_redis_url
+from warmfleet.commands.common import add_compute, add_redis_url, add_spill_dir
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
+from warmfleet.sizes import format_size, size_arg
 from worker.loop import Worker, WorkerConfig
 from worker.spill import SpillStore
 from worker.spiller import Spiller
@@ -44,29 +44,16 @@ def register(sub: Any) -> None:
         "over by another worker",
     )
     p.add_argument(
-        "--warm-budget-mb",
-        type=int,
+        "--warm-budget",
+        type=size_arg,
         default=None,
-        metavar="MB",
-        help="KV of idle sessions kept in memory; beyond it the least recently used "
-        "go to disk (default: a quarter of the memory available at start, at most "
-        "8192)",
+        metavar="SIZE",
+        help="KV of idle sessions kept in memory (e.g. 512M, 4G); beyond it the kvstore "
+        "has the least recently used written to disk (default: a quarter of the memory "
+        "available at start, at most 8G)",
     )
-    p.add_argument(
-        "--spill-dir",
-        default=default_spill_dir(),
-        metavar="DIR",
-        help="where evicted sessions are written, shared by the workers of a host "
-        "(default: $WARMFLEET_SPILL_DIR, else ~/.cache/warmfleet/spill); "
-        "'none' forgets evicted sessions instead",
-    )
+    add_spill_dir(p)
     p.set_defaults(run=run)
-
-
-def default_spill_dir() -> str:
-    return os.environ.get(
-        "WARMFLEET_SPILL_DIR", str(Path.home() / ".cache" / "warmfleet" / "spill")
-    )
 
 
 def default_warm_budget_bytes() -> int:
@@ -86,13 +73,10 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s worker {args.worker_id}: %(message)s",
     )
-    config = WorkerConfig(worker_id=args.worker_id, lease_s=args.lease_s)
-    budget = (
-        args.warm_budget_mb << 20
-        if args.warm_budget_mb is not None
-        else default_warm_budget_bytes()
-    )
-    engine_config = EngineConfig(max_running=args.max_running, session_budget_bytes=budget)
+    budget = args.warm_budget if args.warm_budget is not None else default_warm_budget_bytes()
+    config = WorkerConfig(worker_id=args.worker_id, lease_s=args.lease_s, warm_budget_bytes=budget)
+    # the kvstore keeps the pool within `budget`; the engine evicts by itself only far past it
+    engine_config = EngineConfig(max_running=args.max_running, session_budget_bytes=2 * budget)
     threads = set_threads(args.threads)
     path = resolve_model(args.model)
     logging.info("loading %s (%d threads)", path.name, threads)
@@ -102,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.spill_dir != "none":
         spiller = Spiller(SpillStore(args.spill_dir, model.fingerprint), model)
         logging.info(
-            "spilling evicted sessions to %s (warm budget %d MiB)", args.spill_dir, budget >> 20
+            "spilling evicted sessions to %s (warm budget %s)", args.spill_dir, format_size(budget)
         )
     broker = WorkerBroker(r, config.worker_id, config.lease_s)
     worker = Worker(Engine(model, engine_config), broker, config, spiller)

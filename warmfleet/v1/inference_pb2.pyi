@@ -36,6 +36,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_WARM: _ClassVar[Tier]
     TIER_DISK: _ClassVar[Tier]
     TIER_GONE: _ClassVar[Tier]
+    TIER_SPILLING: _ClassVar[Tier]
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_INTERACTIVE: Priority
 PRIORITY_NORMAL: Priority
@@ -54,6 +55,7 @@ TIER_HOT: Tier
 TIER_WARM: Tier
 TIER_DISK: Tier
 TIER_GONE: Tier
+TIER_SPILLING: Tier
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

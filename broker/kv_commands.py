@@ -1,0 +1,28 @@
+"""Ask the kvstore to change the residency index, and wait (bounded) for its answer."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from broker import keys
+from broker.kv_events import KVCommand
+from warmfleet.errors import ServiceError
+
+COMMAND_TIMEOUT_S = 4.0  # below the gateway connection's socket timeout
+
+
+def call(
+    r: redis.Redis, op: str, key: str, new_key: str = "", timeout_s: float = COMMAND_TIMEOUT_S
+) -> str:
+    """Send one command on the kvstore's stream; its answer. Raises ServiceError when none
+    comes within `timeout_s` (the kvstore, or the worker it asked, is down or stuck)."""
+    reply_to = keys.reply_key(uuid.uuid4().hex)
+    r.xadd(keys.KV_EVENTS, KVCommand(op, key, reply_to, new_key).encode())
+    answer = r.blpop([reply_to], timeout=timeout_s)
+    if answer is None:
+        raise ServiceError(
+            f"the kvstore did not answer {op!r} within {timeout_s:.0f} s (is it running?)"
+        )
+    return str(answer[1])

@@ -1,0 +1,224 @@
+"""The kvstore process: consumes the workers' session events, keeps the residency index in
+Redis, sends eviction orders, and keeps the spill directory within its disk budget.
+
+Events are read with a consumer group, and an event is acknowledged in the same Redis
+transaction that writes what it changed, so a kvstore killed at any point resumes where
+it stopped: pending events are read again first, and applying one twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.kv_events import decode
+from broker.wire import Control
+from kvstore.index import Effects, Order, Record, ResidencyIndex
+from worker.spill import read_summary, spill_path
+
+log = logging.getLogger("warmfleet.kvstore")
+CONSUMER = "kvstore"
+BATCH = 512  # events applied per transaction at most
+REFRESH_S = 0.5  # how often worker liveness and budgets are read
+REPLY_TTL_S = 60
+
+
+class KVStore:
+    def __init__(
+        self,
+        r: redis.Redis,
+        spill_dir: str | Path,
+        disk_budget: int | None,
+        block_ms: int = 200,
+    ) -> None:
+        self.r = r
+        self.spill_dir = Path(spill_dir)
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        self.index = ResidencyIndex(disk_budget, self._file_info)
+        self.lock = threading.Lock()  # the gRPC threads read the index the loop changes
+        self.statuses: dict[str, dict[str, Any]] = {}  # live workers' heartbeats
+        self.stopping = threading.Event()
+        self.block_ms = block_ms
+        self._backlog = True  # events delivered to us before a restart, not yet acked
+        self._next_refresh = 0.0
+
+    # ---- start --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the index, match it with the disk and the live workers, and ask each live
+        worker for its inventory (so that what happened while no kvstore ran is known)."""
+        try:
+            self.r.xgroup_create(keys.KV_EVENTS, keys.KV_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        records = self._load_records()
+        files = self._scan_disk()
+        with self.lock:
+            self.index.load(records)
+            fx = self.index.reconcile_disk(files)
+        fx.merge(self._refresh())
+        for worker in sorted(self.index.alive):
+            fx.orders.append(Order(worker, "report", {}))
+        self._commit(fx, [])
+        counts = self.index.tier_counts()
+        log.info(
+            "index: %d sessions (%s); %d live workers; spill dir %s",
+            len(self.index.records),
+            ", ".join(f"{n} {t}" for t, n in counts.items()),
+            len(self.index.alive),
+            self.spill_dir,
+        )
+
+    def _load_records(self) -> dict[str, Record]:
+        prefix = keys.session_prefix()
+        names = list(self.r.scan_iter(match=f"{prefix}*", count=1000))
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        records = {}
+        for name, fields in zip(names, pipe.execute(), strict=True):
+            tenant, _, session_id = name.removeprefix(prefix).partition(":")
+            if fields:
+                records[keys.cache_key(tenant, session_id)] = Record.from_fields(fields)
+        return records
+
+    def _scan_disk(self) -> dict[str, tuple[int, int, int]]:
+        """Spill files by session key: (size, mtime_ns, tokens). A file whose header cannot
+        be read is deleted and counted as rejected."""
+        files = {}
+        rejected = 0
+        for path in self.spill_dir.glob("*.wfkv"):
+            summary = read_summary(path)
+            if summary is None or spill_path(self.spill_dir, summary.key) != path:
+                log.warning("deleting %s: not a readable spill file of this version", path.name)
+                path.unlink(missing_ok=True)
+                rejected += 1
+                continue
+            files[summary.key] = (summary.size, summary.mtime_ns, summary.num_tokens)
+        if rejected:
+            self.r.hincrby(keys.KV_STATS, "rejected_files", rejected)
+        return files
+
+    # ---- loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = 0.1
+        while not self.stopping.is_set():
+            try:
+                self.step()
+                backoff = 0.1
+            except redis.RedisError as e:
+                log.warning("redis: %s; retrying in %.1f s", e, backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def step(self) -> int:
+        """Apply one batch of events (waiting up to block_ms for some); how many."""
+        fx = Effects()
+        if time.monotonic() >= self._next_refresh:
+            fx.merge(self._refresh())
+            self._next_refresh = time.monotonic() + REFRESH_S
+        entries = self._read()
+        ids = []
+        with self.lock:
+            for entry_id, fields in entries:
+                ids.append(entry_id)
+                if not fields:  # deleted while pending
+                    continue
+                try:
+                    item = decode(fields)
+                except (KeyError, ValueError) as e:
+                    log.warning("malformed event %s dropped: %s", entry_id, e)
+                    continue
+                fx.merge(self.index.apply(item))
+        self._commit(fx, ids)
+        return len(ids)
+
+    def _read(self) -> list[tuple[str, dict[str, str]]]:
+        start = "0" if self._backlog else ">"
+        reply = self.r.xreadgroup(
+            keys.KV_GROUP,
+            CONSUMER,
+            {keys.KV_EVENTS: start},
+            count=BATCH,
+            block=None if self._backlog else self.block_ms,
+        )
+        entries = [(eid, f) for _, batch in reply or [] for eid, f in batch]
+        if self._backlog and not entries:
+            self._backlog = False
+        return entries
+
+    def _refresh(self) -> Effects:
+        """Read the live workers' heartbeats (status and warm budget)."""
+        members = sorted(self.r.smembers(keys.WORKERS))
+        beats = self.r.mget([keys.heartbeat_key(w) for w in members]) if members else []
+        statuses = {w: json.loads(b) for w, b in zip(members, beats, strict=True) if b}
+        with self.lock:
+            self.statuses = statuses
+            budgets = {w: int(s.get("warm_budget", 0)) for w, s in statuses.items()}
+            return self.index.set_workers(budgets)
+
+    # ---- effects ------------------------------------------------------------------
+
+    def _commit(self, fx: Effects, entry_ids: list[str]) -> None:
+        """Carry out `fx` and acknowledge `entry_ids` in one transaction (files first:
+        deleting one twice after a crash does no harm)."""
+        for key, mtime_ns in fx.unlink:
+            self._unlink(key, mtime_ns)
+        pipe = self.r.pipeline(transaction=True)
+        for key, record in fx.upserts.items():
+            tenant, session_id = keys.split_cache_key(key)
+            pipe.hset(keys.session_key(tenant, session_id), mapping=record.to_fields())
+            pipe.zadd(keys.session_index(tenant), {session_id: record.last_used})
+        for key in fx.removals:
+            tenant, session_id = keys.split_cache_key(key)
+            pipe.delete(keys.session_key(tenant, session_id))
+            pipe.zrem(keys.session_index(tenant), session_id)
+        for order in fx.orders:
+            stream = (
+                keys.pinned_stream(order.worker) if order.worker else keys.shared_stream("normal")
+            )
+            pipe.xadd(stream, Control(order.op, order.args).encode())
+        for name, n in fx.counters.items():
+            pipe.hincrby(keys.KV_STATS, name, n)
+        for reply_key, answer in fx.replies:
+            pipe.rpush(reply_key, answer)
+            pipe.expire(reply_key, REPLY_TTL_S)
+        if entry_ids:
+            pipe.xack(keys.KV_EVENTS, keys.KV_GROUP, *entry_ids)
+            pipe.xdel(keys.KV_EVENTS, *entry_ids)
+        if len(pipe):
+            pipe.execute()
+
+    def _unlink(self, key: str, mtime_ns: int) -> None:
+        """Delete the session's file, unless it is a newer one than the index knew."""
+        path = spill_path(self.spill_dir, key)
+        try:
+            if mtime_ns and path.stat().st_mtime_ns != mtime_ns:
+                return
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _file_info(self, key: str) -> tuple[int, int] | None:
+        try:
+            st = spill_path(self.spill_dir, key).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    # ---- reading (for the gRPC service) ---------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.r.hgetall(keys.KV_STATS).items()}
+
+    def events_behind(self) -> int:
+        return int(self.r.xlen(keys.KV_EVENTS))

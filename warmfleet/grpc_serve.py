@@ -1,0 +1,43 @@
+"""Start a gRPC server with the standard health and reflection services beside ours."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+# (add_XServicer_to_server, the servicer, the service's full name)
+Service = tuple[Callable[[Any, grpc.Server], None], Any, str]
+
+
+def serve(services: list[Service], address: str, max_workers: int) -> tuple[grpc.Server, int]:
+    """A started server bound to `address` ("host:port", port 0 picks one), reporting
+    SERVING for each service; returns it and its port. Raises OSError if it cannot bind."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers), maximum_concurrent_rpcs=max_workers
+    )
+    for add, servicer, _ in services:
+        add(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [name for _, _, name in services]
+    reflection.enable_server_reflection(
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    server.start()
+    for name in ("", *names):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
+def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with `code` and `message` (typed NoReturn, which context.abort is not)."""
+    context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
