@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import redis
@@ -17,9 +18,11 @@ def call(
     r: redis.Redis, op: str, key: str, new_key: str = "", timeout_s: float = COMMAND_TIMEOUT_S
 ) -> str:
     """Send one command on the kvstore's stream; its answer. Raises ServiceError when none
-    comes within `timeout_s` (the kvstore, or the worker it asked, is down or stuck)."""
+    comes within `timeout_s` (the kvstore, or the worker it asked, is down or stuck); the
+    kvstore drops a command it reads after that, so a failed call changes nothing."""
     reply_to = keys.reply_key(uuid.uuid4().hex)
-    r.xadd(keys.KV_EVENTS, KVCommand(op, key, reply_to, new_key).encode())
+    command = KVCommand(op, key, reply_to, new_key, deadline=time.time() + timeout_s)
+    r.xadd(keys.KV_EVENTS, command.encode())
     answer = r.blpop([reply_to], timeout=timeout_s)
     if answer is None:
         raise ServiceError(

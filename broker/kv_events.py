@@ -84,13 +84,21 @@ class KVCommand:
     key: str
     reply_to: str  # a keys.reply_key
     new_key: str = ""  # FORK: the new session's cache key
+    # unix seconds; past it the caller has given up and was told so: the command is dropped
+    deadline: float = 0.0
 
     def encode(self) -> Fields:
-        return {"op": self.op, "k": self.key, "k2": self.new_key, "r": self.reply_to}
+        return {
+            "op": self.op,
+            "k": self.key,
+            "k2": self.new_key,
+            "r": self.reply_to,
+            "t": f"{self.deadline:.3f}",
+        }
 
     @classmethod
     def decode(cls, f: Fields) -> KVCommand:
-        return cls(f["op"], f["k"], f["r"], f.get("k2", ""))
+        return cls(f["op"], f["k"], f["r"], f.get("k2", ""), float(f.get("t", 0)))
 
 
 def decode(fields: Fields) -> KVEvent | KVCommand:

@@ -137,6 +137,10 @@ class ResidencyIndex:
         now = time.time() if now is None else now
         fx = Effects()
         if isinstance(item, KVCommand):
+            if item.deadline and now > item.deadline:
+                log.warning("%s %s dropped: its caller gave up %.1f s ago", item.op, item.key,
+                            now - item.deadline)  # fmt: skip
+                return fx
             handler = {ev.DELETE: self._delete, ev.FORK: self._fork, ev.EVICT: self._evict}.get(
                 item.op
             )
@@ -155,8 +159,10 @@ class ResidencyIndex:
             self._tombstones.pop(item.key, None)
             if item.detail == "disk":
                 fx.count("restores")
+            self._forget_other_copy(item.key, item.worker, fx)
             self._put(fx, item.key, Record(HOT, item.worker, *_sizes(item)))
         elif item.kind == ev.WARM:
+            self._forget_other_copy(item.key, item.worker, fx)
             self._put(fx, item.key, Record(WARM, item.worker, *_sizes(item)))
             self._enforce_warm_budget(item.worker, fx)
         elif item.kind == ev.DISK:
@@ -179,6 +185,7 @@ class ResidencyIndex:
             if worker not in self.alive:
                 for key in self.on_worker(worker):
                     self._lost(key, fx)
+        self._enforce_disk_budget(fx)
         for worker in self.alive:
             self._enforce_warm_budget(worker, fx)
         cutoff = time.time() - TOMBSTONE_S
@@ -230,8 +237,31 @@ class ResidencyIndex:
         for h in held.values():
             if h.key in self._tombstones:
                 continue
+            other = self.records.get(h.key)
+            if other is not None and self._elsewhere(other, e.worker):
+                if other.last_used >= h.last_used:  # ours is the older copy
+                    fx.orders.append(Order(e.worker, "forget_session", {"key": h.key}))
+                    continue
+                fx.orders.append(Order(other.worker, "forget_session", {"key": h.key}))
             self._put(fx, h.key, Record(h.tier, e.worker, h.num_tokens, h.nbytes, h.last_used))
         self._enforce_warm_budget(e.worker, fx)
+        self._enforce_disk_budget(fx)
+
+    def _elsewhere(self, record: Record, worker: str) -> bool:
+        """Whether `record` puts the session in the memory of a live worker other than
+        `worker`."""
+        return (
+            record.tier in IN_MEMORY
+            and record.worker not in ("", worker)
+            and record.worker in self.alive
+        )
+
+    def _forget_other_copy(self, key: str, worker: str, fx: Effects) -> None:
+        """`worker` has just used the session: a copy another worker holds is older (two
+        copies come from requests routed while the index lagged). That one is dropped."""
+        record = self.records.get(key)
+        if record is not None and self._elsewhere(record, worker):
+            fx.orders.append(Order(record.worker, "forget_session", {"key": key}))
 
     def _lost(self, key: str, fx: Effects) -> None:
         """The worker that held `key` no longer does: its file, if any, is what is left."""
@@ -273,7 +303,8 @@ class ResidencyIndex:
         if source.worker in self.alive:  # the worker copies the KV, then answers
             record = Record(WARM, source.worker, source.num_tokens, source.nbytes, now)
             self._put(fx, c.new_key, record)
-            fx.orders.append(Order(source.worker, "fork_session", args))
+            fx.orders.append(Order(source.worker, "fork_session", args))  # before any spill
+            self._enforce_warm_budget(source.worker, fx)
         elif source.tier == DISK:  # any worker of the host restores it and copies
             self._put(fx, c.new_key, Record(GONE, "", 0, 0, now))
             fx.orders.append(Order("", "fork_session", args))

@@ -65,9 +65,16 @@ class KVStore:
             self.index.load(records)
             fx = self.index.reconcile_disk(files)
         fx.merge(self._refresh())
-        for worker in sorted(self.index.alive):
-            fx.orders.append(Order(worker, "report", {}))
         self._commit(fx, [])
+        # apply what happened while no kvstore ran, then ask each worker what it holds
+        # (orders that backlog caused reach a worker before its report order does)
+        applied = 0
+        while n := self.step(block=False):
+            applied += n
+        if applied:
+            log.info("applied %d events that arrived while no kvstore ran", applied)
+        reports = Effects(orders=[Order(w, "report", {}) for w in sorted(self.index.alive)])
+        self._commit(reports, [])
         counts = self.index.tier_counts()
         log.info(
             "index: %d sessions (%s); %d live workers; spill dir %s",
@@ -120,13 +127,13 @@ class KVStore:
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-    def step(self) -> int:
+    def step(self, *, block: bool = True) -> int:
         """Apply one batch of events (waiting up to block_ms for some); how many."""
         fx = Effects()
         if time.monotonic() >= self._next_refresh:
             fx.merge(self._refresh())
             self._next_refresh = time.monotonic() + REFRESH_S
-        entries = self._read()
+        entries = self._read(block)
         ids = []
         with self.lock:
             for entry_id, fields in entries:
@@ -142,14 +149,14 @@ class KVStore:
         self._commit(fx, ids)
         return len(ids)
 
-    def _read(self) -> list[tuple[str, dict[str, str]]]:
+    def _read(self, block: bool) -> list[tuple[str, dict[str, str]]]:
         start = "0" if self._backlog else ">"
         reply = self.r.xreadgroup(
             keys.KV_GROUP,
             CONSUMER,
             {keys.KV_EVENTS: start},
             count=BATCH,
-            block=None if self._backlog else self.block_ms,
+            block=self.block_ms if block and not self._backlog else None,
         )
         entries = [(eid, f) for _, batch in reply or [] for eid, f in batch]
         if self._backlog and not entries:

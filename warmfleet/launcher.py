@@ -240,11 +240,12 @@ class Cluster:
             argv += ["--model", str(self._model)]
         return argv
 
-    def _spawn(self, child: _Child) -> None:
+    def _spawn(self, child: _Child, extra_args: Sequence[str] = ()) -> None:
         if not child.grpc_target:
             assert self._redis is not None
             child.mark = mark_heartbeat(self._redis, child.name)
-        child.process = spawn(child.argv, self.log_path(child.name), self._env)
+        argv = [*child.argv, *extra_args]
+        child.process = spawn(argv, self.log_path(child.name), self._env)
 
     def _wait_ready(self, children: list[_Child], deadline: float) -> None:
         """Poll until every child in `children` is ready; see `start()` for the errors."""
@@ -312,14 +313,17 @@ class Cluster:
             raise RuntimeError(f"{name} was never started")
         return kill(process)
 
-    def restart(self, name: str, *, deadline_s: float | None = 120.0) -> None:
-        """Start a child again after it exited; wait until it is ready unless `deadline_s`
-        is None. Its log continues in the same file."""
+    def restart(
+        self, name: str, *, deadline_s: float | None = 120.0, extra_args: Sequence[str] = ()
+    ) -> None:
+        """Start a child again after it exited, with `extra_args` after its usual options
+        for this start only; wait until it is ready unless `deadline_s` is None. Its log
+        continues in the same file."""
         child = self._child(name)
         if child.process is not None and child.process.poll() is None:
             raise RuntimeError(f"{child.name} is still running")
         self._progress(f"restarting {child.name}")
-        self._spawn(child)
+        self._spawn(child, extra_args)
         if deadline_s is not None:
             self._wait_ready([child], time.monotonic() + deadline_s)
 

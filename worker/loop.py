@@ -89,6 +89,7 @@ class Worker:
         self._published_running: list[str] = []
         self._prefetched: list[Delivery] = []  # read with the last publish, not yet started
         self._drop_at_finish: set[str] = set()  # sessions deleted while a request used them
+        self._last_used: dict[str, float] = {}  # when each pooled session's last request ended
 
     def status(self) -> dict[str, Any]:
         return {
@@ -221,6 +222,8 @@ class Worker:
         elif op == "fork_session":
             self._fork(key, args["new_key"])
             self._outbox.replies.append((args["r"], "ok"))
+        elif op == "forget_session":  # another worker holds a newer copy: drop ours only
+            self._forget(key)
         elif op == "report":
             self._outbox.kv.append(self._inventory())
         else:
@@ -235,20 +238,26 @@ class Worker:
             self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
 
     def _evict(self, key: str, cache: KVCache) -> None:
+        self._last_used.pop(key, None)
         if self.spiller is not None:
             self.spiller.spill(key, cache)  # reported when the write is done
         else:
             self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
 
     def _drop(self, key: str) -> None:
-        """DeleteSession: forget the KV here and on disk (a running request keeps using it
-        and drops it when it ends)."""
-        self.engine.sessions.take(key)
+        """DeleteSession: forget the KV here and on disk."""
+        self._forget(key)
         if self.spiller is not None:
             self.spiller.drop(key)
+        self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
+
+    def _forget(self, key: str) -> None:
+        """Drop the session's KV from memory (a running request keeps using it and drops it
+        when it ends)."""
+        self.engine.sessions.take(key)
+        self._last_used.pop(key, None)
         if any(f.cache_key == key for f in self.inflight.values()):
             self._drop_at_finish.add(key)
-        self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
 
     def _fork(self, key: str, new_key: str) -> None:
         """Copy a session's KV (from the pool, or back from disk) under a new key."""
@@ -261,11 +270,14 @@ class Worker:
         m = self.engine.model
         copy = KVCache.from_state(m.config, m.xp, *cache.state())
         self.engine.adopt_session(new_key, copy)
+        self._last_used[new_key] = time.time()
         self._outbox.kv.append(self._event(ev.WARM, new_key, copy))
 
     def _inventory(self) -> KVEvent:
         now = time.time()
-        held = [Held(k, "warm", c.offset, c.nbytes, now) for k, c in self.engine.sessions.items()]
+        pooled = self.engine.sessions.items()
+        self._last_used = {k: self._last_used.get(k, now) for k, _ in pooled}
+        held = [Held(k, "warm", c.offset, c.nbytes, self._last_used[k]) for k, c in pooled]
         held += [Held(f.cache_key, "hot", 0, 0, now) for f in self.inflight.values() if f.cache_key]
         return inventory_event(self.config.worker_id, held, now)
 
@@ -291,6 +303,7 @@ class Worker:
             self._drop_at_finish.discard(key)
             self.engine.sessions.take(key)
         elif key:
+            self._last_used[key] = time.time()
             self._outbox.kv.append(self._event(ev.WARM, key, self.engine.sessions.peek(key)))
 
     def _flush(self) -> None:

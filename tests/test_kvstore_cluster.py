@@ -1,0 +1,371 @@
+"""The kvstore through the whole system: real Redis, gRPC, two worker processes, the real
+model. The kvstore owns the residency index and the eviction decisions; these tests check
+the index against the workers' own reports and the files on disk."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import redis as redis_lib
+
+from broker import keys
+from engine.chat import render_chat
+from engine.engine import Engine
+from engine.model import Model
+from engine.sampling import SamplingParams
+from engine.sequence import Request
+from warmfleet.client import Client, KVStoreClient, Reply
+from warmfleet.launcher import Cluster
+from warmfleet.v1 import inference_pb2 as pb
+from warmfleet.v1 import kvstore_pb2 as kvpb
+from worker.spill import SpilledKV, SpillStore, read_summary
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 10
+TENANT = keys.DEFAULT_TENANT
+SESSION_BYTES = 256 * 30 * 2 * 3 * 64 * 4  # one session under 256 tokens: 11.25 MiB of KV
+WARM_BUDGET = 3 * SESSION_BYTES + SESSION_BYTES // 2  # three sessions fit, four do not
+
+
+@pytest.fixture(scope="module")
+def spill_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spill")
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    default_model_path: Path, spill_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    with Cluster(
+        num_workers=2,
+        model=default_model_path,
+        spill_dir=spill_dir,
+        warm_budget=WARM_BUDGET,
+        log_dir=tmp_path_factory.mktemp("logs"),
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Iterator[Client]:
+    with Client(cluster.target, timeout_s=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def kv(cluster: Cluster) -> Iterator[KVStoreClient]:
+    with KVStoreClient(cluster.kvstore_target) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def r(cluster: Cluster) -> Iterator[redis_lib.Redis]:
+    client = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+# ---- helpers -------------------------------------------------------------------------
+
+
+@dataclass
+class Conversation:
+    """One agent's chat; every turn resends the whole conversation."""
+
+    session_id: str
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turns: list[tuple[list[dict[str, str]], Reply]] = field(default_factory=list)
+
+    def turn(self, client: Client, text: str) -> Reply:
+        self.messages.append({"role": "user", "content": text})
+        prompt = list(self.messages)
+        reply = client.complete(self.session_id, messages=prompt, max_tokens=NEW_TOKENS)
+        self.messages.append({"role": "assistant", "content": reply.text})
+        self.turns.append((prompt, reply))
+        return reply
+
+
+def assert_exact(model: Model, turns: list[tuple[list[dict[str, str]], Reply]]) -> None:
+    """Every reply has the tokens of a cold run of its prompt (one batch, in process)."""
+    template = model.tokenizer.chat_template
+    assert template is not None
+    requests = [
+        Request(f"ref-{i}", model.tokenizer.encode(render_chat(template, m)), SamplingParams(
+            max_tokens=NEW_TOKENS
+        ))
+        for i, (m, _) in enumerate(turns)
+    ]  # fmt: skip
+    out = Engine(model).generate(requests)
+    for i, (_, reply) in enumerate(turns):
+        expected = [t for o in out[f"ref-{i}"] for t in o.token_ids]
+        assert reply.token_ids == expected, f"turn {i}: {reply.text!r}"
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return result
+
+
+def records(r: redis_lib.Redis) -> dict[str, dict[str, str]]:
+    """The index as Redis holds it: session id -> record."""
+    ids = r.zrange(keys.session_index(TENANT), 0, -1)
+    return {sid: r.hgetall(keys.session_key(TENANT, sid)) for sid in ids}
+
+
+def settle(r: redis_lib.Redis, kv: KVStoreClient) -> kvpb.KVUsage:
+    """Wait until the kvstore has applied every event and no spill is in flight."""
+
+    def settled() -> kvpb.KVUsage | None:
+        usage = kv.usage()
+        busy = usage.events_behind or usage.tiers.spilling or usage.tiers.hot
+        return None if busy else usage
+
+    return wait_for(settled, "the kvstore to settle")
+
+
+def warm_bytes_by_worker(r: redis_lib.Redis) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for record in records(r).values():
+        if record["tier"] == "warm":
+            worker = record["worker"]
+            totals[worker] = totals.get(worker, 0) + int(record["kv_bytes"])
+    return totals
+
+
+def assert_within_budget(r: redis_lib.Redis, usage: kvpb.KVUsage) -> None:
+    for worker, warm in warm_bytes_by_worker(r).items():
+        assert warm <= WARM_BUDGET, f"{worker} holds {warm} warm bytes"
+    for w in usage.workers:
+        assert w.warm_budget_bytes == WARM_BUDGET
+        assert w.warm_bytes <= WARM_BUDGET
+
+
+def worker_status(r: redis_lib.Redis, worker: str) -> dict[str, Any]:
+    raw = r.get(keys.heartbeat_key(worker))
+    assert raw is not None, f"{worker} has no heartbeat"
+    return dict(json.loads(raw))
+
+
+def files_by_session(spill_dir: Path) -> dict[str, Path]:
+    found = {}
+    for path in spill_dir.glob("*.wfkv"):
+        summary = read_summary(path)
+        assert summary is not None, f"unreadable spill file {path}"
+        found[keys.split_cache_key(summary.key)[1]] = path
+    return found
+
+
+def assert_index_matches_workers_and_disk(
+    r: redis_lib.Redis, cluster: Cluster, spill_dir: Path
+) -> None:
+    index = records(r)
+    for worker in cluster.worker_ids:
+        status = worker_status(r, worker)
+        held = [rec for rec in index.values() if rec["worker"] == worker]
+        assert all(rec["tier"] == "warm" for rec in held)
+        assert len(held) == status["num_sessions"], worker
+        assert sum(int(rec["kv_bytes"]) for rec in held) == status["pool_bytes"], worker
+    on_disk = {sid for sid, rec in index.items() if rec["tier"] == "disk"}
+    assert on_disk == set(files_by_session(spill_dir))
+
+
+def spill_file(spill_dir: Path, session_id: str) -> Path:
+    return files_by_session(spill_dir)[session_id]
+
+
+def evict(kv: KVStoreClient, r: redis_lib.Redis, session_id: str) -> None:
+    assert kv.evict(session_id) == pb.TIER_SPILLING
+    settle(r, kv)
+    assert records(r)[session_id]["tier"] == "disk"
+
+
+# ---- tests ---------------------------------------------------------------------------
+
+
+def test_ten_sessions_take_turns_within_the_warm_budget(
+    cluster: Cluster, client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model,
+    spill_dir: Path,
+) -> None:  # fmt: skip
+    agents = [Conversation(f"agent-{i}") for i in range(10)]
+    sources: list[tuple[str, int]] = []  # (tier before the turn, kv source), later rounds
+    for round_ in range(3):
+        for i, agent in enumerate(agents):
+            before = records(r).get(agent.session_id, {}).get("tier")
+            reply = agent.turn(client, f"Round {round_}: name a fruit and a colour, agent {i}.")
+            usage = settle(r, kv)
+            assert_within_budget(r, usage)
+            if round_ == 0:
+                assert reply.completion.kv_source == pb.KV_SOURCE_COLD
+                continue
+            assert before in ("warm", "disk")
+            assert reply.completion.usage.cached_tokens > 20
+            sources.append((before, reply.completion.kv_source))
+    expected = {"warm": pb.KV_SOURCE_WARM, "disk": pb.KV_SOURCE_DISK}
+    assert all(source == expected[before] for before, source in sources), sources
+    from_disk = sum(before == "disk" for before, _ in sources)
+    assert from_disk >= 10, f"only {from_disk} of 20 resumed turns came from disk"
+    # idle sessions went to disk: at most 3 per worker stay warm
+    tiers = [rec["tier"] for sid, rec in records(r).items() if sid.startswith("agent-")]
+    assert tiers.count("disk") >= 4 and tiers.count("warm") <= 6
+    assert_index_matches_workers_and_disk(r, cluster, spill_dir)
+    assert kv.usage().counters.restores >= from_disk
+    assert_exact(model, [t for a in agents for t in a.turns])
+
+
+def test_rejected_spill_files_are_deleted_counted_and_recomputed(
+    client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model, spill_dir: Path
+) -> None:
+    agents = [Conversation(f"damaged-{i}") for i in range(3)]
+    for agent in agents:
+        agent.turn(client, f"Say hello to {agent.session_id}.")
+    settle(r, kv)
+    for agent in agents:
+        evict(kv, r, agent.session_id)
+    rejected = kv.usage().counters.rejected_files
+    corrupted, truncated, foreign = (spill_file(spill_dir, a.session_id) for a in agents)
+    data = bytearray(corrupted.read_bytes())
+    data[-100] ^= 0x01  # one flipped bit in the payload
+    corrupted.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-1000])
+    _rewrite_with_fingerprint(foreign, model, "another-model")
+    for agent in agents:
+        reply = agent.turn(client, "And goodbye.")
+        assert reply.completion.kv_source == pb.KV_SOURCE_COLD
+        assert reply.completion.usage.cached_tokens == 0
+    assert not any(p.exists() for p in (corrupted, truncated, foreign))
+    settle(r, kv)
+    assert kv.usage().counters.rejected_files == rejected + 3
+    assert_exact(model, [t for a in agents for t in a.turns])
+
+
+def _rewrite_with_fingerprint(path: Path, model: Model, fingerprint: str) -> None:
+    summary = read_summary(path)
+    assert summary is not None
+    c = model.config
+    kv = SpillStore(path.parent, model.fingerprint).read(
+        summary.key, like=(c.num_layers, c.num_kv_heads, c.head_dim), dtype=model.dtype
+    )
+    assert kv is not None
+    SpillStore(path.parent, fingerprint).write(summary.key, SpilledKV(kv.k, kv.v, kv.token_ids))
+
+
+def test_fork_then_both_continue_and_delete_leaves_nothing(
+    cluster: Cluster, client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model,
+    spill_dir: Path,
+) -> None:  # fmt: skip
+    source = Conversation("fork-source")
+    source.turn(client, "Name three rivers.")
+    settle(r, kv)
+    forked = client.fork_session("fork-source", "fork-branch")
+    assert forked.session_id == "fork-branch" and forked.num_tokens > 0
+    branch = Conversation("fork-branch", list(source.messages))
+    a = source.turn(client, "Which is the longest?")
+    b = branch.turn(client, "Which is the shortest?")
+    for reply in (a, b):
+        assert reply.completion.kv_source == pb.KV_SOURCE_WARM
+        assert reply.completion.usage.cached_tokens > 20
+    with pytest.raises(grpc.RpcError) as err:
+        client.fork_session("fork-source", "fork-branch")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert_exact(model, source.turns + branch.turns)
+
+    # delete a warm session: its record, its index entry and its KV in the worker go
+    settle(r, kv)
+    holder = records(r)["fork-source"]["worker"]
+    held_before = worker_status(r, holder)["num_sessions"]
+    assert client.delete_session("fork-source") is True
+    wait_for(lambda: worker_status(r, holder)["num_sessions"] == held_before - 1, "the KV to go")
+    # delete a session on disk: its file goes before the call returns
+    evict(kv, r, "fork-branch")
+    path = spill_file(spill_dir, "fork-branch")
+    assert client.delete_session("fork-branch") is True
+    assert not path.exists()
+    settle(r, kv)
+    for sid in ("fork-source", "fork-branch"):
+        assert list(r.scan_iter(match=f"*{sid}*")) == []
+        assert r.zscore(keys.session_index(TENANT), sid) is None
+        assert sid not in files_by_session(spill_dir)
+        with pytest.raises(grpc.RpcError) as err:
+            client.get_session(sid)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert client.delete_session("fork-source") is False
+    assert_index_matches_workers_and_disk(r, cluster, spill_dir)
+
+
+def test_killing_and_restarting_the_kvstore_loses_no_session(
+    cluster: Cluster, client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model,
+    spill_dir: Path,
+) -> None:  # fmt: skip
+    settle(r, kv)
+    assert cluster.kill("kvstore") == -9
+    try:
+        # while it is down: turns go on (their events wait in the stream)...
+        agents = [Conversation(f"while-down-{i}") for i in range(5)]
+        for agent in agents:
+            agent.turn(client, f"Count to three, {agent.session_id}.")
+        agents[0].turn(client, "Again, please.")
+        # ...and what needs the kvstore fails at once with a clear error
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            client.delete_session("while-down-1")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "kvstore did not answer" in (err.value.details() or "")
+        assert time.monotonic() - t0 < 8
+        assert r.xlen(keys.KV_EVENTS) > 0
+    finally:
+        cluster.restart("kvstore")
+    usage = settle(r, kv)
+    assert_within_budget(r, usage)
+    index = records(r)
+    for agent in agents:
+        assert index[agent.session_id]["tier"] in ("warm", "disk")
+    assert int(index["while-down-0"]["num_tokens"]) > int(index["while-down-1"]["num_tokens"])
+    assert_index_matches_workers_and_disk(r, cluster, spill_dir)
+    assert_exact(model, [t for a in agents for t in a.turns])
+
+
+def test_over_the_disk_budget_the_least_recently_used_files_go(
+    cluster: Cluster, client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model,
+    spill_dir: Path,
+) -> None:  # fmt: skip
+    agents = [Conversation(f"disk-{i}") for i in range(4)]
+    for agent in agents:
+        agent.turn(client, f"Tell me about the number {agent.session_id[-1]}.")
+        settle(r, kv)
+        evict(kv, r, agent.session_id)
+    on_disk = sorted(
+        (float(rec["last_used"]), sid) for sid, rec in records(r).items() if rec["tier"] == "disk"
+    )
+    sizes = {sid: int(records(r)[sid]["kv_bytes"]) for _, sid in on_disk}
+    keep = [sid for _, sid in on_disk[-2:]]  # the two most recently used
+    budget = sum(sizes[sid] for sid in keep)
+    deleted_before = kv.usage().counters.budget_deletions
+    cluster.kill("kvstore")
+    cluster.restart("kvstore", extra_args=["--disk-budget", str(budget)])
+    try:
+        usage = settle(r, kv)
+        assert usage.disk.budget_bytes == budget and usage.disk.used_bytes <= budget
+        assert set(files_by_session(spill_dir)) == set(keep)
+        assert usage.counters.budget_deletions == deleted_before + len(on_disk) - 2
+        index = records(r)
+        gone = [sid for _, sid in on_disk[:-2]]
+        assert all(index[sid]["tier"] == "gone" for sid in gone)
+        assert_index_matches_workers_and_disk(r, cluster, spill_dir)
+        # a session whose file went is recomputed, with the right tokens
+        agent = next(a for a in agents if a.session_id in gone)
+        reply = agent.turn(client, "And its square?")
+        assert reply.completion.kv_source == pb.KV_SOURCE_COLD
+        assert_exact(model, agent.turns)
+    finally:
+        cluster.kill("kvstore")
+        cluster.restart("kvstore")
