@@ -213,7 +213,7 @@ def settle(client: Client) -> None:
     wait_for(
         client,
         "spills to finish",
-        lambda ss: sum(s.tier in (pb.TIER_WARM, pb.TIER_HOT) for s in ss) <= 1,
+        lambda ss: sum(s.tier in (pb.TIER_WARM, pb.TIER_HOT, pb.TIER_SPILLING) for s in ss) <= 1,
     )
 
 
@@ -287,10 +287,10 @@ def main() -> None:
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * DTYPE_BYTES
     capacity = -(-(args.context + MAX_TOKENS) // GROW_TOKENS) * GROW_TOKENS
     session_bytes = capacity * per_token
-    budget_mb = -(-(3 * session_bytes // 2) // (1 << 20))  # one session fits, two do not
+    budget = 3 * session_bytes // 2  # one session fits, two do not
     log(
         f"KV: {per_token} bytes/token; a {args.context}-token session holds {capacity} "
-        f"positions = {session_bytes / (1 << 20):.1f} MiB; warm budget {budget_mb} MiB"
+        f"positions = {session_bytes / (1 << 20):.1f} MiB; warm budget {budget / (1 << 20):.1f} MiB"
     )
 
     log(f"spill files: {args.repeats} x write and read of a {args.context}-token KV")
@@ -302,7 +302,6 @@ def main() -> None:
     methods: set[str] = set()
     resident: list[int] = []
     results: list[dict[str, Turn]] = []
-    worker_args = ["--spill-dir", str(spill_dir), "--warm-budget-mb", str(budget_mb)]
     try:
         with (
             Cluster(
@@ -310,7 +309,8 @@ def main() -> None:
                 model=path,
                 threads_per_worker=threads,
                 progress=log,
-                worker_args=worker_args,
+                spill_dir=spill_dir,
+                warm_budget=budget,
             ) as cluster,
             Client(cluster.target, timeout_s=600) as client,
         ):

@@ -213,7 +213,10 @@ class ResidencyIndex:
     def _disk(self, e: KVEvent, fx: Effects) -> None:
         record = self.records.get(e.key)
         if record is not None and record.worker not in ("", e.worker):
-            return  # another worker took the session back from this file meanwhile
+            # another worker holds a newer copy (or took this file back already): the
+            # file, if it is still the one written, is stale
+            fx.unlink.append((e.key, int(e.detail or 0)))
+            return
         last = record.last_used if record is not None else e.last_used
         self._put(fx, e.key, Record(DISK, "", e.num_tokens, e.nbytes, last, int(e.detail or 0)))
         self._enforce_disk_budget(fx)
@@ -238,11 +241,14 @@ class ResidencyIndex:
             if h.key in self._tombstones:
                 continue
             other = self.records.get(h.key)
-            if other is not None and self._elsewhere(other, e.worker):
-                if other.last_used >= h.last_used:  # ours is the older copy
+            if other is not None and other.worker != e.worker and other.tier != GONE:
+                if other.last_used >= h.last_used:  # a newer copy is elsewhere or on disk
                     fx.orders.append(Order(e.worker, "forget_session", {"key": h.key}))
                     continue
-                fx.orders.append(Order(other.worker, "forget_session", {"key": h.key}))
+                if self._elsewhere(other, e.worker):
+                    fx.orders.append(Order(other.worker, "forget_session", {"key": h.key}))
+                elif other.tier == DISK:
+                    fx.unlink.append((h.key, other.file_mtime_ns))
             self._put(fx, h.key, Record(h.tier, e.worker, h.num_tokens, h.nbytes, h.last_used))
         self._enforce_warm_budget(e.worker, fx)
         self._enforce_disk_budget(fx)

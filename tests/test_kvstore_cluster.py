@@ -165,18 +165,35 @@ def files_by_session(spill_dir: Path) -> dict[str, Path]:
     return found
 
 
+def index_mismatches(r: redis_lib.Redis, cluster: Cluster, spill_dir: Path) -> list[str]:
+    """Where the index disagrees with what the workers report holding and the files."""
+    index = records(r)
+    found = []
+    for worker in cluster.worker_ids:
+        status = worker_status(r, worker)
+        held = {sid: rec for sid, rec in index.items() if rec["worker"] == worker}
+        if any(rec["tier"] != "warm" for rec in held.values()):
+            found.append(f"{worker}: not all warm: {held}")
+        if len(held) != status["num_sessions"]:
+            found.append(f"{worker} holds {status['num_sessions']}, index says {sorted(held)}")
+        nbytes = sum(int(rec["kv_bytes"]) for rec in held.values())
+        if nbytes != status["pool_bytes"]:
+            found.append(f"{worker} pool {status['pool_bytes']} bytes, index says {nbytes}")
+    on_disk = {sid for sid, rec in index.items() if rec["tier"] == "disk"}
+    files = set(files_by_session(spill_dir))
+    if on_disk != files:
+        found.append(f"disk: index only {on_disk - files}, files only {files - on_disk}")
+    return found
+
+
 def assert_index_matches_workers_and_disk(
     r: redis_lib.Redis, cluster: Cluster, spill_dir: Path
 ) -> None:
-    index = records(r)
-    for worker in cluster.worker_ids:
-        status = worker_status(r, worker)
-        held = [rec for rec in index.values() if rec["worker"] == worker]
-        assert all(rec["tier"] == "warm" for rec in held)
-        assert len(held) == status["num_sessions"], worker
-        assert sum(int(rec["kv_bytes"]) for rec in held) == status["pool_bytes"], worker
-    on_disk = {sid for sid, rec in index.items() if rec["tier"] == "disk"}
-    assert on_disk == set(files_by_session(spill_dir))
+    """Within a few seconds (a worker's status is published every 0.5 s)."""
+    deadline = time.monotonic() + 10
+    while (found := index_mismatches(r, cluster, spill_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not found, found
 
 
 def spill_file(spill_dir: Path, session_id: str) -> Path:

@@ -131,13 +131,35 @@ def test_disk_event_from_the_holder_moves_the_session_to_disk() -> None:
     assert index.disk_bytes == 80 and index.on_worker(W0) == []
 
 
-def test_late_disk_event_from_the_previous_worker_is_ignored() -> None:
+def test_late_disk_event_from_the_previous_worker_leaves_the_record_and_drops_its_file() -> None:
     index = make_index({W0: BIG_BUDGET, W1: BIG_BUDGET})
     apply_all(index, warm(S1, 1.0), hot(S1, 2.0, worker=W1, came_from="disk"))
     fx = index.apply(disk(S1, size=80, mtime_ns=555, worker=W0))
     assert index.records[S1] == Record("hot", W1, TOKENS, 100, 2.0)
-    assert fx.counters == {"spills": 1} and not fx.upserts and not fx.unlink
+    assert fx.counters == {"spills": 1} and not fx.upserts
+    assert fx.unlink == [(S1, 555)]  # that file only: a newer one has another mtime
     assert index.disk_bytes == 0 and index.on_worker(W1) == [S1]
+
+
+def test_a_second_copy_on_another_worker_is_forgotten() -> None:
+    index = make_index({W0: BIG_BUDGET, W1: BIG_BUDGET})
+    index.apply(warm(S1, 1.0))  # on w0
+    fx = index.apply(hot(S1, 2.0, worker=W1, came_from="none"))  # routed elsewhere
+    assert fx.orders == [Order(W0, "forget_session", {"key": S1})]
+    assert index.records[S1].worker == W1 and index.on_worker(W0) == []
+
+
+def test_inventory_keeps_the_newer_of_two_copies() -> None:
+    index = make_index({W0: BIG_BUDGET, W1: BIG_BUDGET})
+    index.apply(warm(S1, 5.0, worker=W1))
+    older = inventory_event(W0, [Held(S1, "warm", TOKENS, 100, 4.0)], 9.0)
+    fx = index.apply(older)
+    assert fx.orders == [Order(W0, "forget_session", {"key": S1})]
+    assert index.records[S1].worker == W1
+    newer = inventory_event(W0, [Held(S1, "warm", TOKENS, 100, 6.0)], 9.0)
+    fx = index.apply(newer)
+    assert fx.orders == [Order(W1, "forget_session", {"key": S1})]
+    assert index.records[S1] == Record("warm", W0, TOKENS, 100, 6.0)
 
 
 def test_restore_from_disk_is_counted_and_frees_disk_bytes() -> None:
@@ -374,3 +396,15 @@ def test_record_fields_round_trip() -> None:
     record = Record("disk", "", 12, 3456, 1700000000.125, 42)
     assert Record.from_fields(record.to_fields()) == record
     assert Record.from_fields({}).tier == "gone"
+
+
+def test_inventory_copy_older_than_the_file_is_forgotten_and_a_newer_one_replaces_it() -> None:
+    index = on_disk(S1, 5.0, size=80, mtime_ns=555)
+    older = inventory_event(W0, [Held(S1, "warm", TOKENS, 100, 4.0)], 9.0)
+    fx = index.apply(older)
+    assert fx.orders == [Order(W0, "forget_session", {"key": S1})]
+    assert index.records[S1].tier == "disk" and not fx.unlink
+    newer = inventory_event(W0, [Held(S1, "warm", TOKENS, 100, 6.0)], 9.0)
+    fx = index.apply(newer)
+    assert fx.unlink == [(S1, 555)] and not fx.orders
+    assert index.records[S1] == Record("warm", W0, TOKENS, 100, 6.0) and index.disk_bytes == 0
