@@ -7,13 +7,16 @@ import sys
 import time
 from typing import Any
 
+import grpc
+
+from warmfleet.client import KVStoreClient
 from warmfleet.commands.common import add_spill_dir
 from warmfleet.demo import run_demo
 from warmfleet.errors import InvalidRequestError
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
 from warmfleet.processes import describe_exit, format_tail
-from warmfleet.sizes import size_arg
+from warmfleet.sizes import format_size, size_arg
 from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
 
 DEFAULT_PORT = 50051
@@ -96,14 +99,32 @@ def run(args: argparse.Namespace) -> int:
         with signals.interruptible():
             cluster.start()
         print(_banner(cluster), flush=True)
-        if args.demo and not run_demo(cluster.target, lambda: signals.requested):
-            print("warmfleet: the demo failed (see above); still up", file=sys.stderr)
+        if args.demo:
+            if run_demo(cluster.target, lambda: signals.requested):
+                print(kv_summary(cluster.kvstore_target), flush=True)
+            else:
+                print("warmfleet: the demo failed (see above); still up", file=sys.stderr)
         return _supervise(cluster, signals)
     except (StopRequested, StopNow):
         return 130
     finally:
         _stop(cluster, signals)
         signals.restore()
+
+
+def kv_summary(kvstore_target: str) -> str:
+    """One line from the kvstore: sessions per tier and each worker's warm pool."""
+    try:
+        with KVStoreClient(kvstore_target, timeout_s=5.0) as kv:
+            u = kv.usage()
+    except grpc.RpcError as e:
+        return f"[kvstore] usage unavailable: {e.code().name}"
+    tiers = ", ".join(f"{getattr(u.tiers, t)} {t}" for t in ("hot", "warm", "disk", "gone"))
+    pools = ", ".join(
+        f"{w.worker_id} {format_size(w.pool_bytes)} of {format_size(w.warm_budget_bytes)}"
+        for w in u.workers
+    )
+    return f"[kvstore] sessions: {tiers} · warm pools: {pools} · spills {u.counters.spills}"
 
 
 def _banner(cluster: Cluster) -> str:
