@@ -41,6 +41,7 @@ class KVEvent:
     nbytes: int = 0  # KV bytes in memory, or the file's size for DISK
     last_used: float = 0.0  # unix seconds
     detail: str = ""
+    reply_to: str = ""  # the command this event completes: answered once it is applied
 
     def encode(self) -> Fields:
         return {
@@ -51,11 +52,13 @@ class KVEvent:
             "b": str(self.nbytes),
             "u": f"{self.last_used:.3f}",
             "d": self.detail,
+            "r": self.reply_to,
         }
 
     @classmethod
     def decode(cls, f: Fields) -> KVEvent:
-        return cls(f["e"], f["w"], f["k"], int(f["n"]), int(f["b"]), float(f["u"]), f.get("d", ""))
+        n, b, u = int(f["n"]), int(f["b"]), float(f["u"])
+        return cls(f["e"], f["w"], f["k"], n, b, u, f.get("d", ""), f.get("r", ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from broker.kv_events import KVEvent
 from broker.wire import Control, Fields, WireRequest
 
 OUT_STREAM_TTL_S = 300  # a finished request's tokens stay readable this long
-REPLY_TTL_S = 60  # an answer nobody took is dropped after this
 # the kvstore deletes what it has applied; this bounds the stream while it is down (a
 # kvstore that missed events rebuilds from the workers' inventories and the disk)
 KV_EVENTS_MAXLEN = 1_000_000
@@ -147,15 +146,14 @@ class WorkerBroker:
         events: list[tuple[str, Fields]],
         acks: list[Delivery],
         kv_events: list[KVEvent],
-        replies: list[tuple[str, str]],
         watch: list[str],
         status: tuple[dict[str, object], float] | None = None,
         read_count: int = 0,
     ) -> tuple[list[str], list[Delivery]]:
         """One round trip: out-stream events, acks of finished entries, session events for
-        the kvstore, answers to commands (reply key, answer), a fresh heartbeat (status,
-        ttl) when given, which of `watch` were cancelled, and up to `read_count` new entries
-        (read without blocking, so a busy worker admits in the same round trip)."""
+        the kvstore, a fresh heartbeat (status, ttl) when given, which of `watch` were
+        cancelled, and up to `read_count` new entries (read without blocking, so a busy
+        worker admits in the same round trip)."""
         pipe = self.r.pipeline(transaction=False)
         if status is not None:
             hb = json.dumps(status[0])
@@ -170,9 +168,6 @@ class WorkerBroker:
             pipe.xdel(d.stream, d.entry_id)
         for e in kv_events:
             pipe.xadd(keys.KV_EVENTS, e.encode(), maxlen=KV_EVENTS_MAXLEN, approximate=True)
-        for reply_key, answer in replies:
-            pipe.rpush(reply_key, answer)
-            pipe.expire(reply_key, REPLY_TTL_S)
         if watch:
             pipe.mget([keys.cancel_key(rid) for rid in watch])
         if read_count > 0:

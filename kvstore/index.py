@@ -136,6 +136,11 @@ class ResidencyIndex:
     def apply(self, item: KVEvent | KVCommand, now: float | None = None) -> Effects:
         now = time.time() if now is None else now
         fx = Effects()
+        if isinstance(item, KVEvent):
+            self._apply_event(item, fx)
+            if item.reply_to:  # the command it completes is answered with the index updated
+                fx.replies.append((item.reply_to, REPLY_OK))
+            return fx
         if isinstance(item, KVCommand):
             if item.deadline and now > item.deadline:
                 log.warning("%s %s dropped: its caller gave up %.1f s ago", item.op, item.key,
@@ -149,7 +154,9 @@ class ResidencyIndex:
                 fx.replies.append((item.reply_to, f"error: unknown command {item.op!r}"))
             else:
                 handler(item, fx, now)
-            return fx
+        return fx
+
+    def _apply_event(self, item: KVEvent, fx: Effects) -> None:
         if item.kind == ev.INVENTORY:
             self._inventory(item, fx)
         elif item.key in self._tombstones and item.kind != ev.HOT:
@@ -172,7 +179,6 @@ class ResidencyIndex:
             self._gone(item, fx)
         else:
             log.warning("unknown event %r ignored", item.kind)
-        return fx
 
     def set_workers(self, budgets: dict[str, int]) -> Effects:
         """The live workers and their warm budgets (from their heartbeats): sessions of

@@ -319,6 +319,27 @@ def test_fork_then_both_continue_and_delete_leaves_nothing(
     assert_index_matches_workers_and_disk(r, cluster, spill_dir)
 
 
+def test_fork_of_a_session_on_disk(
+    client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model
+) -> None:
+    source = Conversation("disk-source")
+    source.turn(client, "Name two planets.")
+    settle(r, kv)
+    evict(kv, r, "disk-source")
+    restores = kv.usage().counters.restores
+    forked = client.fork_session("disk-source", "disk-branch")
+    assert forked.tier == pb.TIER_WARM and forked.num_tokens > 0  # copied before the answer
+    branch = Conversation("disk-branch", list(source.messages))
+    reply = branch.turn(client, "Which one is bigger?")
+    # a worker brought the source back from its file and copied it under the new id
+    assert reply.completion.kv_source == pb.KV_SOURCE_WARM
+    assert reply.completion.usage.cached_tokens > 20
+    again = source.turn(client, "Which one is closer to the sun?")
+    assert again.completion.kv_source == pb.KV_SOURCE_WARM  # the source stayed in memory
+    assert kv.usage().counters.restores == restores  # a copy is not a resume
+    assert_exact(model, source.turns + branch.turns)
+
+
 def test_killing_and_restarting_the_kvstore_loses_no_session(
     cluster: Cluster, client: Client, kv: KVStoreClient, r: redis_lib.Redis, model: Model,
     spill_dir: Path,

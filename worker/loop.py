@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import redis
@@ -66,7 +66,6 @@ class Outbox:
     events: list[tuple[str, Fields]] = field(default_factory=list)
     acks: list[Delivery] = field(default_factory=list)
     kv: list[KVEvent] = field(default_factory=list)  # for the kvstore
-    replies: list[tuple[str, str]] = field(default_factory=list)  # answers to commands
 
 
 class Worker:
@@ -217,11 +216,9 @@ class Worker:
         if op == "spill_session":
             self._spill(key)
         elif op == "drop_session":
-            self._drop(key)
-            self._outbox.replies.append((args["r"], "ok"))
+            self._drop(key, args.get("r", ""))
         elif op == "fork_session":
-            self._fork(key, args["new_key"])
-            self._outbox.replies.append((args["r"], "ok"))
+            self._fork(key, args["new_key"], args.get("r", ""))
         elif op == "forget_session":  # another worker holds a newer copy: drop ours only
             self._forget(key)
         elif op == "report":
@@ -244,12 +241,13 @@ class Worker:
         else:
             self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
 
-    def _drop(self, key: str) -> None:
-        """DeleteSession: forget the KV here and on disk."""
+    def _drop(self, key: str, reply_to: str) -> None:
+        """DeleteSession: forget the KV here and on disk; the event answers the command."""
         self._forget(key)
         if self.spiller is not None:
             self.spiller.drop(key)
-        self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
+        gone = self._event(ev.GONE, key, None, detail=ev.DROPPED)
+        self._outbox.kv.append(replace(gone, reply_to=reply_to))
 
     def _forget(self, key: str) -> None:
         """Drop the session's KV from memory (a running request keeps using it and drops it
@@ -259,19 +257,21 @@ class Worker:
         if any(f.cache_key == key for f in self.inflight.values()):
             self._drop_at_finish.add(key)
 
-    def _fork(self, key: str, new_key: str) -> None:
-        """Copy a session's KV (from the pool, or back from disk) under a new key."""
+    def _fork(self, key: str, new_key: str, reply_to: str) -> None:
+        """Copy a session's KV (from the pool, or back from disk) under a new key; the new
+        session's event answers the command."""
         if self._bring_back(key) == "disk":
             self._outbox.kv.append(self._event(ev.WARM, key, self.engine.sessions.peek(key)))
         cache = self.engine.sessions.peek(key)
         if cache is None:  # running or gone: the new session recomputes what it needs
-            self._outbox.kv.append(self._event(ev.GONE, new_key, None, detail=ev.DROPPED))
-            return
-        m = self.engine.model
-        copy = KVCache.from_state(m.config, m.xp, *cache.state())
-        self.engine.adopt_session(new_key, copy)
-        self._last_used[new_key] = time.time()
-        self._outbox.kv.append(self._event(ev.WARM, new_key, copy))
+            event = self._event(ev.GONE, new_key, None, detail=ev.DROPPED)
+        else:
+            m = self.engine.model
+            copy = KVCache.from_state(m.config, m.xp, *cache.state())
+            self.engine.adopt_session(new_key, copy)
+            self._last_used[new_key] = time.time()
+            event = self._event(ev.WARM, new_key, copy)
+        self._outbox.kv.append(replace(event, reply_to=reply_to))
 
     def _inventory(self) -> KVEvent:
         now = time.time()
@@ -335,7 +335,7 @@ class Worker:
             self._next_beat = time.monotonic() + self.config.heartbeat_interval_s
         read = self._capacity() if self.engine.has_work and not self.stopping else 0
         cancelled, prefetched = self.broker.publish(
-            out.events, out.acks, out.kv, out.replies, list(self.inflight), status, read
+            out.events, out.acks, out.kv, list(self.inflight), status, read
         )
         self._prefetched += prefetched
         for rid in cancelled:

@@ -408,3 +408,12 @@ def test_inventory_copy_older_than_the_file_is_forgotten_and_a_newer_one_replace
     fx = index.apply(newer)
     assert fx.unlink == [(S1, 555)] and not fx.orders
     assert index.records[S1] == Record("warm", W0, TOKENS, 100, 6.0) and index.disk_bytes == 0
+
+
+def test_the_event_that_completes_a_command_answers_it_once_applied() -> None:
+    index = make_index({W0: BIG_BUDGET})
+    index.apply(warm(S1, 1.0))
+    done = KVEvent(ev.WARM, W0, S2, TOKENS, 100, 2.0, reply_to="wf:reply:x")
+    fx = index.apply(done)
+    assert fx.replies == [("wf:reply:x", "ok")] and index.records[S2].tier == "warm"
+    assert KVEvent.decode(done.encode()) == done
