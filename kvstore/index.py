@@ -233,7 +233,10 @@ class ResidencyIndex:
         elif e.detail == ev.WRITE_FAILED:
             fx.count("failed_writes")
         record = self.records.get(e.key)
-        if record is None or record.worker not in ("", e.worker):
+        # a rejected file was the index's copy (worker ""); other reasons concern the copy
+        # this worker held, and say nothing of a file another write left since
+        holders = ("", e.worker) if e.detail == ev.REJECTED else (e.worker,)
+        if record is None or record.worker not in holders:
             return
         self._put(fx, e.key, Record(GONE, "", 0, 0, record.last_used))
 

@@ -69,8 +69,12 @@ class KVStore:
         # apply what happened while no kvstore ran, then ask each worker what it holds
         # (orders that backlog caused reach a worker before its report order does)
         applied = 0
-        while n := self.step(block=False):
+        while True:  # first the events delivered before a restart, then the new ones
+            was_backlog = self._backlog
+            n = self.step(block=False)
             applied += n
+            if n == 0 and not was_backlog:
+                break
         if applied:
             log.info("applied %d events that arrived while no kvstore ran", applied)
         reports = Effects(orders=[Order(w, "report", {}) for w in sorted(self.index.alive)])

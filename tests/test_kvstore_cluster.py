@@ -182,7 +182,8 @@ def index_mismatches(r: redis_lib.Redis, cluster: Cluster, spill_dir: Path) -> l
     on_disk = {sid for sid, rec in index.items() if rec["tier"] == "disk"}
     files = set(files_by_session(spill_dir))
     if on_disk != files:
-        found.append(f"disk: index only {on_disk - files}, files only {files - on_disk}")
+        extra = {sid: index.get(sid) for sid in files - on_disk}
+        found.append(f"disk: index only {on_disk - files}, files only {extra}")
     return found
 
 

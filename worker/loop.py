@@ -231,7 +231,10 @@ class Worker:
         cache = self.engine.sessions.take(key)
         if cache is not None:
             self._evict(key, cache)
-        elif not any(f.cache_key == key for f in self.inflight.values()):
+        elif not (
+            any(f.cache_key == key for f in self.inflight.values())
+            or (self.spiller is not None and self.spiller.is_writing(key))
+        ):  # not here at all (its write, if any, was reported or will be)
             self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.DROPPED))
 
     def _evict(self, key: str, cache: KVCache) -> None:

@@ -48,6 +48,9 @@ class Spiller:
         kv = SpilledKV(cache.k[:, :, :n], cache.v[:, :, :n], list(cache.token_ids))
         self._pending[key] = (cache, self._io.submit(self.store.write, key, kv))
 
+    def is_writing(self, key: str) -> bool:
+        return key in self._pending
+
     def completed(self) -> list[SpillResult]:
         """The writes that finished since the last call."""
         done = []

@@ -417,3 +417,13 @@ def test_the_event_that_completes_a_command_answers_it_once_applied() -> None:
     fx = index.apply(done)
     assert fx.replies == [("wf:reply:x", "ok")] and index.records[S2].tier == "warm"
     assert KVEvent.decode(done.encode()) == done
+
+
+def test_a_dropped_copy_does_not_forget_the_file_written_since() -> None:
+    # w0 evicted s1 by itself (kvstore down) and reported the file; a spill order sent
+    # before that event was applied finds nothing in w0's pool and says so
+    index = on_disk(S1, 1.0, size=80, mtime_ns=555)
+    index.apply(KVEvent(ev.GONE, W0, S1, last_used=2.0, detail=ev.DROPPED))
+    assert index.records[S1].tier == "disk"
+    index.apply(KVEvent(ev.GONE, W1, S1, last_used=3.0, detail=ev.REJECTED))
+    assert index.records[S1].tier == "gone"  # the file itself failed its checks
