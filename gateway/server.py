@@ -7,6 +7,7 @@ import grpc
 from broker.gateway_broker import GatewayBroker
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
+from gateway.auth import KeyRing
 from gateway.service import GatewayConfig, InferenceService
 from warmfleet.grpc_serve import serve
 from warmfleet.v1 import inference_pb2, inference_pb2_grpc
@@ -21,8 +22,9 @@ def build_server(
     config: GatewayConfig,
     address: str,
     max_streams: int,
+    keys: KeyRing | None = None,
 ) -> tuple[grpc.Server, int]:
     """A started server bound to `address` ("host:port", port 0 picks one); returns the port."""
-    service = InferenceService(broker, tokenizer, model_config, config)
+    service = InferenceService(broker, tokenizer, model_config, config, keys)
     add = inference_pb2_grpc.add_InferenceServicer_to_server
     return serve([(add, service, SERVICE_NAME)], address, max_streams)

@@ -13,10 +13,10 @@ import grpc
 import redis
 
 from broker.gateway_broker import GatewayBroker, SessionRecord
-from broker.keys import DEFAULT_TENANT
 from broker.wire import parse_tokens
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
+from gateway.auth import AuthError, KeyRing, Tenant
 from gateway.validate import build_request, require_session_id
 from warmfleet.errors import InvalidRequestError, PromptTooLongError, ServiceError
 from warmfleet.grpc_serve import abort
@@ -87,15 +87,18 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         tokenizer: Tokenizer,
         model_config: ModelConfig,
         config: GatewayConfig,
+        keys: KeyRing | None = None,
     ) -> None:
         self.broker = broker
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.config = config
+        self.keys = keys or KeyRing.open()  # no key file: one local tenant
 
     def Generate(
         self, request: pb.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.GenerateResponse]:
+        tenant = self._tenant(context)
         metadata = dict(context.invocation_metadata())
         session_id = request.session_id or str(metadata.get(SESSION_METADATA_KEY, ""))
         remaining = context.time_remaining()
@@ -106,12 +109,18 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         )
         try:
             wire = build_request(
-                request, session_id, DEFAULT_TENANT, self.tokenizer, self.model_config, timeout_s
+                request, session_id, tenant.name, self.tokenizer, self.model_config, timeout_s
             )
         except PromptTooLongError as e:
             abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except InvalidRequestError as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not tenant.allows(wire.priority):
+            abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"priority {wire.priority} is above this key's ceiling ({tenant.max_priority})",
+            )
         rid = wire.request_id
         try:
             routed = self.broker.enqueue(wire)
@@ -168,12 +177,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def GetSession(
         self, request: pb.GetSessionRequest, context: grpc.ServicerContext
     ) -> pb.Session:
-        record = self._session_call(
-            context,
-            lambda: self.broker.get_session(
-                DEFAULT_TENANT, self._session_id(request.session_id, context)
-            ),
-        )
+        tenant = self._tenant(context).name
+        session_id = self._session_id(request.session_id, context)
+        record = self._session_call(context, lambda: self.broker.get_session(tenant, session_id))
         if record is None:
             abort(context, grpc.StatusCode.NOT_FOUND, f"no session {request.session_id!r}")
         return session_pb(record)
@@ -194,8 +200,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 raise ValueError
         except ValueError:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not a token we issued")
+        tenant = self._tenant(context).name
         records = self._session_call(
-            context, lambda: self.broker.list_sessions(DEFAULT_TENANT, offset, size + 1)
+            context, lambda: self.broker.list_sessions(tenant, offset, size + 1)
         )
         more = len(records) > size
         return pb.ListSessionsResponse(
@@ -206,28 +213,33 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def DeleteSession(
         self, request: pb.DeleteSessionRequest, context: grpc.ServicerContext
     ) -> pb.DeleteSessionResponse:
+        tenant = self._tenant(context).name
         sid = self._session_id(request.session_id, context)
-        deleted = self._session_call(
-            context, lambda: self.broker.delete_session(DEFAULT_TENANT, sid)
-        )
+        deleted = self._session_call(context, lambda: self.broker.delete_session(tenant, sid))
         return pb.DeleteSessionResponse(deleted=deleted)
 
     def ForkSession(
         self, request: pb.ForkSessionRequest, context: grpc.ServicerContext
     ) -> pb.Session:
+        tenant = self._tenant(context).name
         source = self._session_id(request.session_id, context)
         new = self._session_id(request.new_session_id, context, field="new_session_id")
-        result = self._session_call(
-            context, lambda: self.broker.fork_session(DEFAULT_TENANT, source, new)
-        )
+        result = self._session_call(context, lambda: self.broker.fork_session(tenant, source, new))
         if result == "not_found":
             abort(context, grpc.StatusCode.NOT_FOUND, f"no session {source!r}")
         if result == "exists":
             abort(context, grpc.StatusCode.ALREADY_EXISTS, f"session {new!r} already exists")
-        record = self._session_call(context, lambda: self.broker.get_session(DEFAULT_TENANT, new))
+        record = self._session_call(context, lambda: self.broker.get_session(tenant, new))
         if record is None:  # deleted again in between
             abort(context, grpc.StatusCode.NOT_FOUND, f"no session {new!r}")
         return session_pb(record)
+
+    def _tenant(self, context: grpc.ServicerContext) -> Tenant:
+        """The caller's tenant (every call is checked first); UNAUTHENTICATED otherwise."""
+        try:
+            return self.keys.tenant(context.invocation_metadata())
+        except AuthError as e:
+            abort(context, grpc.StatusCode.UNAUTHENTICATED, str(e))
 
     def _session_id(
         self, session_id: str, context: grpc.ServicerContext, field: str = "session_id"

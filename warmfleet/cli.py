@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from warmfleet import __version__
-from warmfleet.commands import chat, gateway, generate, kvstore, model, up, worker
+from warmfleet.commands import chat, gateway, generate, keys, kvstore, model, up, worker
 from warmfleet.errors import WarmfleetError
 
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.register(sub)
     worker.register(sub)
     kvstore.register(sub)
+    keys.register(sub)
     generate.register(sub)
     model.register(sub)
     return parser

@@ -131,11 +131,18 @@ class Client:
     """A connection to one gateway. Every call has a deadline; grpc.RpcError propagates."""
 
     def __init__(
-        self, target: str, *, timeout_s: float = 120.0, unary_timeout_s: float = 10.0
+        self,
+        target: str,
+        *,
+        timeout_s: float = 120.0,
+        unary_timeout_s: float = 10.0,
+        api_key: str | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.unary_timeout_s = unary_timeout_s
+        # sent with every call when the gateway has API keys (`warmfleet gateway --keys`)
+        self._auth: Metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._channel = grpc.insecure_channel(target)
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
 
@@ -154,7 +161,7 @@ class Client:
         call = self._stub.Generate(
             request,
             timeout=self.timeout_s if timeout_s is None else timeout_s,
-            metadata=tuple(metadata) or None,
+            metadata=(*self._auth, *metadata) or None,
         )
         return cast(GenerateStream, call)
 
@@ -169,7 +176,7 @@ class Client:
     def get_session(self, session_id: str) -> pb.Session:
         """Where a session's KV lives; RpcError NOT_FOUND if there is no such session."""
         request = pb.GetSessionRequest(session_id=session_id)
-        return cast(pb.Session, self._stub.GetSession(request, timeout=self.unary_timeout_s))
+        return cast(pb.Session, self._stub.GetSession(request, **self._unary()))
 
     def list_sessions(self, page_size: int = 100) -> list[pb.Session]:
         """Every session of the caller's tenant, following the page tokens to the end."""
@@ -179,7 +186,7 @@ class Client:
             request = pb.ListSessionsRequest(page_size=page_size, page_token=page_token)
             page = cast(
                 pb.ListSessionsResponse,
-                self._stub.ListSessions(request, timeout=self.unary_timeout_s),
+                self._stub.ListSessions(request, **self._unary()),
             )
             sessions.extend(page.sessions)
             if not page.next_page_token or page.next_page_token == page_token:
@@ -192,7 +199,7 @@ class Client:
         request = pb.DeleteSessionRequest(session_id=session_id)
         response = cast(
             pb.DeleteSessionResponse,
-            self._stub.DeleteSession(request, timeout=self.unary_timeout_s),
+            self._stub.DeleteSession(request, **self._unary()),
         )
         return response.deleted
 
@@ -200,7 +207,10 @@ class Client:
         """A new session starting from a copy of `session_id`'s KV; RpcError NOT_FOUND or
         ALREADY_EXISTS otherwise."""
         request = pb.ForkSessionRequest(session_id=session_id, new_session_id=new_session_id)
-        return cast(pb.Session, self._stub.ForkSession(request, timeout=self.unary_timeout_s))
+        return cast(pb.Session, self._stub.ForkSession(request, **self._unary()))
+
+    def _unary(self) -> dict[str, Any]:
+        return {"timeout": self.unary_timeout_s, "metadata": self._auth or None}
 
     def close(self) -> None:
         """Close the channel; calls still running end with CANCELLED."""

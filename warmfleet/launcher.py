@@ -73,6 +73,7 @@ class Cluster:
         warm_budget: int | None = None,
         disk_budget: int | None = None,
         kvstore_port: int = 0,
+        keys_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -84,6 +85,7 @@ class Cluster:
         self.spill_dir = Path(spill_dir) if spill_dir is not None else None
         self._warm_budget = warm_budget
         self._disk_budget = disk_budget
+        self._keys_file = keys_file  # the gateway's API keys (None: one local tenant)
         self.threads_per_worker = threads_per_worker or max(1, (os.cpu_count() or 1) // num_workers)
         self._given_redis_url = redis_url
         self._model = model
@@ -238,6 +240,8 @@ class Cluster:
         argv += ["--port", str(self.port)]
         if self._model is not None:
             argv += ["--model", str(self._model)]
+        if self._keys_file is not None:
+            argv += ["--keys", str(self._keys_file)]
         return argv
 
     def _spawn(self, child: _Child, extra_args: Sequence[str] = ()) -> None:

@@ -42,6 +42,13 @@ def register(sub: Any) -> None:
     p.add_argument("--temperature", type=float, metavar="T", help="default 0: greedy")
     p.add_argument("--seed", type=int, metavar="S")
     p.add_argument(
+        "--api-key",
+        default=os.environ.get("WARMFLEET_API_KEY") or None,
+        metavar="KEY",
+        help="sent as 'authorization: Bearer KEY' (default: $WARMFLEET_API_KEY); needed when "
+        "the gateway has a key file",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="with --message: print one JSON object (text, token_ids, completion)",
@@ -55,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    with Client(args.target) as client:
+    with Client(args.target, api_key=args.api_key) as client:
         if args.message is not None:
             return _one_turn(client, args, messages)
         return _repl(client, args, messages)

@@ -14,6 +14,7 @@ from broker.gateway_broker import GatewayBroker
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
+from gateway.auth import KeyRing
 from gateway.server import build_server
 from gateway.service import POLL_MS, GatewayConfig
 from warmfleet.commands.common import add_redis_url
@@ -50,6 +51,13 @@ def register(sub: Any) -> None:
         metavar="S",
         help="deadline of a request whose client set none",
     )
+    p.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="API keys (TOML, hashed; see `warmfleet keys add`): each caller must send "
+        "'authorization: Bearer KEY' and gets its key's tenant; without it every caller "
+        "is the single local tenant",
+    )
     p.set_defaults(run=run)
 
 
@@ -58,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s gateway: %(message)s"
     )
     config = GatewayConfig(default_timeout_s=args.default_timeout_s)
+    keys = KeyRing.load(args.keys) if args.keys else KeyRing.open()
+    if keys.enabled:
+        logging.info("API keys from %s: tenants %s", args.keys, ", ".join(keys.tenants))
+    else:
+        logging.info("no key file (--keys): every caller is the single local tenant")
     meta = read_metadata(open_gguf(resolve_model(args.model)))
     model_config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
     r = connect(args.redis_url, block_ms=POLL_MS, max_connections=args.max_streams + 8)
@@ -69,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             config,
             f"{args.host}:{args.port}",
             args.max_streams,
+            keys,
         )
     except (OSError, RuntimeError) as e:
         raise ServiceError(f"cannot listen on {args.host}:{args.port}: {e}") from e

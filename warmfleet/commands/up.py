@@ -67,6 +67,12 @@ def register(sub: Any) -> None:
         help="spill files kept at most (see `warmfleet kvstore`)",
     )
     p.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="API keys for the gateway (see `warmfleet gateway --keys`); without it one "
+        "local tenant",
+    )
+    p.add_argument(
         "--demo",
         action="store_true",
         help="once up, run two sessions at once (two turns each) and print their replies",
@@ -82,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequestError(name, f"must be in [0, 65535], got {port}")
     if args.threads is not None and args.threads < 1:
         raise InvalidRequestError("--threads", f"must be at least 1, got {args.threads}")
+    if args.demo and args.keys:
+        raise InvalidRequestError("--demo", "talks without an API key; leave out --keys")
     model = resolve_model(args.model)  # fetched once here, before any worker starts
     cluster = Cluster(
         num_workers=args.workers,
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         warm_budget=args.warm_budget,
         disk_budget=args.disk_budget,
         kvstore_port=args.kvstore_port,
+        keys_file=args.keys,
     )
     signals = StopSignals().install()
     try:

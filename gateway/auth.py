@@ -1,0 +1,147 @@
+"""API keys and tenants: `authorization: Bearer KEY` names a tenant, from a TOML key file.
+
+The file stores keys hashed (sha256), never in clear:
+
+    [[keys]]
+    sha256 = "9f86d081884c7d65..."   # `warmfleet keys add` writes these entries
+    tenant = "alice"
+    max_priority = "normal"           # interactive, normal or batch (default normal)
+    weight = 2                        # share of the workers within a class (default 1)
+    max_concurrent = 8                # requests running at once (default 16)
+    max_queued = 32                   # requests waiting (default 64)
+
+Several keys may name one tenant; they must then agree on its settings. Without a key
+file every caller is the single local tenant, with every priority.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.keys import DEFAULT_TENANT, PRIORITIES
+from warmfleet.errors import InvalidRequestError
+
+TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never ':' or '/': they join Redis keys
+BEARER = "bearer "
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    max_priority: str = "interactive"  # the highest class it may ask for
+    weight: int = 1
+    max_concurrent: int = 16
+    max_queued: int = 64
+
+    def allows(self, priority: str) -> bool:
+        """Whether this tenant may send requests of class `priority`."""
+        return PRIORITIES.index(priority) >= PRIORITIES.index(self.max_priority)
+
+
+LOCAL = Tenant(DEFAULT_TENANT)
+
+
+class AuthError(Exception):
+    """No key, or a key the file does not know (UNAUTHENTICATED)."""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRing:
+    """Maps API keys (by their sha256) to tenants."""
+
+    def __init__(self, by_hash: dict[str, Tenant]) -> None:
+        self._by_hash = by_hash
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_hash)
+
+    @property
+    def tenants(self) -> list[str]:
+        return sorted({t.name for t in self._by_hash.values()})
+
+    @classmethod
+    def open(cls) -> KeyRing:
+        """No keys: every caller is the local tenant."""
+        return cls({})
+
+    @classmethod
+    def load(cls, path: str | Path) -> KeyRing:
+        """Read a key file; InvalidRequestError naming the file and the entry otherwise."""
+        name = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise InvalidRequestError("--keys", f"cannot read {name}: {e.strerror}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidRequestError("--keys", f"{name} is not valid TOML: {e}") from e
+        entries = data.get("keys")
+        if not isinstance(entries, list) or not entries:
+            raise InvalidRequestError("--keys", f"{name} has no [[keys]] entries")
+        by_hash: dict[str, Tenant] = {}
+        by_name: dict[str, Tenant] = {}
+        for i, entry in enumerate(entries, 1):
+            where = f"{name}, key {i}"
+            digest, tenant = _entry(entry, where)
+            if digest in by_hash:
+                raise InvalidRequestError("--keys", f"{where}: the same key is listed twice")
+            if by_name.setdefault(tenant.name, tenant) != tenant:
+                raise InvalidRequestError(
+                    "--keys", f"{where}: tenant {tenant.name!r} has other settings elsewhere"
+                )
+            by_hash[digest] = tenant
+        return cls(by_hash)
+
+    def tenant(self, metadata: Sequence[tuple[str, str | bytes]]) -> Tenant:
+        """The caller's tenant from its `authorization` metadata; AuthError otherwise."""
+        if not self._by_hash:
+            return LOCAL
+        values = [v for k, v in metadata if k == "authorization"]
+        if not values:
+            raise AuthError("missing 'authorization: Bearer KEY' metadata")
+        value = values[0] if isinstance(values[0], str) else values[0].decode("latin-1")
+        if not value.lower().startswith(BEARER) or not value[len(BEARER) :].strip():
+            raise AuthError("authorization metadata must be 'Bearer KEY'")
+        tenant = self._by_hash.get(hash_key(value[len(BEARER) :].strip()))
+        if tenant is None:
+            raise AuthError("unknown API key")
+        return tenant
+
+
+def _entry(entry: Any, where: str) -> tuple[str, Tenant]:
+    if not isinstance(entry, dict):
+        raise InvalidRequestError("--keys", f"{where}: not a table")
+    unknown = set(entry) - {
+        "sha256", "tenant", "max_priority", "weight", "max_concurrent", "max_queued"
+    }  # fmt: skip
+    if unknown:
+        raise InvalidRequestError("--keys", f"{where}: unknown field(s) {sorted(unknown)}")
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise InvalidRequestError("--keys", f"{where}: sha256 must be 64 lowercase hex digits")
+    name = entry.get("tenant")
+    if not isinstance(name, str) or not TENANT_NAME.match(name):
+        raise InvalidRequestError(
+            "--keys", f"{where}: tenant must be 1-64 of A-Z a-z 0-9 _ . - (got {name!r})"
+        )
+    priority = entry.get("max_priority", "normal")
+    if priority not in PRIORITIES:
+        raise InvalidRequestError(
+            "--keys", f"{where}: max_priority must be one of {', '.join(PRIORITIES)}"
+        )
+    numbers = {}
+    for field, default in (("weight", 1), ("max_concurrent", 16), ("max_queued", 64)):
+        value = entry.get(field, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidRequestError("--keys", f"{where}: {field} must be an integer >= 1")
+        numbers[field] = value
+    return digest, Tenant(name, priority, **numbers)
