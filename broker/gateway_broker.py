@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import redis
 
-from broker import keys, kv_commands, kv_events
+from broker import fair_queue, keys, kv_commands, kv_events
+from broker.fair_queue import Admission
 from broker.wire import Fields, WireRequest
 
 CANCEL_TTL_S = 600
 REPLY_NOT_FOUND = "not_found"  # the kvstore's answer (kvstore.index.REPLY_NOT_FOUND)
-
-# Route and enqueue in one step: to the pinned stream of the live worker that holds the
-# session, else to the shared stream of the priority class; nowhere when no worker is alive
-# (the request would wait for nobody). Checking the heartbeat inside
-# the script closes the race with a worker dying between the check and the XADD.
-ROUTE_AND_ENQUEUE = """
-local worker = redis.call('HGET', KEYS[1], 'worker')
-local stream = KEYS[2]
-if worker and worker ~= '' and redis.call('EXISTS', ARGV[2] .. worker) == 1 then
-  stream = ARGV[3] .. worker
-else
-  worker = ''
-  local alive = false
-  for _, w in ipairs(redis.call('SMEMBERS', ARGV[4])) do
-    if redis.call('EXISTS', ARGV[2] .. w) == 1 then
-      alive = true
-      break
-    end
-  end
-  if not alive then
-    return {'', ''}
-  end
-end
-redis.call('XADD', stream, '*', 'body', ARGV[1])
-return {stream, worker}
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    stream: str  # "" when no worker is alive: nothing was enqueued
-    worker_id: str  # "" when the request went to a shared stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +28,60 @@ class SessionRecord:
 class GatewayBroker:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
-        self._route = r.register_script(ROUTE_AND_ENQUEUE)
+        self._enqueue = r.register_script(fair_queue.ENQUEUE)
+        self._unqueue = r.register_script(fair_queue.UNQUEUE)
 
-    def enqueue(self, request: WireRequest) -> Routed:
-        body = request.encode()["body"]
-        sid = request.session_id
-        session = keys.session_key(request.tenant, sid) if sid else "wf:session:-"
-        stream, worker = self._route(
-            keys=[session, keys.shared_stream(request.priority)],
-            args=[body, keys.heartbeat_key(""), keys.pinned_stream(""), keys.WORKERS],
+    def enqueue(
+        self, request: WireRequest, cost: int, weight: int, max_queued: int, max_total: int
+    ) -> Admission:
+        """Route and enqueue in one step (see broker/fair_queue.py): onto the pinned stream
+        of the live worker that holds the session, else into the tenant's fair queue of its
+        class, unless no worker is alive or the tenant's queue or all queues are full."""
+        sid, tenant, rid = request.session_id, request.tenant, request.request_id
+        session = keys.session_key(tenant, sid) if sid else "wf:session:-"
+        ttl_s = max(1, int(request.deadline_at - time.time()) + 1)
+        kind, detail = self._enqueue(
+            keys=[
+                session,
+                keys.tenant_queued(tenant),
+                keys.QUEUED,
+                keys.queued_request(rid),
+                keys.fair_queue(request.priority, tenant),
+                keys.fair_active(request.priority),
+                keys.fair_state(request.priority),
+                keys.WAKE,
+            ],
+            args=[
+                request.encode()["body"],
+                keys.heartbeat_key(""),
+                keys.pinned_stream(""),
+                keys.WORKERS,
+                rid,
+                tenant,
+                cost,
+                weight,
+                max_queued,
+                max_total,
+                ttl_s,
+            ],
         )
-        return Routed(stream, worker)
+        if kind == "pinned":
+            return Admission(kind, worker_id=detail)
+        return Admission(kind, queued=int(detail or 0))
+
+    def unqueue(self, request: WireRequest) -> bool:
+        """Take a request out of its fair queue; False if a worker has it already."""
+        removed = self._unqueue(
+            keys=[
+                keys.fair_queue(request.priority, request.tenant),
+                keys.queued_request(request.request_id),
+                keys.tenant_queued(request.tenant),
+                keys.QUEUED,
+                keys.fair_active(request.priority),
+            ],
+            args=[request.request_id, request.tenant],
+        )
+        return bool(removed)
 
     def read_out(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, Fields]]:
         """Events after entry `after` ("0" for all), waiting up to block_ms for the first."""

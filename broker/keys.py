@@ -18,9 +18,34 @@ def pinned_stream(worker_id: str) -> str:
     return f"wf:q:worker:{worker_id}"
 
 
-def shared_stream(priority: str) -> str:
-    """Requests any worker may take, one stream per priority class."""
-    return f"wf:q:shared:{priority}"
+WAKE = "wf:wake"  # stream: an entry per request queued, for idle workers to wake on
+QUEUED = "wf:queued"  # count of requests in the fair queues, all tenants
+
+
+def fair_queue(priority: str, tenant: str) -> str:
+    """List: one tenant's queued request ids of one class, oldest first."""
+    return f"wf:fq:{priority}:{tenant}"
+
+
+def fair_active(priority: str) -> str:
+    """Sorted set: the tenants with queued requests of one class, by virtual start time."""
+    return f"wf:fq:{priority}"
+
+
+def fair_state(priority: str) -> str:
+    """Hash: the class's virtual clock ("~clock") and each tenant's virtual finish time."""
+    return f"wf:fq:{priority}:vt"
+
+
+def queued_request(request_id: str) -> str:
+    """Hash: a queued request's body, cost, weight, class and tenant (expires at its
+    deadline)."""
+    return f"wf:req:{request_id}"
+
+
+def tenant_queued(tenant: str) -> str:
+    """Count of one tenant's requests in the fair queues."""
+    return f"wf:queued:{tenant}"
 
 
 def out_stream(request_id: str) -> str:

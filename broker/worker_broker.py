@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import redis
 
-from broker import keys
+from broker import fair_queue, keys
 from broker.kv_events import KVEvent
 from broker.wire import Control, Fields, WireRequest
 
@@ -45,7 +45,8 @@ class WorkerBroker:
         self.worker_id = worker_id
         self.lease_ms = int(lease_s * 1000)
         self.pinned = keys.pinned_stream(worker_id)
-        self.streams = [self.pinned, *(keys.shared_stream(p) for p in keys.PRIORITIES)]
+        self.streams = [self.pinned]
+        self._dispatch = fair_queue.register_dispatch(r)
 
     def _ensure_group(self, stream: str) -> None:
         try:
@@ -55,7 +56,7 @@ class WorkerBroker:
                 raise
 
     def register(self, status: dict[str, object], ttl_s: float) -> None:
-        for stream in self.streams:
+        for stream in (self.pinned, keys.WAKE):
             self._ensure_group(stream)
         # heartbeat and membership together: a member without a heartbeat counts as dead
         pipe = self.r.pipeline(transaction=True)
@@ -73,17 +74,45 @@ class WorkerBroker:
         pipe.execute()
 
     def read(self, count: int, block_ms: int | None) -> list[Delivery]:
-        """New entries, pinned stream first; blocks up to block_ms when there are none."""
+        """Up to `count` entries: those on the pinned stream, after moving this many from
+        the fair queues onto it. With none, waits up to block_ms for a request to be
+        queued (an entry on the wake stream) or pinned, then tries once more."""
         if count <= 0:
             return []
+        taken = self._dispatch_and_read(count)
+        if taken or not block_ms:
+            return taken
         reply = self.r.xreadgroup(
             keys.GROUP,
             self.worker_id,
-            dict.fromkeys(self.streams, ">"),
+            {self.pinned: ">", keys.WAKE: ">"},
             count=count,
             block=block_ms,
         )
+        wakes = [eid for s, entries in reply or [] if s == keys.WAKE for eid, _ in entries]
+        taken = [
+            _parse(s, eid, f) for s, entries in reply or [] if s != keys.WAKE for eid, f in entries
+        ]
+        if wakes:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xack(keys.WAKE, keys.GROUP, *wakes)
+            pipe.xdel(keys.WAKE, *wakes)
+            pipe.execute()
+        return taken + self._dispatch_and_read(count - len(taken))
+
+    def _dispatch_and_read(self, count: int) -> list[Delivery]:
+        if count <= 0:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        self._queue_dispatch(pipe, count)
+        pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=count)
+        reply = pipe.execute()[-1]
         return [_parse(s, eid, f) for s, entries in reply or [] for eid, f in entries]
+
+    def _queue_dispatch(self, pipe: redis.client.Pipeline, room: int) -> None:
+        self._dispatch(
+            keys=[self.pinned, keys.QUEUED], args=fair_queue.dispatch_args(room), client=pipe
+        )
 
     def renew(self, deliveries: Iterable[Delivery]) -> None:
         """Reset the idle time of the entries this worker is running (its lease)."""
@@ -99,9 +128,8 @@ class WorkerBroker:
 
     def reclaim(self, limit: int) -> list[Delivery]:
         """Entries whose lease lapsed, and the whole pinned stream of any dead worker."""
-        taken: list[Delivery] = []
-        for stream in self.streams[1:]:
-            taken += self._autoclaim(stream, self.lease_ms, limit - len(taken))
+        # entries on our own stream whose lease lapsed: a previous process with our id
+        taken = self._autoclaim(self.pinned, self.lease_ms, limit)
         for dead in self._dead_workers():
             if len(taken) >= limit:
                 break
@@ -171,11 +199,13 @@ class WorkerBroker:
         if watch:
             pipe.mget([keys.cancel_key(rid) for rid in watch])
         if read_count > 0:
-            pipe.xreadgroup(
-                keys.GROUP, self.worker_id, dict.fromkeys(self.streams, ">"), count=read_count
-            )
+            self._queue_dispatch(pipe, read_count)
+            pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=read_count)
         results = pipe.execute()
-        read = results.pop() if read_count > 0 else None
+        read = None
+        if read_count > 0:
+            read = results.pop()
+            results.pop()  # how many the dispatch moved onto our stream
         cancelled = (
             [rid for rid, flag in zip(watch, results[-1], strict=True) if flag] if watch else []
         )

@@ -13,7 +13,7 @@ import grpc
 import redis
 
 from broker.gateway_broker import GatewayBroker, SessionRecord
-from broker.wire import parse_tokens
+from broker.wire import WireRequest, parse_tokens
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.auth import AuthError, KeyRing, Tenant
@@ -50,10 +50,18 @@ TIER = {
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     default_timeout_s: float = 600.0  # a request without a client deadline ends after this
+    max_queued: int = 1024  # requests waiting in the fair queues, all tenants together
 
     def __post_init__(self) -> None:
         if self.default_timeout_s <= 0:
             raise InvalidRequestError("default_timeout_s", "must be > 0")
+        if self.max_queued < 1:
+            raise InvalidRequestError("max_queued", "must be >= 1")
+
+
+def retry_after_ms(queued: int) -> int:
+    """A hint for a refused request: about a second per 32 requests ahead, 1-60 s."""
+    return min(60_000, 1000 * max(1, -(-queued // 32)))
 
 
 def completion_pb(raw: dict[str, Any]) -> pb.Completion:
@@ -121,33 +129,45 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"priority {wire.priority} is above this key's ceiling ({tenant.max_priority})",
             )
-        rid = wire.request_id
+        cost = len(wire.prompt_ids) + int(wire.sampling["max_tokens"])
         try:
-            routed = self.broker.enqueue(wire)
+            admission = self.broker.enqueue(
+                wire, cost, tenant.weight, tenant.max_queued, self.config.max_queued
+            )
         except redis.RedisError as e:
             abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
-        if not routed.stream:
+        if admission.kind == "no_worker":
             abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
-        context.add_callback(lambda: self._on_rpc_end(rid, context))
-        yield from self._stream(rid, wire.deadline_at, context)
+        if admission.kind in ("tenant_full", "full"):
+            whose = "this tenant's" if admission.kind == "tenant_full" else "the"
+            retry_ms = retry_after_ms(admission.queued)
+            context.set_trailing_metadata((("retry-after-ms", str(retry_ms)),))
+            abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{whose} queue is full ({admission.queued} requests waiting); "
+                f"retry after {retry_ms} ms",
+            )
+        context.add_callback(lambda: self._on_rpc_end(wire, context))
+        yield from self._stream(wire, context)
 
-    def _on_rpc_end(self, rid: str, context: grpc.ServicerContext) -> None:
+    def _on_rpc_end(self, wire: WireRequest, context: grpc.ServicerContext) -> None:
         if context.is_active():
             return
-        try:  # the client went away or the deadline passed: free the worker's sequence
-            self.broker.cancel(rid)
+        try:  # the client went away or the deadline passed: free its place or its sequence
+            if not self.broker.unqueue(wire):
+                self.broker.cancel(wire.request_id)
         except redis.RedisError as e:
-            log.warning("could not cancel %s: %s", rid, e)
+            log.warning("could not cancel %s: %s", wire.request_id, e)
 
     def _stream(
-        self, rid: str, deadline_at: float, context: grpc.ServicerContext
+        self, wire: WireRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.GenerateResponse]:
-        after, next_index = "0", 0
+        rid, after, next_index = wire.request_id, "0", 0
         while True:
-            left_ms = int((deadline_at - time.time()) * 1000)
+            left_ms = int((wire.deadline_at - time.time()) * 1000)
             if left_ms <= 0:
-                self.broker.cancel(rid)
-                abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                self._expire(wire, context)
             if not context.is_active():
                 return
             try:
@@ -233,6 +253,17 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         if record is None:  # deleted again in between
             abort(context, grpc.StatusCode.NOT_FOUND, f"no session {new!r}")
         return session_pb(record)
+
+    def _expire(self, wire: WireRequest, context: grpc.ServicerContext) -> None:
+        """The deadline passed: out of the queue if it is still there, else cancelled."""
+        try:
+            queued = self.broker.unqueue(wire)
+            if not queued:
+                self.broker.cancel(wire.request_id)
+        except redis.RedisError as e:
+            abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+        where = "while queued (removed from the queue)" if queued else "while running"
+        abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {where}")
 
     def _tenant(self, context: grpc.ServicerContext) -> Tenant:
         """The caller's tenant (every call is checked first); UNAUTHENTICATED otherwise."""

@@ -194,10 +194,12 @@ class KVStore:
             pipe.delete(keys.session_key(tenant, session_id))
             pipe.zrem(keys.session_index(tenant), session_id)
         for order in fx.orders:
-            stream = (
-                keys.pinned_stream(order.worker) if order.worker else keys.shared_stream("normal")
-            )
-            pipe.xadd(stream, Control(order.op, order.args).encode())
+            worker = order.worker or self._any_worker()
+            if worker:
+                pipe.xadd(keys.pinned_stream(worker), Control(order.op, order.args).encode())
+            elif "r" in order.args:  # no worker to do it: the caller hears so at once
+                pipe.rpush(order.args["r"], "error: no worker is running")
+                pipe.expire(order.args["r"], REPLY_TTL_S)
         for name, n in fx.counters.items():
             pipe.hincrby(keys.KV_STATS, name, n)
         for reply_key, answer in fx.replies:
@@ -208,6 +210,12 @@ class KVStore:
             pipe.xdel(keys.KV_EVENTS, *entry_ids)
         if len(pipe):
             pipe.execute()
+
+    def _any_worker(self) -> str:
+        """A live worker for an order any worker of the host can carry out ("" if none):
+        the one with the fewest running requests."""
+        alive = [w for w in self.statuses if w in self.index.alive]
+        return min(alive, key=lambda w: (self.statuses[w].get("num_running", 0), w), default="")
 
     def _unlink(self, key: str, mtime_ns: int) -> None:
         """Delete the session's file, unless it is a newer one than the index knew."""

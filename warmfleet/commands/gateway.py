@@ -52,6 +52,14 @@ def register(sub: Any) -> None:
         help="deadline of a request whose client set none",
     )
     p.add_argument(
+        "--max-queued",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="requests waiting in the fair queues, all tenants together; beyond it a request "
+        "fails at once with RESOURCE_EXHAUSTED and a retry-after-ms hint (1024)",
+    )
+    p.add_argument(
         "--keys",
         metavar="FILE",
         help="API keys (TOML, hashed; see `warmfleet keys add`): each caller must send "
@@ -65,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s gateway: %(message)s"
     )
-    config = GatewayConfig(default_timeout_s=args.default_timeout_s)
+    config = GatewayConfig(default_timeout_s=args.default_timeout_s, max_queued=args.max_queued)
     keys = KeyRing.load(args.keys) if args.keys else KeyRing.open()
     if keys.enabled:
         logging.info("API keys from %s: tenants %s", args.keys, ", ".join(keys.tenants))

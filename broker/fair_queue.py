@@ -1,0 +1,144 @@
+"""Fair queues: strict priority classes, and weighted fair sharing between tenants within a
+class, decided atomically in Redis (Lua), so any number of gateways and workers agree.
+
+Within a class, tenants are served by start-time fair queuing on tokens: each tenant has a
+virtual finish time that grows by cost / weight per request dispatched (cost: prompt
+tokens plus max_tokens); a tenant that becomes active starts at the class's virtual clock;
+the active tenant with the smallest virtual start time goes next. A flooding tenant
+therefore waits behind a quiet one instead of ahead of it, and over time tenants get tokens
+in proportion to their weights. (Deficit round robin needs a quantum tuned to request
+sizes and a scan per round; virtual time is one sorted-set lookup per dispatch and exact
+for requests of any size.)
+
+A request whose session is warm on a live worker skips the queue: it goes to that worker's
+pinned stream. Every other request waits in its tenant's list until a worker with room
+dispatches it, which moves it onto the worker's pinned stream, where leases and fail-over
+work as for pinned requests. Key names are built inside the scripts from prefixes, so the
+scripts assume one Redis (not a Redis Cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from broker import keys
+
+# KEYS: session hash, tenant's queued count, total queued count, the request's hash,
+#       the tenant's list, the class's active set, the class's virtual times, wake stream
+# ARGV: body, heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
+#       cost, weight, tenant's queue bound, total bound, ttl (s)
+ENQUEUE = """
+local worker = redis.call('HGET', KEYS[1], 'worker')
+if worker and worker ~= '' and redis.call('EXISTS', ARGV[2] .. worker) == 1 then
+  redis.call('XADD', ARGV[3] .. worker, '*', 'body', ARGV[1])
+  return {'pinned', worker}
+end
+local alive = false
+for _, w in ipairs(redis.call('SMEMBERS', ARGV[4])) do
+  if redis.call('EXISTS', ARGV[2] .. w) == 1 then
+    alive = true
+    break
+  end
+end
+if not alive then
+  return {'no_worker', ''}
+end
+local mine = tonumber(redis.call('GET', KEYS[2]) or '0')
+if mine >= tonumber(ARGV[9]) then
+  return {'tenant_full', tostring(mine)}
+end
+local all = tonumber(redis.call('GET', KEYS[3]) or '0')
+if all >= tonumber(ARGV[10]) then
+  return {'full', tostring(all)}
+end
+redis.call('HSET', KEYS[4], 'b', ARGV[1], 'c', ARGV[7], 'w', ARGV[8])
+redis.call('EXPIRE', KEYS[4], ARGV[11])
+redis.call('RPUSH', KEYS[5], ARGV[5])
+if not redis.call('ZSCORE', KEYS[6], ARGV[6]) then
+  local clock = tonumber(redis.call('HGET', KEYS[7], '~clock') or '0')
+  local last = tonumber(redis.call('HGET', KEYS[7], ARGV[6]) or '0')
+  redis.call('ZADD', KEYS[6], math.max(clock, last), ARGV[6])
+end
+redis.call('INCR', KEYS[2])
+redis.call('INCR', KEYS[3])
+redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000', '*', 'r', ARGV[5])
+return {'queued', tostring(all + 1)}
+"""
+
+# KEYS: the worker's pinned stream, total queued count
+# ARGV: room, request-hash prefix, tenant-count prefix, then per class in priority order:
+#       active set, virtual times, tenant-list prefix
+DISPATCH = """
+local room = tonumber(ARGV[1])
+local n = 0
+for c = 0, 2 do
+  local active, state, prefix = ARGV[4 + c * 3], ARGV[5 + c * 3], ARGV[6 + c * 3]
+  while n < room do
+    local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
+    if #top == 0 then
+      break
+    end
+    local tenant, start = top[1], tonumber(top[2])
+    local list = prefix .. tenant
+    local rid = redis.call('LPOP', list)
+    if rid then
+      redis.call('DECR', ARGV[3] .. tenant)
+      redis.call('DECR', KEYS[2])
+      local req = ARGV[2] .. rid
+      local f = redis.call('HMGET', req, 'b', 'c', 'w')
+      redis.call('DEL', req)
+      local finish = start
+      if f[1] then  -- else it expired in the queue: its deadline passed
+        redis.call('XADD', KEYS[1], '*', 'body', f[1])
+        finish = start + tonumber(f[2]) / tonumber(f[3])
+        n = n + 1
+      end
+      redis.call('HSET', state, '~clock', start, tenant, finish)
+      if redis.call('LLEN', list) > 0 then
+        redis.call('ZADD', active, finish, tenant)
+      else
+        redis.call('ZREM', active, tenant)
+      end
+    else
+      redis.call('ZREM', active, tenant)
+    end
+  end
+end
+return n
+"""
+
+# KEYS: the tenant's list, the request's hash, tenant's queued count, total, active set
+# ARGV: request id, tenant
+UNQUEUE = """
+local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+if removed == 1 then
+  redis.call('DEL', KEYS[2])
+  redis.call('DECR', KEYS[3])
+  redis.call('DECR', KEYS[4])
+  if redis.call('LLEN', KEYS[1]) == 0 then
+    redis.call('ZREM', KEYS[5], ARGV[2])
+  end
+end
+return removed
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    kind: str  # pinned, queued, no_worker, tenant_full or full
+    worker_id: str = ""  # pinned: the worker that holds the session
+    queued: int = 0  # queued: requests in the queues now; *_full: the bound's count
+
+
+def dispatch_args(room: int) -> list[str | int]:
+    """ARGV of DISPATCH for a worker with `room` free slots."""
+    args: list[str | int] = [room, keys.queued_request(""), keys.tenant_queued("")]
+    for p in keys.PRIORITIES:
+        args += [keys.fair_active(p), keys.fair_state(p), keys.fair_queue(p, "")]
+    return args
+
+
+def register_dispatch(r: redis.Redis) -> redis.commands.core.Script:
+    return r.register_script(DISPATCH)
