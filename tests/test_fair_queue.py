@@ -1,0 +1,156 @@
+"""The fair queue's Lua scripts on a real Redis: strict classes, weighted fair share between
+tenants, bounds, removal. A registered worker heartbeat stands in for a live worker; the
+worker's side is the real WorkerBroker."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+
+from broker import keys
+from broker.gateway_broker import GatewayBroker
+from broker.wire import WireRequest
+from broker.worker_broker import WorkerBroker
+from tests.cluster_fixtures import redis_client, redis_server  # noqa: F401
+from warmfleet.redis_server import RedisServer
+
+BIG = 10_000
+
+
+@pytest.fixture
+def client(redis: redis_lib.Redis, redis_server: RedisServer) -> Iterator[redis_lib.Redis]:  # noqa: F811
+    """Like the gateway's and the worker's: replies decoded. `redis` empties the server."""
+    c = redis_lib.Redis.from_url(redis_server.url, decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def gateway(client: redis_lib.Redis) -> GatewayBroker:
+    return GatewayBroker(client)
+
+
+@pytest.fixture
+def worker(client: redis_lib.Redis) -> WorkerBroker:
+    broker = WorkerBroker(client, "w0", lease_s=5.0)
+    broker.register({"warm_budget": 0}, ttl_s=60)
+    return broker
+
+
+def request(rid: str, tenant: str, priority: str = "normal", tokens: int = 10) -> WireRequest:
+    now = time.time()
+    sampling = {"max_tokens": 0}
+    return WireRequest(rid, tenant, "", list(range(tokens)), sampling, priority, now, now + 60)
+
+
+def put(
+    gateway: GatewayBroker, rid: str, tenant: str, *, weight: int = 1, max_queued: int = BIG,
+    max_total: int = BIG, priority: str = "normal", tokens: int = 10,
+) -> str:  # fmt: skip
+    wire = request(rid, tenant, priority, tokens)
+    return gateway.enqueue(wire, tokens, weight, max_queued, max_total).kind
+
+
+def take(worker: WorkerBroker, n: int = 1) -> list[str]:
+    """Request ids the worker dispatches, one at a time, in order."""
+    out = []
+    for _ in range(n):
+        got = worker.read(1, None)
+        out += [d.request.request_id for d in got if d.request is not None]
+    return out
+
+
+def test_a_flooding_tenant_does_not_starve_a_quiet_one(
+    gateway: GatewayBroker, worker: WorkerBroker
+) -> None:
+    for i in range(40):
+        assert put(gateway, f"flood-{i}", "flooder") == "queued"
+    order = take(worker, 3)  # the flooder alone for a while
+    for i in range(5):
+        assert put(gateway, f"quiet-{i}", "quiet") == "queued"
+    order += take(worker, 42)
+    assert len(order) == 45 and len(set(order)) == 45
+    positions = [order.index(f"quiet-{i}") for i in range(5)]
+    # equal weights, equal costs: they alternate while both have work
+    assert positions == [3, 5, 7, 9, 11], order[:14]
+    flood = [r for r in order if r.startswith("flood")]
+    assert flood == [f"flood-{i}" for i in range(40)]  # each tenant's own order is kept
+
+
+def test_weights_share_tokens_in_proportion(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+    for i in range(60):
+        put(gateway, f"heavy-{i}", "heavy", weight=3, tokens=10)
+        put(gateway, f"light-{i}", "light", weight=1, tokens=10)
+    window = take(worker, 40)  # both still have work throughout
+    share = Counter(r.split("-")[0] for r in window)
+    assert share["heavy"] == 30 and share["light"] == 10
+
+
+def test_costs_count_tokens_not_requests(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+    for i in range(20):
+        put(gateway, f"big-{i}", "big", tokens=100)
+        put(gateway, f"small-{i}", "small", tokens=10)
+    window = take(worker, 22)
+    tokens: Counter[str] = Counter()
+    for rid in window:
+        tokens[rid.split("-")[0]] += 100 if rid.startswith("big") else 10
+    assert abs(tokens["big"] - tokens["small"]) <= 100  # within one request's cost
+
+
+def test_classes_are_served_strictly_in_order(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+    put(gateway, "b1", "t", priority="batch")
+    put(gateway, "n1", "t", priority="normal")
+    put(gateway, "i1", "u", priority="interactive")
+    put(gateway, "n2", "u", priority="normal")
+    assert take(worker, 4) == ["i1", "n1", "n2", "b1"]
+
+
+def test_bounds_refuse_at_once_and_removal_frees_the_place(
+    gateway: GatewayBroker, worker: WorkerBroker, redis: redis_lib.Redis
+) -> None:
+    assert put(gateway, "a1", "a", max_queued=2) == "queued"
+    assert put(gateway, "a2", "a", max_queued=2) == "queued"
+    refused = gateway.enqueue(request("a3", "a"), 10, 1, 2, BIG)
+    assert (refused.kind, refused.queued) == ("tenant_full", 2)
+    assert put(gateway, "b1", "b", max_total=3) == "queued"
+    assert put(gateway, "b2", "b", max_total=3) == "full"
+    assert gateway.unqueue(request("a1", "a")) is True
+    assert gateway.unqueue(request("a1", "a")) is False  # gone already
+    assert not redis.exists(keys.queued_request("a1"))
+    assert put(gateway, "a3", "a", max_queued=2) == "queued"
+    assert take(worker, 4) == ["a2", "b1", "a3"]
+    assert int(redis.get(keys.QUEUED)) == 0 and int(redis.get(keys.tenant_queued("a"))) == 0
+    assert redis.zcard(keys.fair_active("normal")) == 0
+    assert gateway.unqueue(request("a2", "a")) is False  # a worker has it
+
+
+def test_a_request_whose_deadline_passed_in_the_queue_is_skipped(
+    gateway: GatewayBroker, worker: WorkerBroker, redis: redis_lib.Redis
+) -> None:
+    put(gateway, "old", "a")
+    put(gateway, "new", "a")
+    redis.delete(keys.queued_request("old"))  # as its expiry (the deadline) does
+    assert take(worker, 1) == ["new"]
+    assert int(redis.get(keys.QUEUED)) == 0
+
+
+def test_nothing_queued_without_a_live_worker(
+    gateway: GatewayBroker, redis: redis_lib.Redis
+) -> None:
+    redis.sadd(keys.WORKERS, "w9")  # registered, but its heartbeat is gone
+    assert put(gateway, "r", "a") == "no_worker"
+    assert not redis.exists(keys.fair_queue("normal", "a"))
+
+
+def test_the_dispatched_body_is_the_request(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+    wire = request("r1", "a", tokens=7)
+    gateway.enqueue(wire, 7, 1, BIG, BIG)
+    (delivery,) = worker.read(1, None)
+    assert delivery.stream == keys.pinned_stream("w0")
+    assert delivery.request == wire
+    assert json.loads(wire.encode()["body"])["request_id"] == "r1"
