@@ -3,12 +3,17 @@ namespace (real Redis, gRPC, a worker process, the real model)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+import redis as redis_lib
 
+from broker import keys
 from gateway.auth import hash_key
 from tests.test_kvstore_cluster import NEW_TOKENS
 from warmfleet.client import Client
@@ -16,7 +21,14 @@ from warmfleet.launcher import Cluster
 from warmfleet.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.slow
-KEYS = {"alice": "alice-secret", "bob": "bob-secret"}
+KEYS = {t: f"{t}-secret" for t in ("alice", "bob", "flooder", "quiet", "tiny")}
+SETTINGS = {
+    "alice": 'max_priority = "interactive"',
+    "bob": 'max_priority = "normal"',
+    "flooder": 'max_queued = 64\nmax_priority = "interactive"',
+    "quiet": "",
+    "tiny": "max_queued = 1",
+}
 MESSAGES = [{"role": "user", "content": "Name a large animal."}]
 
 
@@ -26,16 +38,17 @@ def cluster(
 ) -> Iterator[Cluster]:
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(
-        f'[[keys]]\nsha256 = "{hash_key(KEYS["alice"])}"\ntenant = "alice"\n'
-        'max_priority = "interactive"\n'
-        f'[[keys]]\nsha256 = "{hash_key(KEYS["bob"])}"\ntenant = "bob"\n'
-        'max_priority = "normal"\n',
+        "".join(
+            f'[[keys]]\nsha256 = "{hash_key(KEYS[t])}"\ntenant = "{t}"\n{extra}\n'
+            for t, extra in SETTINGS.items()
+        ),
         encoding="utf-8",
     )
     with Cluster(
         num_workers=1,
         model=default_model_path,
         keys_file=keys,
+        worker_args=["--max-running", "1"],  # one request at a time: the order shows
         log_dir=tmp_path_factory.mktemp("logs"),
     ) as c:
         yield c
@@ -88,3 +101,87 @@ def test_one_session_id_names_two_sessions_of_two_tenants(cluster: Cluster) -> N
         assert fork == grpc.StatusCode.NOT_FOUND
         assert bob.delete_session("alice-only") is False
         assert alice.get_session("alice-only").num_tokens > 0
+
+
+@dataclass
+class Timed:
+    tenant: str
+    sent: float
+    first_token: float = 0.0
+    tokens: int = 0
+
+
+def run_timed(cluster: Cluster, tenant: str, i: int, out: list[Timed]) -> None:
+    timed = Timed(tenant, time.monotonic())
+    with client(cluster, tenant) as c:
+        call = c.stream("", prompt=f"{tenant} {i}: count to five.", max_tokens=6)
+        for response in call:
+            if response.HasField("chunk") and not timed.first_token:
+                timed.first_token = time.monotonic()
+            if response.HasField("chunk"):
+                timed.tokens += len(response.chunk.token_ids)
+    out.append(timed)
+
+
+def test_a_flooding_tenant_does_not_starve_a_quiet_one(cluster: Cluster) -> None:
+    done: list[Timed] = []
+    flood = [
+        threading.Thread(target=run_timed, args=(cluster, "flooder", i, done)) for i in range(40)
+    ]
+    for t in flood:
+        t.start()
+    time.sleep(1.0)  # the flood is queued
+    quiet = []
+    for i in range(5):  # spread over the same time
+        t = threading.Thread(target=run_timed, args=(cluster, "quiet", i, done))
+        t.start()
+        quiet.append(t)
+        time.sleep(0.7)
+    for t in flood + quiet:
+        t.join(timeout=300)
+    assert len(done) == 45 and all(d.tokens > 0 for d in done)  # every request completed
+    flooded = [d for d in done if d.tenant == "flooder"]
+    for q in (d for d in done if d.tenant == "quiet"):
+        ahead = [f for f in flooded if q.sent < f.first_token < q.first_token]
+        assert len(ahead) <= 2, f"{len(ahead)} of the flooder's requests went first"
+    assert max(f.first_token for f in flooded) > max(
+        q.first_token for q in done if q.tenant == "quiet"
+    )  # the quiet tenant finished while the flooder still had work
+
+
+def test_queue_full_deadline_and_cancel_while_queued(cluster: Cluster) -> None:
+    r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
+    with client(cluster, "flooder") as busy, client(cluster, "tiny") as tiny:
+        # interactive requests go first (strict classes): tiny's normal ones wait
+        count = [{"role": "user", "content": "Count from 1 to 100, one number per line."}]
+        blockers = [
+            busy.stream("", messages=count, max_tokens=60, priority="interactive")
+            for _ in range(30)
+        ]
+        time.sleep(0.5)
+        waiting = tiny.stream("", prompt="First.", max_tokens=2, timeout_s=1.5)
+        time.sleep(0.3)
+        with pytest.raises(grpc.RpcError) as err:
+            tiny.complete("", prompt="Second.", max_tokens=2)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailing = dict(err.value.trailing_metadata() or ())
+        assert int(trailing["retry-after-ms"]) >= 1000
+        assert "this tenant's queue is full" in (err.value.details() or "")
+        # the first one's deadline passes while it waits: it leaves the queue
+        with pytest.raises(grpc.RpcError) as err:
+            list(waiting)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert r.llen(keys.fair_queue("normal", "tiny")) == 0
+        assert int(r.get(keys.tenant_queued("tiny")) or 0) == 0
+        # a queued request the client cancels leaves the queue too
+        cancelled = tiny.stream("", prompt="Third.", max_tokens=2)
+        time.sleep(0.3)
+        assert r.llen(keys.fair_queue("normal", "tiny")) == 1
+        cancelled.cancel()
+        deadline = time.monotonic() + 5
+        while r.llen(keys.fair_queue("normal", "tiny")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.llen(keys.fair_queue("normal", "tiny")) == 0
+        for b in blockers:
+            b.cancel()
+    r.close()
