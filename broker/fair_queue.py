@@ -68,13 +68,15 @@ return {'queued', tostring(all + 1)}
 """
 
 # KEYS: the worker's pinned stream, total queued count
-# ARGV: room, request-hash prefix, tenant-count prefix, then per class in priority order:
-#       active set, virtual times, tenant-list prefix
+# ARGV: room for each class in priority order (how many requests in all the worker takes
+#       once that class is reached: interactive ones may also take the slots of running
+#       batch requests, which they preempt), request-hash prefix, tenant-count prefix,
+#       then per class in priority order: active set, virtual times, tenant-list prefix
 DISPATCH = """
-local room = tonumber(ARGV[1])
 local n = 0
 for c = 0, 2 do
-  local active, state, prefix = ARGV[4 + c * 3], ARGV[5 + c * 3], ARGV[6 + c * 3]
+  local room = tonumber(ARGV[1 + c])
+  local active, state, prefix = ARGV[6 + c * 3], ARGV[7 + c * 3], ARGV[8 + c * 3]
   while n < room do
     local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
     if #top == 0 then
@@ -84,9 +86,9 @@ for c = 0, 2 do
     local list = prefix .. tenant
     local rid = redis.call('LPOP', list)
     if rid then
-      redis.call('DECR', ARGV[3] .. tenant)
+      redis.call('DECR', ARGV[5] .. tenant)
       redis.call('DECR', KEYS[2])
-      local req = ARGV[2] .. rid
+      local req = ARGV[4] .. rid
       local f = redis.call('HMGET', req, 'b', 'c', 'w')
       redis.call('DEL', req)
       local finish = start
@@ -132,9 +134,12 @@ class Admission:
     queued: int = 0  # queued: requests in the queues now; *_full: the bound's count
 
 
-def dispatch_args(room: int) -> list[str | int]:
-    """ARGV of DISPATCH for a worker with `room` free slots."""
-    args: list[str | int] = [room, keys.queued_request(""), keys.tenant_queued("")]
+Rooms = tuple[int, int, int]  # how many requests a worker takes, by class (see DISPATCH)
+
+
+def dispatch_args(rooms: Rooms) -> list[str | int]:
+    """ARGV of DISPATCH for a worker with these rooms."""
+    args: list[str | int] = [*rooms, keys.queued_request(""), keys.tenant_queued("")]
     for p in keys.PRIORITIES:
         args += [keys.fair_active(p), keys.fair_state(p), keys.fair_queue(p, "")]
     return args

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from broker import fair_queue, keys
+from broker.fair_queue import Rooms
 from broker.kv_events import KVEvent
 from broker.wire import Control, Fields, WireRequest
 
@@ -73,13 +74,14 @@ class WorkerBroker:
         pipe.srem(keys.WORKERS, self.worker_id)
         pipe.execute()
 
-    def read(self, count: int, block_ms: int | None) -> list[Delivery]:
-        """Up to `count` entries: those on the pinned stream, after moving this many from
-        the fair queues onto it. With none, waits up to block_ms for a request to be
+    def read(self, rooms: Rooms, block_ms: int | None) -> list[Delivery]:
+        """The entries on the pinned stream, after moving requests from the fair queues
+        onto it as `rooms` allow. With none, waits up to block_ms for a request to be
         queued (an entry on the wake stream) or pinned, then tries once more."""
+        count = max(rooms)
         if count <= 0:
             return []
-        taken = self._dispatch_and_read(count)
+        taken = self._dispatch_and_read(rooms)
         if taken or not block_ms:
             return taken
         reply = self.r.xreadgroup(
@@ -98,20 +100,20 @@ class WorkerBroker:
             pipe.xack(keys.WAKE, keys.GROUP, *wakes)
             pipe.xdel(keys.WAKE, *wakes)
             pipe.execute()
-        return taken + self._dispatch_and_read(count - len(taken))
+        if taken:
+            return taken
+        return self._dispatch_and_read(rooms)
 
-    def _dispatch_and_read(self, count: int) -> list[Delivery]:
-        if count <= 0:
-            return []
+    def _dispatch_and_read(self, rooms: Rooms) -> list[Delivery]:
         pipe = self.r.pipeline(transaction=False)
-        self._queue_dispatch(pipe, count)
-        pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=count)
+        self._queue_dispatch(pipe, rooms)
+        pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=max(rooms))
         reply = pipe.execute()[-1]
         return [_parse(s, eid, f) for s, entries in reply or [] for eid, f in entries]
 
-    def _queue_dispatch(self, pipe: redis.client.Pipeline, room: int) -> None:
+    def _queue_dispatch(self, pipe: redis.client.Pipeline, rooms: Rooms) -> None:
         self._dispatch(
-            keys=[self.pinned, keys.QUEUED], args=fair_queue.dispatch_args(room), client=pipe
+            keys=[self.pinned, keys.QUEUED], args=fair_queue.dispatch_args(rooms), client=pipe
         )
 
     def renew(self, deliveries: Iterable[Delivery]) -> None:
@@ -176,11 +178,11 @@ class WorkerBroker:
         kv_events: list[KVEvent],
         watch: list[str],
         status: tuple[dict[str, object], float] | None = None,
-        read_count: int = 0,
+        rooms: Rooms = (0, 0, 0),
     ) -> tuple[list[str], list[Delivery]]:
         """One round trip: out-stream events, acks of finished entries, session events for
         the kvstore, a fresh heartbeat (status, ttl) when given, which of `watch` were
-        cancelled, and up to `read_count` new entries (read without blocking, so a busy
+        cancelled, and the new entries `rooms` allow (read without blocking, so a busy
         worker admits in the same round trip)."""
         pipe = self.r.pipeline(transaction=False)
         if status is not None:
@@ -198,12 +200,12 @@ class WorkerBroker:
             pipe.xadd(keys.KV_EVENTS, e.encode(), maxlen=KV_EVENTS_MAXLEN, approximate=True)
         if watch:
             pipe.mget([keys.cancel_key(rid) for rid in watch])
-        if read_count > 0:
-            self._queue_dispatch(pipe, read_count)
-            pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=read_count)
+        if max(rooms) > 0:
+            self._queue_dispatch(pipe, rooms)
+            pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=max(rooms))
         results = pipe.execute()
         read = None
-        if read_count > 0:
+        if max(rooms) > 0:
             read = results.pop()
             results.pop()  # how many the dispatch moved onto our stream
         cancelled = (

@@ -52,6 +52,7 @@ class Engine:
         self.runner = ModelRunner(model)
         self.sessions: SessionPool[KVCache] = SessionPool(self.config.session_budget_bytes)
         self.sequences: dict[str, Sequence] = {}
+        self.paused: dict[str, Sequence] = {}  # preempted: active but not stepped
         self.stats = EngineStats()
         # sessions pushed out of the pool by its budget; the owner spills or forgets them
         self.evicted_sessions: list[tuple[str, KVCache]] = []
@@ -94,6 +95,25 @@ class Engine:
         if seq is None:
             return None
         return self._finish(seq, FinishReason.CANCELLED, "")
+
+    def pause(self, request_id: str) -> bool:
+        """Take a queued or running request out of the steps (preemption), keeping all its
+        state: its KV, its tokens so far, its sampler. False if it is not active or paused
+        already."""
+        seq = self.sequences.get(request_id)
+        if seq is None or request_id in self.paused:
+            return False
+        self.scheduler.remove(seq)
+        self.paused[request_id] = seq
+        return True
+
+    def resume(self, request_id: str) -> bool:
+        """Put a paused request back where it was: it goes on exactly as if never paused."""
+        seq = self.paused.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.put_back(seq)
+        return True
 
     def adopt_session(self, key: str, cache: KVCache) -> None:
         """Put a session's KV (restored from elsewhere) into the pool as the most recent."""
@@ -158,6 +178,7 @@ class Engine:
         seq.finish_reason = reason
         seq.t_finished = time.perf_counter()
         self.scheduler.remove(seq)
+        self.paused.pop(seq.request_id, None)
         del self.sequences[seq.request_id]
         if seq.request.cache_key:
             self.evicted_sessions += self.sessions.put(seq.request.cache_key, seq.cache)

@@ -33,6 +33,14 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
+    def put_back(self, seq: Sequence) -> None:
+        """A paused sequence returns: to the running ones if it had started, else first in
+        line."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.append(seq)
+        else:
+            self.waiting.appendleft(seq)
+
     def schedule(self) -> ScheduledBatch:
         batch: ScheduledBatch = [(s, 1) for s in self.running if not s.prefilling]
         budget = self.config.step_prefill_tokens

@@ -60,7 +60,7 @@ def take(worker: WorkerBroker, n: int = 1) -> list[str]:
     """Request ids the worker dispatches, one at a time, in order."""
     out = []
     for _ in range(n):
-        got = worker.read(1, None)
+        got = worker.read((1, 1, 1), None)
         out += [d.request.request_id for d in got if d.request is not None]
     return out
 
@@ -150,7 +150,20 @@ def test_nothing_queued_without_a_live_worker(
 def test_the_dispatched_body_is_the_request(gateway: GatewayBroker, worker: WorkerBroker) -> None:
     wire = request("r1", "a", tokens=7)
     gateway.enqueue(wire, 7, 1, BIG, BIG)
-    (delivery,) = worker.read(1, None)
+    (delivery,) = worker.read((1, 1, 1), None)
     assert delivery.stream == keys.pinned_stream("w0")
     assert delivery.request == wire
     assert json.loads(wire.encode()["body"])["request_id"] == "r1"
+
+
+def test_room_by_class_lets_interactive_requests_in_first(
+    gateway: GatewayBroker, worker: WorkerBroker
+) -> None:
+    put(gateway, "n1", "t", priority="normal")
+    put(gateway, "i1", "t", priority="interactive")
+    put(gateway, "i2", "u", priority="interactive")
+    # a full worker running a batch request: room for one interactive request only
+    got = [d.request.request_id for d in worker.read((1, 0, 0), None) if d.request]
+    assert got == ["i1"]
+    got = [d.request.request_id for d in worker.read((2, 2, 2), None) if d.request]
+    assert got == ["i2", "n1"]

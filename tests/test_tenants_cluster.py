@@ -14,7 +14,9 @@ import pytest
 import redis as redis_lib
 
 from broker import keys
+from engine.model import Model
 from gateway.auth import hash_key
+from tests.test_cluster import reference
 from tests.test_kvstore_cluster import NEW_TOKENS
 from warmfleet.client import Client
 from warmfleet.launcher import Cluster
@@ -185,3 +187,22 @@ def test_queue_full_deadline_and_cancel_while_queued(cluster: Cluster) -> None:
         for b in blockers:
             b.cancel()
     r.close()
+
+
+def test_an_interactive_request_preempts_a_batch_one_which_loses_nothing(
+    cluster: Cluster, model: Model
+) -> None:
+    count = [{"role": "user", "content": "Count from 1 to 100, one number per line."}]
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    with client(cluster, "alice") as alice:
+        batch = alice.stream("", messages=count, max_tokens=48, priority="batch")
+        first = next(iter(batch))  # the batch request runs: the worker (1 slot) is full
+        assert first.HasField("chunk")
+        reply = alice.complete("", messages=question, max_tokens=8, priority="interactive")
+        rest = list(batch)
+    done = rest[-1].completion
+    tokens = list(first.chunk.token_ids) + [t for r in rest[:-1] for t in r.chunk.token_ids]
+    assert reply.completion.timings.queue_wait_s < 1.0  # it did not wait for the batch
+    assert done.timings.total_s > reply.completion.timings.total_s
+    assert tokens == reference(model, count, 48)[1]  # no token lost or repeated
+    assert "pausing" in cluster.log_path("w0").read_text()

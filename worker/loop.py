@@ -12,6 +12,7 @@ import redis
 
 from broker import keys
 from broker import kv_events as ev
+from broker.fair_queue import Rooms
 from broker.kv_events import Held, KVEvent, inventory_event
 from broker.wire import Fields, WireRequest, chunk_event, done_event, error_event
 from broker.worker_broker import Delivery, WorkerBroker
@@ -95,6 +96,7 @@ class Worker:
             "worker_id": self.config.worker_id,
             "pid": os.getpid(),
             "running": sorted(self.inflight),
+            "paused": sorted(self.engine.paused),
             "num_running": len(self.inflight),
             "num_sessions": len(self.engine.sessions),
             "pool_bytes": self.engine.sessions.nbytes,
@@ -142,15 +144,52 @@ class Worker:
         if not deliveries and not self.stopping and not self.engine.has_work:
             pending = self._outbox.events or self._outbox.acks
             block = None if pending else self.config.idle_block_ms
-            deliveries = self.broker.read(self._capacity(), block)
+            deliveries = self.broker.read(self._rooms(), block)
         for d in deliveries:
             self._start(d)
+        self._resume_paused()
         if self.engine.has_work:
             self._step()
         self._flush()
 
     def _capacity(self) -> int:
-        return self.engine.config.max_running - len(self.inflight) - len(self._prefetched)
+        """Free batch slots: running requests count, paused (preempted) ones do not."""
+        active = len(self.inflight) - len(self.engine.paused)
+        return self.engine.config.max_running - active - len(self._prefetched)
+
+    def _rooms(self) -> Rooms:
+        """How many requests to take by class: paused requests get free slots back before
+        new NORMAL or BATCH ones; INTERACTIVE ones may also take running BATCH requests'
+        slots (they preempt them)."""
+        if self.stopping:
+            return (0, 0, 0)
+        free = max(0, self._capacity())
+        rest = max(0, free - len(self.engine.paused))
+        return (free + len(self._preemptible()), rest, rest)
+
+    def _preemptible(self) -> list[str]:
+        """Running BATCH requests, most recently admitted first."""
+        running = [
+            f for rid, f in self.inflight.items()
+            if f.request.priority == "batch" and rid not in self.engine.paused
+        ]  # fmt: skip
+        return [f.request.request_id for f in sorted(running, key=lambda f: -f.admitted_at)]
+
+    def _preempt_for(self, request_id: str) -> None:
+        """An INTERACTIVE request arrives at a full worker: pause a BATCH one (its KV stays
+        in memory, its client sees a pause) so that it starts in the next step."""
+        if self._capacity() > 0:
+            return
+        victims = self._preemptible()
+        if victims and self.engine.pause(victims[0]):
+            log.info("pausing %s (batch) for %s (interactive)", victims[0], request_id)
+
+    def _resume_paused(self) -> None:
+        for rid in list(self.engine.paused):  # oldest first
+            if self._capacity() <= 0:
+                break
+            self.engine.resume(rid)
+            log.info("resuming %s", rid)
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -161,7 +200,7 @@ class Worker:
             self.broker.renew(f.delivery for f in self.inflight.values())
             self._next_renew = now + self.config.lease_s / 4
         if now >= self._next_reclaim and not self.stopping:
-            for d in self.broker.reclaim(self._capacity()):
+            for d in self.broker.reclaim(max(0, self._capacity())):
                 log.info("taking over %s from %s", d.entry_id, d.stream)
                 self._start(d)
             self._next_reclaim = now + self.config.lease_s / 2
@@ -182,6 +221,8 @@ class Worker:
             )
             out.acks.append(d)
             return
+        if req.priority == "interactive":
+            self._preempt_for(req.request_id)
         cache_key = keys.cache_key(req.tenant, req.session_id) if req.session_id else None
         kv_from = self._bring_back(cache_key) if cache_key else "none"
         try:
@@ -336,9 +377,9 @@ class Worker:
             status = (self.status(), self.config.lease_s)
             self._published_running = sorted(self.inflight)
             self._next_beat = time.monotonic() + self.config.heartbeat_interval_s
-        read = self._capacity() if self.engine.has_work and not self.stopping else 0
+        rooms = self._rooms() if self.engine.has_work else (0, 0, 0)
         cancelled, prefetched = self.broker.publish(
-            out.events, out.acks, out.kv, list(self.inflight), status, read
+            out.events, out.acks, out.kv, list(self.inflight), status, rooms
         )
         self._prefetched += prefetched
         for rid in cancelled:

@@ -383,3 +383,45 @@ def test_stop_string_cuts_text_and_ends_with_stop(tiny_model: Model) -> None:
     # the stop ends on the token that completes it
     assert stop in tiny_model.tokenizer.decode(stopped.ids, skip_special=True)
     assert stop not in tiny_model.tokenizer.decode(stopped.ids[:-1], skip_special=True)
+
+
+def test_a_paused_request_resumes_with_exactly_its_own_tokens(
+    tiny_model: Model, alone: dict[str, list[int]]
+) -> None:
+    config = EngineConfig(max_running=2, prefill_chunk_tokens=4, step_prefill_tokens=7)
+    engine = Engine(tiny_model, config)
+    outputs: dict[str, list[StepOutput]] = {rid: [] for rid in PROMPTS}
+
+    def step(times: int = 1) -> None:
+        for _ in range(times):
+            for out in engine.step():
+                outputs[out.request_id].append(out)
+
+    engine.add(Request("a", PROMPTS["a"], GREEDY))
+    engine.add(Request("c", PROMPTS["c"], GREEDY))  # still prefilling when paused
+    step(3)
+    assert engine.pause("a") and engine.pause("c") and not engine.pause("a")
+    paused_at = {rid: len(outputs[rid]) for rid in ("a", "c")}
+    engine.add(Request("b", PROMPTS["b"], GREEDY))  # takes the slots meanwhile
+    engine.add(Request("d", PROMPTS["d"], GREEDY))
+    engine.pause("d")  # paused before it ever ran
+    step(4)
+    assert {rid: len(outputs[rid]) for rid in ("a", "c")} == paused_at  # nothing while paused
+    assert outputs["d"] == []
+    assert engine.resume("a") and engine.resume("c") and engine.resume("d")
+    assert not engine.resume("a")
+    while engine.has_work:
+        step()
+    assert {rid: collect(outs).ids for rid, outs in outputs.items()} == alone
+    assert not engine.paused and not engine.sequences
+
+
+def test_a_paused_request_can_be_aborted(tiny_model: Model) -> None:
+    engine = Engine(tiny_model)
+    engine.add(Request("a", PROMPTS["a"], GREEDY))
+    engine.step()
+    engine.pause("a")
+    stopped = engine.abort("a")
+    assert stopped is not None and stopped.completion is not None
+    assert stopped.completion.finish_reason is FinishReason.CANCELLED
+    assert not engine.paused and not engine.sequences and not engine.has_work
