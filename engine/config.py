@@ -94,6 +94,9 @@ class EngineConfig:
     prefill_chunk_tokens: int = 256  # prompt tokens one sequence prefills in one step
     step_prefill_tokens: int = 512  # prompt tokens all sequences prefill in one step
     session_budget_bytes: int = 2 << 30  # KV kept for idle sessions (LRU beyond it)
+    # while sequences decode, a step prefills only the prompt tokens that fit this time
+    # (learned from the steps run); None: up to step_prefill_tokens whatever they cost
+    step_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_chunk_tokens", "step_prefill_tokens"):
@@ -101,5 +104,7 @@ class EngineConfig:
                 raise InvalidRequestError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.session_budget_bytes < 0:
             raise InvalidRequestError("session_budget_bytes", "must be >= 0")
+        if self.step_budget_s is not None and self.step_budget_s <= 0:
+            raise InvalidRequestError("step_budget_s", "must be > 0")
         if self.prefill_chunk_tokens > self.step_prefill_tokens:
             raise InvalidRequestError("prefill_chunk_tokens", "must not exceed step_prefill_tokens")

@@ -76,7 +76,10 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        prefill = sum(n for seq, n in batch if not seq.output_ids)
+        t0 = time.perf_counter()
         logits, due = self.runner.run(batch)
+        self.scheduler.cost.observe(prefill, time.perf_counter() - t0)
         self._count(batch)
         return [self._postprocess(seq, row) for seq, row in zip(due, logits, strict=True)]
 

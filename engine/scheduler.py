@@ -7,6 +7,7 @@ from collections import deque
 
 from engine.config import EngineConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.step_cost import StepCost
 
 ScheduledBatch = list[tuple[Sequence, int]]  # each sequence and how many tokens it runs
 
@@ -19,6 +20,7 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.cost = StepCost()  # the engine reports each step's time
 
     @property
     def has_work(self) -> bool:
@@ -44,6 +46,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch: ScheduledBatch = [(s, 1) for s in self.running if not s.prefilling]
         budget = self.config.step_prefill_tokens
+        if batch and self.config.step_budget_s is not None:  # decodes must not stall
+            budget = self.cost.prefill_tokens(self.config.step_budget_s, budget)
         for seq in self.running:
             if seq.prefilling and budget > 0:
                 budget -= self._add_chunk(batch, seq, budget)

@@ -17,6 +17,7 @@ from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
 from warmfleet.commands.common import add_compute, add_redis_url, add_spill_dir
+from warmfleet.errors import InvalidRequestError
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
@@ -42,6 +43,15 @@ def register(sub: Any) -> None:
         metavar="S",
         help="a request whose worker stops renewing its lease this long is taken "
         "over by another worker",
+    )
+    p.add_argument(
+        "--step-budget-ms",
+        type=float,
+        default=250.0,
+        metavar="MS",
+        help="while requests decode, a step prefills only the prompt tokens that fit this "
+        "time (learned from the steps run), so a long prompt arriving does not stall "
+        "their tokens; 0 turns it off (250)",
     )
     p.add_argument(
         "--warm-budget",
@@ -76,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
     budget = args.warm_budget if args.warm_budget is not None else default_warm_budget_bytes()
     config = WorkerConfig(worker_id=args.worker_id, lease_s=args.lease_s, warm_budget_bytes=budget)
     # the kvstore keeps the pool within `budget`; the engine evicts by itself only far past it
-    engine_config = EngineConfig(max_running=args.max_running, session_budget_bytes=2 * budget)
+    if args.step_budget_ms < 0:
+        raise InvalidRequestError("--step-budget-ms", "must be >= 0")
+    engine_config = EngineConfig(
+        max_running=args.max_running,
+        session_budget_bytes=2 * budget,
+        step_budget_s=args.step_budget_ms / 1000 if args.step_budget_ms else None,
+    )
     threads = set_threads(args.threads)
     path = resolve_model(args.model)
     logging.info("loading %s (%d threads)", path.name, threads)
