@@ -26,13 +26,15 @@ import redis
 from broker import keys
 
 # KEYS: session hash, tenant's queued count, total queued count, the request's hash,
-#       the tenant's list, the class's active set, the class's virtual times, wake stream
+#       the tenant's list, the class's active set, the class's virtual times, wake stream,
+#       running counts
 # ARGV: body, heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
-#       cost, weight, tenant's queue bound, total bound, ttl (s)
+#       cost, weight, tenant's queue bound, total bound, ttl (s), tenant's running bound
 ENQUEUE = """
 local worker = redis.call('HGET', KEYS[1], 'worker')
 if worker and worker ~= '' and redis.call('EXISTS', ARGV[2] .. worker) == 1 then
   redis.call('XADD', ARGV[3] .. worker, '*', 'body', ARGV[1])
+  redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
   return {'pinned', worker}
 end
 local alive = false
@@ -53,7 +55,7 @@ local all = tonumber(redis.call('GET', KEYS[3]) or '0')
 if all >= tonumber(ARGV[10]) then
   return {'full', tostring(all)}
 end
-redis.call('HSET', KEYS[4], 'b', ARGV[1], 'c', ARGV[7], 'w', ARGV[8])
+redis.call('HSET', KEYS[4], 'b', ARGV[1], 'c', ARGV[7], 'w', ARGV[8], 'm', ARGV[12])
 redis.call('EXPIRE', KEYS[4], ARGV[11])
 redis.call('RPUSH', KEYS[5], ARGV[5])
 if not redis.call('ZSCORE', KEYS[6], ARGV[6]) then
@@ -67,7 +69,7 @@ redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000', '*', 'r', ARGV[5])
 return {'queued', tostring(all + 1)}
 """
 
-# KEYS: the worker's pinned stream, total queued count
+# KEYS: the worker's pinned stream, total queued count, running counts
 # ARGV: room for each class in priority order (how many requests in all the worker takes
 #       once that class is reached: interactive ones may also take the slots of running
 #       batch requests, which they preempt), request-hash prefix, tenant-count prefix,
@@ -78,11 +80,21 @@ for c = 0, 2 do
   local room = tonumber(ARGV[1 + c])
   local active, state, prefix = ARGV[6 + c * 3], ARGV[7 + c * 3], ARGV[8 + c * 3]
   while n < room do
-    local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
-    if #top == 0 then
-      break
+    -- the first tenant by virtual time whose running requests are under its bound
+    local tenant, start = nil, nil
+    local ranked = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
+    for i = 1, #ranked, 2 do
+      local head = redis.call('LINDEX', prefix .. ranked[i], 0)
+      local bound = head and tonumber(redis.call('HGET', ARGV[4] .. head, 'm') or '') or nil
+      local running = tonumber(redis.call('HGET', KEYS[3], ranked[i]) or '0')
+      if not bound or running < bound then
+        tenant, start = ranked[i], tonumber(ranked[i + 1])
+        break
+      end
     end
-    local tenant, start = top[1], tonumber(top[2])
+    if not tenant then
+      break  -- every tenant of this class is at its bound: the next class may go
+    end
     local list = prefix .. tenant
     local rid = redis.call('LPOP', list)
     if rid then
@@ -94,6 +106,7 @@ for c = 0, 2 do
       local finish = start
       if f[1] then  -- else it expired in the queue: its deadline passed
         redis.call('XADD', KEYS[1], '*', 'body', f[1])
+        redis.call('HINCRBY', KEYS[3], tenant, 1)
         finish = start + tonumber(f[2]) / tonumber(f[3])
         n = n + 1
       end

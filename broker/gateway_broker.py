@@ -32,7 +32,13 @@ class GatewayBroker:
         self._unqueue = r.register_script(fair_queue.UNQUEUE)
 
     def enqueue(
-        self, request: WireRequest, cost: int, weight: int, max_queued: int, max_total: int
+        self,
+        request: WireRequest,
+        cost: int,
+        weight: int,
+        max_queued: int,
+        max_total: int,
+        max_running: int,
     ) -> Admission:
         """Route and enqueue in one step (see broker/fair_queue.py): onto the pinned stream
         of the live worker that holds the session, else into the tenant's fair queue of its
@@ -50,6 +56,7 @@ class GatewayBroker:
                 keys.fair_active(request.priority),
                 keys.fair_state(request.priority),
                 keys.WAKE,
+                keys.RUNNING,
             ],
             args=[
                 request.encode()["body"],
@@ -63,6 +70,7 @@ class GatewayBroker:
                 max_queued,
                 max_total,
                 ttl_s,
+                max_running,
             ],
         )
         if kind == "pinned":

@@ -20,6 +20,7 @@ def pinned_stream(worker_id: str) -> str:
 
 WAKE = "wf:wake"  # stream: an entry per request queued, for idle workers to wake on
 QUEUED = "wf:queued"  # count of requests in the fair queues, all tenants
+RUNNING = "wf:running"  # hash: each tenant's requests taken by a worker and not yet ended
 
 
 def fair_queue(priority: str, tenant: str) -> str:

@@ -113,7 +113,9 @@ class WorkerBroker:
 
     def _queue_dispatch(self, pipe: redis.client.Pipeline, rooms: Rooms) -> None:
         self._dispatch(
-            keys=[self.pinned, keys.QUEUED], args=fair_queue.dispatch_args(rooms), client=pipe
+            keys=[self.pinned, keys.QUEUED, keys.RUNNING],
+            args=fair_queue.dispatch_args(rooms),
+            client=pipe,
         )
 
     def renew(self, deliveries: Iterable[Delivery]) -> None:
@@ -196,6 +198,8 @@ class WorkerBroker:
         for d in acks:
             pipe.xack(d.stream, keys.GROUP, d.entry_id)
             pipe.xdel(d.stream, d.entry_id)
+            if d.request is not None:  # it ended: its tenant runs one request fewer
+                pipe.hincrby(keys.RUNNING, d.request.tenant, -1)
         for e in kv_events:
             pipe.xadd(keys.KV_EVENTS, e.encode(), maxlen=KV_EVENTS_MAXLEN, approximate=True)
         if watch:

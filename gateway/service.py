@@ -132,7 +132,12 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         cost = len(wire.prompt_ids) + int(wire.sampling["max_tokens"])
         try:
             admission = self.broker.enqueue(
-                wire, cost, tenant.weight, tenant.max_queued, self.config.max_queued
+                wire,
+                cost,
+                tenant.weight,
+                tenant.max_queued,
+                self.config.max_queued,
+                tenant.max_concurrent,
             )
         except redis.RedisError as e:
             abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")

@@ -50,10 +50,10 @@ def request(rid: str, tenant: str, priority: str = "normal", tokens: int = 10) -
 
 def put(
     gateway: GatewayBroker, rid: str, tenant: str, *, weight: int = 1, max_queued: int = BIG,
-    max_total: int = BIG, priority: str = "normal", tokens: int = 10,
+    max_total: int = BIG, priority: str = "normal", tokens: int = 10, max_running: int = BIG,
 ) -> str:  # fmt: skip
     wire = request(rid, tenant, priority, tokens)
-    return gateway.enqueue(wire, tokens, weight, max_queued, max_total).kind
+    return gateway.enqueue(wire, tokens, weight, max_queued, max_total, max_running).kind
 
 
 def take(worker: WorkerBroker, n: int = 1) -> list[str]:
@@ -115,7 +115,7 @@ def test_bounds_refuse_at_once_and_removal_frees_the_place(
 ) -> None:
     assert put(gateway, "a1", "a", max_queued=2) == "queued"
     assert put(gateway, "a2", "a", max_queued=2) == "queued"
-    refused = gateway.enqueue(request("a3", "a"), 10, 1, 2, BIG)
+    refused = gateway.enqueue(request("a3", "a"), 10, 1, 2, BIG, BIG)
     assert (refused.kind, refused.queued) == ("tenant_full", 2)
     assert put(gateway, "b1", "b", max_total=3) == "queued"
     assert put(gateway, "b2", "b", max_total=3) == "full"
@@ -149,7 +149,7 @@ def test_nothing_queued_without_a_live_worker(
 
 def test_the_dispatched_body_is_the_request(gateway: GatewayBroker, worker: WorkerBroker) -> None:
     wire = request("r1", "a", tokens=7)
-    gateway.enqueue(wire, 7, 1, BIG, BIG)
+    gateway.enqueue(wire, 7, 1, BIG, BIG, BIG)
     (delivery,) = worker.read((1, 1, 1), None)
     assert delivery.stream == keys.pinned_stream("w0")
     assert delivery.request == wire
@@ -167,3 +167,18 @@ def test_room_by_class_lets_interactive_requests_in_first(
     assert got == ["i1"]
     got = [d.request.request_id for d in worker.read((2, 2, 2), None) if d.request]
     assert got == ["i2", "n1"]
+
+
+def test_a_tenant_at_its_running_bound_waits_and_others_go(
+    gateway: GatewayBroker, worker: WorkerBroker, client: redis_lib.Redis
+) -> None:
+    put(gateway, "a1", "a", max_running=1)
+    put(gateway, "a2", "a", max_running=1)
+    put(gateway, "b1", "b", max_running=1)
+    first = worker.read((5, 5, 5), None)
+    assert [d.request.request_id for d in first if d.request] == ["a1", "b1"]
+    assert client.hgetall(keys.RUNNING) == {"a": "1", "b": "1"}
+    assert worker.read((5, 5, 5), None) == []  # a2 waits for a1
+    worker.publish([], [first[0]], [], [])  # a1 ends
+    assert client.hget(keys.RUNNING, "a") == "0"
+    assert [d.request.request_id for d in worker.read((5, 5, 5), None) if d.request] == ["a2"]

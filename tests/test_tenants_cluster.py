@@ -206,3 +206,21 @@ def test_an_interactive_request_preempts_a_batch_one_which_loses_nothing(
     assert done.timings.total_s > reply.completion.timings.total_s
     assert tokens == reference(model, count, 48)[1]  # no token lost or repeated
     assert "pausing" in cluster.log_path("w0").read_text()
+
+
+def test_two_flooding_tenants_of_equal_weight_share_tokens_evenly(cluster: Cluster) -> None:
+    done: list[Timed] = []
+    threads = [
+        threading.Thread(target=run_timed, args=(cluster, tenant, i, done))
+        for i in range(12)
+        for tenant in ("flooder", "quiet")
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(done) == 24
+    # while both still had work: the first 16 requests to start (each tenant sent 12)
+    window = sorted(done, key=lambda d: d.first_token)[:16]
+    tokens = {t: sum(d.tokens for d in window if d.tenant == t) for t in ("flooder", "quiet")}
+    assert abs(tokens["flooder"] - tokens["quiet"]) <= 0.2 * max(tokens.values()), tokens
