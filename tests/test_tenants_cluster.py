@@ -202,7 +202,8 @@ def test_an_interactive_request_preempts_a_batch_one_which_loses_nothing(
         rest = list(batch)
     done = rest[-1].completion
     tokens = list(first.chunk.token_ids) + [t for r in rest[:-1] for t in r.chunk.token_ids]
-    assert reply.completion.timings.queue_wait_s < 1.0  # it did not wait for the batch
+    # it did not wait for the batch: admitted within one step budget (250 ms) plus slack
+    assert reply.completion.timings.queue_wait_s < 0.5
     assert done.timings.total_s > reply.completion.timings.total_s
     assert tokens == reference(model, count, 48)[1]  # no token lost or repeated
     assert "pausing" in cluster.log_path("w0").read_text()
