@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from warmfleet.errors import InvalidRequestError, PromptTooLongError, WarmfleetE
 from worker.spiller import Spiller
 
 log = logging.getLogger("warmfleet.worker")
+RESTORE_POLL_S = 0.02  # an idle worker's wait for a restore before it looks at Redis again
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,9 @@ class Worker:
         self._prefetched: list[Delivery] = []  # read with the last publish, not yet started
         self._drop_at_finish: set[str] = set()  # sessions deleted while a request used them
         self._last_used: dict[str, float] = {}  # when each pooled session's last request ended
+        # sessions read back from disk on the I/O thread, and the requests waiting for them
+        self._restoring: dict[str, Future[tuple[KVCache | None, str]]] = {}
+        self._held: list[Delivery] = []
 
     def status(self) -> dict[str, Any]:
         return {
@@ -115,7 +120,7 @@ class Worker:
         log.info("worker %s ready", self.config.worker_id)
         try:
             while not self.stop_now and not (
-                self.stopping and not self.inflight and not self._prefetched
+                self.stopping and not self.inflight and not self._prefetched and not self._held
             ):
                 if max_steps is not None and self.engine.stats.num_steps >= max_steps:
                     break
@@ -140,9 +145,13 @@ class Worker:
     def _pass(self) -> None:
         self._housekeeping()
         # busy: admit what the last publish read; idle: wait (bounded) for new requests
+        self._finish_restores()
         deliveries, self._prefetched = self._prefetched, []
         if not deliveries and not self.stopping and not self.engine.has_work:
-            pending = self._outbox.events or self._outbox.acks
+            if self._restoring:  # nothing to step: wait a little for a restore instead
+                wait(self._restoring.values(), RESTORE_POLL_S, FIRST_COMPLETED)
+                self._finish_restores()
+            pending = self._outbox.events or self._outbox.acks or self._restoring
             block = None if pending else self.config.idle_block_ms
             deliveries = self.broker.read(self._rooms(), block)
         for d in deliveries:
@@ -154,7 +163,7 @@ class Worker:
 
     def _capacity(self) -> int:
         """Free batch slots: running requests count, paused (preempted) ones do not."""
-        active = len(self.inflight) - len(self.engine.paused)
+        active = len(self.inflight) - len(self.engine.paused) + len(self._held)
         return self.engine.config.max_running - active - len(self._prefetched)
 
     def _rooms(self) -> Rooms:
@@ -196,8 +205,8 @@ class Worker:
         if now >= self._next_beat:
             self.broker.heartbeat(self.status(), self.config.lease_s)
             self._next_beat = now + self.config.heartbeat_interval_s
-        if now >= self._next_renew and self.inflight:
-            self.broker.renew(f.delivery for f in self.inflight.values())
+        if now >= self._next_renew and (self.inflight or self._held):
+            self.broker.renew([*(f.delivery for f in self.inflight.values()), *self._held])
             self._next_renew = now + self.config.lease_s / 4
         if now >= self._next_reclaim and not self.stopping:
             for d in self.broker.reclaim(max(0, self._capacity())):
@@ -221,10 +230,50 @@ class Worker:
             )
             out.acks.append(d)
             return
+        cache_key = keys.cache_key(req.tenant, req.session_id) if req.session_id else None
+        if cache_key and self._restore_in_background(cache_key):
+            self._held.append(d)  # admitted once its KV is back in memory
+            return
+        self._admit(d, cache_key)
+
+    def _restore_in_background(self, key: str) -> bool:
+        """True while the session's KV is read back from disk on the I/O thread."""
+        if key in self._restoring:
+            return True
+        if key in self.engine.sessions or self.spiller is None or not self.spiller.has_file(key):
+            return False
+        self._restoring[key] = self.spiller.restore_async(key)
+        return True
+
+    def _finish_restores(self, only: str | None = None) -> None:
+        """Adopt the sessions read back (waiting for `only`'s read if given) and admit the
+        requests held for them."""
+        for key, future in list(self._restoring.items()):
+            if (only is not None and key != only) or (only is None and not future.done()):
+                continue
+            del self._restoring[key]
+            try:
+                cache, found = future.result()
+            except OSError as e:  # unreadable for another reason: recompute
+                log.warning("could not read back %s (%s); recomputing", key, e)
+                cache, found = None, "none"
+            if found == "rejected":
+                self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.REJECTED))
+            if cache is not None:
+                self.engine.adopt_session(key, cache)
+            held = [d for d in self._held if _cache_key(d) == key]
+            self._held = [d for d in self._held if _cache_key(d) != key]
+            for i, d in enumerate(held):
+                self._admit(d, key, found if i == 0 else "pool")
+
+    def _admit(self, d: Delivery, cache_key: str | None, kv_from: str | None = None) -> None:
+        out = self._outbox
+        req = d.request
+        assert req is not None
         if req.priority == "interactive":
             self._preempt_for(req.request_id)
-        cache_key = keys.cache_key(req.tenant, req.session_id) if req.session_id else None
-        kv_from = self._bring_back(cache_key) if cache_key else "none"
+        if kv_from is None:
+            kv_from = self._bring_back(cache_key) if cache_key else "none"
         try:
             sampling = SamplingParams(**{**req.sampling, "stop": tuple(req.sampling["stop"])})
             seq = self.engine.add(Request(req.request_id, req.prompt_ids, sampling, cache_key))
@@ -254,6 +303,8 @@ class Worker:
 
     def _control(self, op: str, args: dict[str, str]) -> None:
         key = args.get("key", "")
+        if key in self._restoring:  # let the read finish first: one copy at a time
+            self._finish_restores(only=key)
         if op == "spill_session":
             self._spill(key)
         elif op == "drop_session":
@@ -417,3 +468,8 @@ class Worker:
             ),
             "seed": c.seed,
         }
+
+
+def _cache_key(d: Delivery) -> str | None:
+    req = d.request
+    return keys.cache_key(req.tenant, req.session_id) if req and req.session_id else None

@@ -78,6 +78,17 @@ class Spiller:
             future.exception(timeout=RECLAIM_WAIT_S)
             self.store.delete(key)
             return cache, "pending"
+        return self._read_back(key)
+
+    def has_file(self, key: str) -> bool:
+        """Whether the session is on disk only (not in a write still in flight)."""
+        return key not in self._pending and self.store.path_for(key).exists()
+
+    def restore_async(self, key: str) -> Future[tuple[KVCache | None, str]]:
+        """take_back of a session on disk, on the I/O thread (decoding goes on meanwhile)."""
+        return self._io.submit(self._read_back, key)
+
+    def _read_back(self, key: str) -> tuple[KVCache | None, str]:
         try:
             kv = self.store.read(key, like=self._shape(), dtype=self.model.dtype)
         except SpillFileError as e:
