@@ -309,6 +309,7 @@ def main() -> None:
                 model=path,
                 threads_per_worker=threads,
                 progress=log,
+                log_dir=os.environ.get("WARMFLEET_BENCH_LOGS") or None,
                 spill_dir=spill_dir,
                 warm_budget=budget,
             ) as cluster,

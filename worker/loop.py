@@ -95,6 +95,7 @@ class Worker:
         # sessions read back from disk on the I/O thread, and the requests waiting for them
         self._restoring: dict[str, Future[tuple[KVCache | None, str]]] = {}
         self._held: list[Delivery] = []
+        self._restore_started: dict[str, float] = {}  # monotonic seconds
 
     def status(self) -> dict[str, Any]:
         return {
@@ -151,9 +152,10 @@ class Worker:
             if self._restoring:  # nothing to step: wait a little for a restore instead
                 wait(self._restoring.values(), RESTORE_POLL_S, FIRST_COMPLETED)
                 self._finish_restores()
-            pending = self._outbox.events or self._outbox.acks or self._restoring
-            block = None if pending else self.config.idle_block_ms
-            deliveries = self.broker.read(self._rooms(), block)
+            if not self.engine.has_work:  # (a restore may have admitted a request)
+                pending = self._outbox.events or self._outbox.acks or self._restoring
+                block = None if pending else self.config.idle_block_ms
+                deliveries = self.broker.read(self._rooms(), block)
         for d in deliveries:
             self._start(d)
         self._resume_paused()
@@ -243,6 +245,7 @@ class Worker:
         if key in self.engine.sessions or self.spiller is None or not self.spiller.has_file(key):
             return False
         self._restoring[key] = self.spiller.restore_async(key)
+        self._restore_started[key] = time.monotonic()
         return True
 
     def _finish_restores(self, only: str | None = None) -> None:
@@ -261,6 +264,9 @@ class Worker:
                 self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.REJECTED))
             if cache is not None:
                 self.engine.adopt_session(key, cache)
+                took = time.monotonic() - self._restore_started.pop(key, time.monotonic())
+                log.info("read %s back from disk in %.0f ms (%d tokens)", key, took * 1e3,
+                         cache.offset)  # fmt: skip
             held = [d for d in self._held if _cache_key(d) == key]
             self._held = [d for d in self._held if _cache_key(d) != key]
             for i, d in enumerate(held):
