@@ -95,17 +95,20 @@ class WorkerBroker:
         taken = [
             _parse(s, eid, f) for s, entries in reply or [] if s != keys.WAKE for eid, f in entries
         ]
+        if taken and not wakes:
+            return taken
+        left = (rooms[0] - len(taken), rooms[1] - len(taken), rooms[2] - len(taken))
+        return taken + self._dispatch_and_read(left, wakes)
+
+    def _dispatch_and_read(self, rooms: Rooms, wakes: list[str] | None = None) -> list[Delivery]:
+        """One round trip: ack the wake entries read, dispatch, read the pinned stream."""
+        pipe = self.r.pipeline(transaction=False)
         if wakes:
-            pipe = self.r.pipeline(transaction=False)
             pipe.xack(keys.WAKE, keys.GROUP, *wakes)
             pipe.xdel(keys.WAKE, *wakes)
+        if max(rooms) <= 0:
             pipe.execute()
-        if taken:
-            return taken
-        return self._dispatch_and_read(rooms)
-
-    def _dispatch_and_read(self, rooms: Rooms) -> list[Delivery]:
-        pipe = self.r.pipeline(transaction=False)
+            return []
         self._queue_dispatch(pipe, rooms)
         pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=max(rooms))
         reply = pipe.execute()[-1]
