@@ -12,7 +12,6 @@ from broker.fair_queue import Admission
 from broker.wire import Fields, WireRequest
 
 CANCEL_TTL_S = 600
-REPLY_NOT_FOUND = "not_found"  # the kvstore's answer (kvstore.index.REPLY_NOT_FOUND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +123,12 @@ class GatewayBroker:
         was no such session. The kvstore carries it out; raises ServiceError when it does
         not answer in time."""
         key = keys.cache_key(tenant, session_id)
-        return kv_commands.call(self.r, kv_events.DELETE, key) != REPLY_NOT_FOUND
+        return kv_commands.call(self.r, kv_events.DELETE, key) != kv_events.REPLY_NOT_FOUND
 
     def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> str:
-        """A new session starting from a copy of another's KV: "ok", "not_found" (no such
-        source) or "exists" (the new id is taken). Raises ServiceError as delete does."""
+        """A new session starting from a copy of another's KV: kv_events.REPLY_OK,
+        REPLY_NOT_FOUND (no such source) or REPLY_EXISTS (the new id is taken). Raises
+        ServiceError as delete does."""
         source, new = keys.cache_key(tenant, session_id), keys.cache_key(tenant, new_session_id)
         return kv_commands.call(self.r, kv_events.FORK, source, new)
 

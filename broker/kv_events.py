@@ -26,10 +26,11 @@ REJECTED = "rejected"  # its spill file failed a check on restore
 WRITE_FAILED = "write_failed"  # the spill write failed (e.g. disk full)
 DROPPED = "dropped"  # DeleteSession, or evicted by a worker with no spill directory
 
-# Commands
+# Commands, and what the kvstore answers (EVICT answers the session's tier otherwise)
 DELETE = "delete"
 FORK = "fork"
 EVICT = "evict"
+REPLY_OK, REPLY_NOT_FOUND, REPLY_EXISTS = "ok", "not_found", "exists"
 
 
 @dataclass(frozen=True, slots=True)

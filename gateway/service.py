@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import redis
 
+from broker import kv_events
 from broker.gateway_broker import GatewayBroker, SessionRecord
 from broker.wire import WireRequest, parse_tokens
 from engine.config import ModelConfig
@@ -250,9 +251,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         source = self._session_id(request.session_id, context)
         new = self._session_id(request.new_session_id, context, field="new_session_id")
         result = self._session_call(context, lambda: self.broker.fork_session(tenant, source, new))
-        if result == "not_found":
+        if result == kv_events.REPLY_NOT_FOUND:
             abort(context, grpc.StatusCode.NOT_FOUND, f"no session {source!r}")
-        if result == "exists":
+        if result == kv_events.REPLY_EXISTS:
             abort(context, grpc.StatusCode.ALREADY_EXISTS, f"session {new!r} already exists")
         record = self._session_call(context, lambda: self.broker.get_session(tenant, new))
         if record is None:  # deleted again in between

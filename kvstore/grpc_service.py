@@ -9,7 +9,6 @@ from broker import keys, kv_commands
 from broker import kv_events as ev
 from gateway.validate import require_session_id
 from kvstore.index import HOT, SPILLING, WARM
-from kvstore.index import REPLY_NOT_FOUND as NOT_FOUND
 from kvstore.service import KVStore
 from warmfleet.errors import InvalidRequestError, ServiceError
 from warmfleet.grpc_serve import abort
@@ -83,7 +82,7 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (ServiceError, redis.RedisError) as e:
             abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-        if answer == NOT_FOUND:
+        if answer == ev.REPLY_NOT_FOUND:
             abort(context, grpc.StatusCode.NOT_FOUND, f"no session {session_id!r}")
         if answer == HOT:
             abort(

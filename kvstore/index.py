@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from broker import kv_events as ev
-from broker.kv_events import KVCommand, KVEvent
+from broker.kv_events import REPLY_EXISTS, REPLY_NOT_FOUND, REPLY_OK, KVCommand, KVEvent
 
 log = logging.getLogger("warmfleet.kvstore")
 
@@ -26,8 +26,6 @@ HOT, WARM, SPILLING, DISK, GONE = "hot", "warm", "spilling", "disk", "gone"
 IN_MEMORY = (HOT, WARM, SPILLING)
 TOMBSTONE_S = 600.0  # how long late events of a deleted session are ignored
 
-# what a command's reply says
-REPLY_OK, REPLY_NOT_FOUND, REPLY_EXISTS = "ok", "not_found", "exists"
 
 # file_info(key) -> (size, mtime_ns) of the session's spill file, or None
 FileInfo = Callable[[str], "tuple[int, int] | None"]

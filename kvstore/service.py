@@ -214,8 +214,8 @@ class KVStore:
     def _any_worker(self) -> str:
         """A live worker for an order any worker of the host can carry out ("" if none):
         the one with the fewest running requests."""
-        alive = [w for w in self.statuses if w in self.index.alive]
-        return min(alive, key=lambda w: (self.statuses[w].get("num_running", 0), w), default="")
+        running = {w: s.get("num_running", 0) for w, s in self.statuses.items()}
+        return min(running, key=lambda w: (running[w], w), default="")
 
     def _unlink(self, key: str, mtime_ns: int) -> None:
         """Delete the session's file, unless it is a newer one than the index knew."""

@@ -4,7 +4,6 @@ worker's side is the real WorkerBroker."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -147,13 +146,16 @@ def test_nothing_queued_without_a_live_worker(
     assert not redis.exists(keys.fair_queue("normal", "a"))
 
 
-def test_the_dispatched_body_is_the_request(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+def test_the_dispatched_body_is_the_request(
+    gateway: GatewayBroker, worker: WorkerBroker, client: redis_lib.Redis
+) -> None:
     wire = request("r1", "a", tokens=7)
     gateway.enqueue(wire, 7, 1, BIG, BIG, BIG)
     (delivery,) = worker.read((1, 1, 1), None)
     assert delivery.stream == keys.pinned_stream("w0")
     assert delivery.request == wire
-    assert json.loads(wire.encode()["body"])["request_id"] == "r1"
+    assert not client.exists(keys.queued_request("r1"))  # moved, not copied
+    assert client.llen(keys.fair_queue("normal", "a")) == 0
 
 
 def test_room_by_class_lets_interactive_requests_in_first(

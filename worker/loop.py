@@ -62,6 +62,14 @@ class InFlight:
     kv_from: str = "none"  # where the session's KV was found: none, pool, pending, disk
 
 
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """A session's KV being read back from disk on the spiller's I/O thread."""
+
+    future: Future[tuple[KVCache | None, str]]
+    started: float  # monotonic seconds
+
+
 @dataclass(slots=True)
 class Outbox:
     """Everything one pass publishes, sent in one round trip."""
@@ -93,9 +101,8 @@ class Worker:
         self._drop_at_finish: set[str] = set()  # sessions deleted while a request used them
         self._last_used: dict[str, float] = {}  # when each pooled session's last request ended
         # sessions read back from disk on the I/O thread, and the requests waiting for them
-        self._restoring: dict[str, Future[tuple[KVCache | None, str]]] = {}
+        self._restoring: dict[str, Restore] = {}
         self._held: list[Delivery] = []
-        self._restore_started: dict[str, float] = {}  # monotonic seconds
 
     def status(self) -> dict[str, Any]:
         return {
@@ -150,7 +157,8 @@ class Worker:
         deliveries, self._prefetched = self._prefetched, []
         if not deliveries and not self.stopping and not self.engine.has_work:
             if self._restoring:  # nothing to step: wait a little for a restore instead
-                wait(self._restoring.values(), RESTORE_POLL_S, FIRST_COMPLETED)
+                futures = [r.future for r in self._restoring.values()]
+                wait(futures, RESTORE_POLL_S, FIRST_COMPLETED)
                 self._finish_restores()
             if not self.engine.has_work:  # (a restore may have admitted a request)
                 pending = self._outbox.events or self._outbox.acks or self._restoring
@@ -244,19 +252,18 @@ class Worker:
             return True
         if key in self.engine.sessions or self.spiller is None or not self.spiller.has_file(key):
             return False
-        self._restoring[key] = self.spiller.restore_async(key)
-        self._restore_started[key] = time.monotonic()
+        self._restoring[key] = Restore(self.spiller.restore_async(key), time.monotonic())
         return True
 
     def _finish_restores(self, only: str | None = None) -> None:
         """Adopt the sessions read back (waiting for `only`'s read if given) and admit the
         requests held for them."""
-        for key, future in list(self._restoring.items()):
-            if (only is not None and key != only) or (only is None and not future.done()):
+        for key, restore in list(self._restoring.items()):
+            if (only is not None and key != only) or (only is None and not restore.future.done()):
                 continue
             del self._restoring[key]
             try:
-                cache, found = future.result()
+                cache, found = restore.future.result()
             except OSError as e:  # unreadable for another reason: recompute
                 log.warning("could not read back %s (%s); recomputing", key, e)
                 cache, found = None, "none"
@@ -264,7 +271,7 @@ class Worker:
                 self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.REJECTED))
             if cache is not None:
                 self.engine.adopt_session(key, cache)
-                took = time.monotonic() - self._restore_started.pop(key, time.monotonic())
+                took = time.monotonic() - restore.started
                 log.info("read %s back from disk in %.0f ms (%d tokens)", key, took * 1e3,
                          cache.offset)  # fmt: skip
             held = [d for d in self._held if _cache_key(d) == key]
