@@ -25,21 +25,32 @@ import redis
 
 from broker import keys
 
+# A worker takes requests while its heartbeat key exists and its draining key does not.
 # KEYS: session hash, tenant's queued count, total queued count, the request's hash,
 #       the tenant's list, the class's active set, the class's virtual times, wake stream,
-#       running counts
+#       running counts, the session's affinity
 # ARGV: body, heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
-#       cost, weight, tenant's queue bound, total bound, ttl (s), tenant's running bound
+#       cost, weight, tenant's queue bound, total bound, ttl (s), tenant's running bound,
+#       draining prefix
+# The session goes to the worker the index names, else to the one that last started it
+# (the index lags the worker by the kvstore's reaction time; an agent's next turn does not).
 ENQUEUE = """
+local function takes(w)
+  return w and w ~= '' and redis.call('EXISTS', ARGV[2] .. w) == 1
+    and redis.call('EXISTS', ARGV[13] .. w) == 0
+end
 local worker = redis.call('HGET', KEYS[1], 'worker')
-if worker and worker ~= '' and redis.call('EXISTS', ARGV[2] .. worker) == 1 then
+if not takes(worker) then
+  worker = redis.call('GET', KEYS[10])
+end
+if takes(worker) then
   redis.call('XADD', ARGV[3] .. worker, '*', 'body', ARGV[1])
   redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
   return {'pinned', worker}
 end
 local alive = false
 for _, w in ipairs(redis.call('SMEMBERS', ARGV[4])) do
-  if redis.call('EXISTS', ARGV[2] .. w) == 1 then
+  if takes(w) then
     alive = true
     break
   end
@@ -140,6 +151,45 @@ return removed
 """
 
 
+# A draining worker hands a request it has not started to the live worker with the
+# shortest pinned stream (the smallest id among equals), in one step (the entry leaves its stream as it joins the other).
+# KEYS: the draining worker's pinned stream
+# ARGV: entry id, body, heartbeat prefix, pinned-stream prefix, workers set, draining
+#       prefix, the draining worker's id, the consumer group
+HAND_OVER = """
+local best, best_len = nil, nil
+for _, w in ipairs(redis.call('SMEMBERS', ARGV[5])) do
+  if w ~= ARGV[7] and redis.call('EXISTS', ARGV[3] .. w) == 1
+      and redis.call('EXISTS', ARGV[6] .. w) == 0 then
+    local n = redis.call('XLEN', ARGV[4] .. w)
+    if not best or n < best_len or (n == best_len and w < best) then
+      best, best_len = w, n
+    end
+  end
+end
+if not best then
+  return ''
+end
+redis.call('XADD', ARGV[4] .. best, '*', 'body', ARGV[2])
+redis.call('XACK', KEYS[1], ARGV[8], ARGV[1])
+redis.call('XDEL', KEYS[1], ARGV[1])
+return best
+"""
+
+
+# The workers that take requests now (the same rule as ENQUEUE's).
+# ARGV: workers set, heartbeat prefix, draining prefix
+LIVE_WORKERS = """
+local live = {}
+for _, w in ipairs(redis.call('SMEMBERS', ARGV[1])) do
+  if redis.call('EXISTS', ARGV[2] .. w) == 1 and redis.call('EXISTS', ARGV[3] .. w) == 0 then
+    table.insert(live, w)
+  end
+end
+return live
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     kind: str  # pinned, queued, no_worker, tenant_full or full
@@ -160,3 +210,8 @@ def dispatch_args(rooms: Rooms) -> list[str | int]:
 
 def register_dispatch(r: redis.Redis) -> redis.commands.core.Script:
     return r.register_script(DISPATCH)
+
+
+def live_workers_args() -> list[str]:
+    """ARGV of LIVE_WORKERS."""
+    return [keys.WORKERS, keys.heartbeat_key(""), keys.draining_key("")]

@@ -29,6 +29,7 @@ class GatewayBroker:
         self.r = r
         self._enqueue = r.register_script(fair_queue.ENQUEUE)
         self._unqueue = r.register_script(fair_queue.UNQUEUE)
+        self._live = r.register_script(fair_queue.LIVE_WORKERS)
 
     def enqueue(
         self,
@@ -56,6 +57,7 @@ class GatewayBroker:
                 keys.fair_state(request.priority),
                 keys.WAKE,
                 keys.RUNNING,
+                keys.affinity_key(tenant, sid) if sid else "wf:affinity:-",
             ],
             args=[
                 request.encode()["body"],
@@ -70,6 +72,7 @@ class GatewayBroker:
                 max_total,
                 ttl_s,
                 max_running,
+                keys.draining_key(""),
             ],
         )
         if kind == "pinned":
@@ -97,6 +100,10 @@ class GatewayBroker:
 
     def cancel(self, request_id: str) -> None:
         self.r.set(keys.cancel_key(request_id), "1", ex=CANCEL_TTL_S)
+
+    def live_workers(self) -> list[str]:
+        """The workers that take requests now: registered, heartbeat fresh, not draining."""
+        return sorted(self._live(args=fair_queue.live_workers_args()))
 
     def alive(self, worker_ids: list[str]) -> list[bool]:
         if not worker_ids:

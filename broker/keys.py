@@ -64,6 +64,20 @@ def heartbeat_key(worker_id: str) -> str:
     return f"wf:hb:{worker_id}"
 
 
+def draining_key(worker_id: str) -> str:
+    """Present while the worker drains: it is routed no new request."""
+    return f"wf:draining:{worker_id}"
+
+
+KVSTORE_HEARTBEAT = "wf:kvstore:hb"  # present (with a TTL) while the kvstore runs
+
+
+def affinity_key(tenant: str, session_id: str) -> str:
+    """The worker that last started a request of the session (written by that worker, so
+    a follow-up turn finds it even before the kvstore has applied the worker's event)."""
+    return f"wf:affinity:{tenant}:{session_id}"
+
+
 def adopt_lock(worker_id: str) -> str:
     """Held by the live worker that takes over a dead worker's pinned stream."""
     return f"wf:adopt:{worker_id}"

@@ -10,13 +10,33 @@ import redis
 
 from broker import fair_queue, keys
 from broker.fair_queue import Rooms
-from broker.kv_events import KVEvent
+from broker.kv_events import HOT, KVEvent
 from broker.wire import Control, Fields, WireRequest
 
 OUT_STREAM_TTL_S = 300  # a finished request's tokens stay readable this long
 # the kvstore deletes what it has applied; this bounds the stream while it is down (a
 # kvstore that missed events rebuilds from the workers' inventories and the disk)
 KV_EVENTS_MAXLEN = 1_000_000
+AFFINITY_TTL_S = 600  # the index has long caught up by then
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What one heartbeat learned."""
+
+    rejoined: bool  # the worker was no longer registered: Redis lost its state, or the
+    # worker had been taken for dead (its entries were handed to another worker)
+    kvstore_alive: bool
+
+
+class LostState(Exception):
+    """Redis no longer holds this worker's consumer groups (it restarted without
+    persistence): the worker must register again and forget the entries it held."""
+
+
+def is_lost_group(e: redis.ResponseError) -> bool:
+    """A consumer group (or its stream) is gone; also when a pipeline reports it."""
+    return "NOGROUP" in str(e)
 
 
 @dataclass(slots=True)
@@ -48,6 +68,7 @@ class WorkerBroker:
         self.pinned = keys.pinned_stream(worker_id)
         self.streams = [self.pinned]
         self._dispatch = fair_queue.register_dispatch(r)
+        self._hand_over = r.register_script(fair_queue.HAND_OVER)
 
     def _ensure_group(self, stream: str) -> None:
         try:
@@ -57,22 +78,47 @@ class WorkerBroker:
                 raise
 
     def register(self, status: dict[str, object], ttl_s: float) -> None:
+        """Create the consumer groups if they are missing (a new Redis), and join: heartbeat
+        and membership together (a member without a heartbeat counts as dead), no longer
+        draining."""
         for stream in (self.pinned, keys.WAKE):
             self._ensure_group(stream)
-        # heartbeat and membership together: a member without a heartbeat counts as dead
         pipe = self.r.pipeline(transaction=True)
         pipe.set(keys.heartbeat_key(self.worker_id), json.dumps(status), px=int(ttl_s * 1000))
         pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.delete(keys.draining_key(self.worker_id))
         pipe.execute()
 
-    def heartbeat(self, status: dict[str, object], ttl_s: float) -> None:
-        self.r.set(keys.heartbeat_key(self.worker_id), json.dumps(status), px=int(ttl_s * 1000))
+    def beat(self, status_json: str, ttl_s: float, renew: Iterable[Delivery]) -> Beat:
+        """One round trip from the liveness thread: refresh the heartbeat and membership,
+        renew the leases of `renew`, and see whether the kvstore runs. Raises LostState when
+        the consumer groups are gone."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(keys.heartbeat_key(self.worker_id), status_json, px=int(ttl_s * 1000))
+        pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.exists(keys.KVSTORE_HEARTBEAT)
+        self._queue_renew(pipe, renew)
+        results = pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, redis.ResponseError) and is_lost_group(result):
+                raise LostState(str(result))
+            if isinstance(result, Exception):
+                raise result
+        added, kvstore = results[1], results[2]
+        return Beat(rejoined=bool(added), kvstore_alive=bool(kvstore))
+
+    def set_draining(self) -> None:
+        """From now on no request is routed here (ENQUEUE and DISPATCH skip this worker)."""
+        self.r.set(keys.draining_key(self.worker_id), "1")
 
     def unregister(self) -> None:
         pipe = self.r.pipeline(transaction=False)
         pipe.delete(keys.heartbeat_key(self.worker_id))
         pipe.srem(keys.WORKERS, self.worker_id)
-        pipe.execute()
+        pipe.delete(keys.draining_key(self.worker_id))
+        pipe.xlen(self.pinned)
+        if pipe.execute()[-1] == 0:
+            self.r.delete(self.pinned)
 
     def read(self, rooms: Rooms, block_ms: int | None) -> list[Delivery]:
         """The entries on the pinned stream, after moving requests from the fair queues
@@ -121,17 +167,39 @@ class WorkerBroker:
             client=pipe,
         )
 
-    def renew(self, deliveries: Iterable[Delivery]) -> None:
+    def _queue_renew(self, pipe: redis.client.Pipeline, deliveries: Iterable[Delivery]) -> None:
         """Reset the idle time of the entries this worker is running (its lease)."""
         by_stream: dict[str, list[str]] = {}
         for d in deliveries:
             by_stream.setdefault(d.stream, []).append(d.entry_id)
-        if not by_stream:
-            return
-        pipe = self.r.pipeline(transaction=False)
         for stream, ids in by_stream.items():
             pipe.xclaim(stream, keys.GROUP, self.worker_id, 0, ids, justid=True)
-        pipe.execute()
+
+    def read_pinned(self, count: int) -> list[Delivery]:
+        """New entries on the pinned stream, without dispatching or waiting (a draining
+        worker still reads the kvstore's orders, and hands requests over)."""
+        reply = self.r.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=count)
+        return [_parse(s, eid, f) for s, entries in reply or [] for eid, f in entries]
+
+    def hand_over(self, d: Delivery) -> str:
+        """Move a request this (draining) worker has not started to the live worker with
+        the shortest pinned stream; that worker's id, or "" when no other worker is live."""
+        assert d.request is not None
+        return str(
+            self._hand_over(
+                keys=[d.stream],
+                args=[
+                    d.entry_id,
+                    d.request.encode()["body"],
+                    keys.heartbeat_key(""),
+                    keys.pinned_stream(""),
+                    keys.WORKERS,
+                    keys.draining_key(""),
+                    self.worker_id,
+                    keys.GROUP,
+                ],
+            )
+        )
 
     def reclaim(self, limit: int) -> list[Delivery]:
         """Entries whose lease lapsed, and the whole pinned stream of any dead worker."""
@@ -205,6 +273,9 @@ class WorkerBroker:
                 pipe.hincrby(keys.RUNNING, d.request.tenant, -1)
         for e in kv_events:
             pipe.xadd(keys.KV_EVENTS, e.encode(), maxlen=KV_EVENTS_MAXLEN, approximate=True)
+            if e.kind == HOT:  # routes the session's next turn here before the index does
+                affinity = keys.affinity_key(*keys.split_cache_key(e.key))
+                pipe.set(affinity, self.worker_id, ex=AFFINITY_TTL_S)
         if watch:
             pipe.mget([keys.cancel_key(rid) for rid in watch])
         if max(rooms) > 0:

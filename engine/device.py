@@ -82,12 +82,13 @@ class _BlasPool:
 _blas = _BlasPool()  # process-wide, like the thread pool it controls
 
 
-def threads_for_rows(num_rows: int) -> None:
-    """Before a forward pass of `num_rows` tokens: few rows run their matmuls in the Numba
-    kernels, so BLAS gets one thread. Its idle threads otherwise spin after each attention
-    call and take the cores from the kernel (a 17-token step over 2,000 cached positions took
-    350-460 ms instead of ~107 ms here)."""
-    _blas.use(1 if num_rows <= kernels.SMALL_ROWS else _blas.configured)
+def threads_for_step(longest_chunk: int) -> None:
+    """Before a forward pass whose longest segment has `longest_chunk` tokens: unless a
+    chunk goes to BLAS, the Numba kernel does every matmul, so BLAS gets one thread. Its
+    idle threads otherwise spin after each attention call and take the cores from the
+    kernel (a 17-token step over 2,000 cached positions took 350-460 ms instead of ~107 ms
+    here)."""
+    _blas.use(1 if longest_chunk <= kernels.SMALL_ROWS else _blas.configured)
 
 
 def to_host(a: Any) -> np.ndarray:

@@ -12,10 +12,11 @@ from engine.detokenizer import StreamDecoder
 from engine.kv_cache import KVCache, common_prefix_len
 from engine.model import Model
 from engine.runner import ModelRunner
-from engine.sampling import make_rng, sample
+from engine.sampling import SamplingParams, make_rng, sample
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Completion, FinishReason, Request, Sequence, SequenceStatus
 from engine.session_pool import SessionPool
+from engine.step_cost import StepCost
 from engine.text_stream import TextStream
 from warmfleet.errors import InvalidRequestError, PromptTooLongError
 
@@ -61,10 +62,14 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def add(self, request: Request) -> Sequence:
-        """Queue a request; raises InvalidRequestError / PromptTooLongError, changing nothing."""
+    def add(self, request: Request, restored: KVCache | None = None) -> Sequence:
+        """Queue a request; raises InvalidRequestError / PromptTooLongError, changing nothing.
+
+        `restored`: the session's KV brought back from elsewhere (a spill file), used by
+        this request instead of the pool's entry; it never sits in the pool, so nothing
+        can evict it before the request runs."""
         self._check(request)
-        cache, num_cached = self._attach_cache(request)
+        cache, num_cached = self._attach_cache(request, restored)
         rng, seed = make_rng(request.sampling.seed)
         text = TextStream(StreamDecoder(self.model.tokenizer), request.sampling.stop)
         seq = Sequence(request, cache, num_cached, rng, seed, text)
@@ -118,6 +123,16 @@ class Engine:
         self.scheduler.put_back(seq)
         return True
 
+    def warm_up(self) -> None:
+        """Run a two-token request through a prefill and a decode step and forget it, so
+        that compiling the kernels (the first call in a new process) is not paid by the
+        first client, nor learned as the cost of a step."""
+        if self.has_work:
+            raise RuntimeError("warm_up() is for an engine that has run nothing yet")
+        self.generate([Request("warm-up", [1, 2], SamplingParams(max_tokens=2))])
+        self.stats = EngineStats()
+        self.scheduler.cost = StepCost()
+
     def adopt_session(self, key: str, cache: KVCache) -> None:
         """Put a session's KV (restored from elsewhere) into the pool as the most recent."""
         self.evicted_sessions += self.sessions.put(key, cache)
@@ -137,16 +152,19 @@ class Engine:
         if len(ids) + 1 > ctx:
             raise PromptTooLongError(len(ids), ctx)
 
-    def _attach_cache(self, request: Request) -> tuple[KVCache, int]:
-        """The session's idle KV trimmed to the prompt's common prefix, or a fresh cache."""
-        cached = self.sessions.take(request.cache_key) if request.cache_key else None
+    def _attach_cache(self, request: Request, restored: KVCache | None) -> tuple[KVCache, int]:
+        """The session's KV trimmed to the prompt's common prefix, or a fresh cache; room
+        for the whole prompt is made at once (growing chunk by chunk copies it each time)."""
+        pooled = self.sessions.take(request.cache_key) if request.cache_key else None
+        cached = restored if restored is not None else pooled
         if cached is None:
-            return self.model.new_cache(), 0
+            cached = self.model.new_cache()
         # at least the prompt's last token is recomputed: its logits give the first token
         reuse = min(
             common_prefix_len(cached.token_ids, request.prompt_ids), len(request.prompt_ids) - 1
         )
         cached.trim(reuse)
+        cached.reserve(len(request.prompt_ids))
         return cached, reuse
 
     def _postprocess(self, seq: Sequence, logits: np.ndarray) -> StepOutput:
@@ -184,6 +202,7 @@ class Engine:
         self.paused.pop(seq.request_id, None)
         del self.sequences[seq.request_id]
         if seq.request.cache_key:
+            seq.cache.compact()  # idle: it holds, and is counted as, its tokens only
             self.evicted_sessions += self.sessions.put(seq.request.cache_key, seq.cache)
         return StepOutput(seq.request_id, token_ids or [], text, seq.completion())
 

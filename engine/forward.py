@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from engine.config import ModelConfig
-from engine.kernels import matmul_t
+from engine.kernels import RowRuns, matmul_t, plan_rows
 from engine.kv_cache import KVCache
 from engine.weights import LayerWeights, Weights
 
@@ -92,11 +92,12 @@ def attention_block(
     cos: Array,
     sin: Array,
     segments: list[Segment],
+    runs: RowRuns,
     xp: ModuleType,
 ) -> Array:
     n_tok = x.shape[0]
     h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
-    qkv = matmul_t(h, lw.wqkv)  # [N, dim + 2 * kv_dim]
+    qkv = matmul_t(h, lw.wqkv, runs)  # [N, dim + 2 * kv_dim]
     hd, kvd = config.head_dim, config.kv_dim
     q = apply_rope(qkv[:, : config.dim].reshape(n_tok, config.num_heads, hd), cos, sin, xp)
     k = apply_rope(qkv[:, config.dim : config.dim + kvd].reshape(n_tok, -1, hd), cos, sin, xp)
@@ -108,16 +109,18 @@ def attention_block(
         seg.cache.write(layer, seg.start, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))
         out[rows] = attend(q[rows], seg.cache, layer, seg.start, xp)
         row += seg.length
-    return matmul_t(out, lw.wo)
+    return matmul_t(out, lw.wo, runs)
 
 
-def mlp_block(x: Array, lw: LayerWeights, config: ModelConfig, xp: ModuleType) -> Array:
+def mlp_block(
+    x: Array, lw: LayerWeights, config: ModelConfig, runs: RowRuns, xp: ModuleType
+) -> Array:
     h = rms_norm(x, lw.ffn_norm, config.rms_eps, xp)
-    gate_up = matmul_t(h, lw.w_gate_up)  # [N, 2 * ffn]
+    gate_up = matmul_t(h, lw.w_gate_up, runs)  # [N, 2 * ffn]
     gate, up = gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :]
     act = gate / (1.0 + xp.exp(-gate))  # silu
     act *= up
-    return matmul_t(act, lw.w_down)
+    return matmul_t(act, lw.w_down, runs)
 
 
 def forward(
@@ -134,13 +137,15 @@ def forward(
 
     tokens, positions: [N] integer arrays, segments in the order their tokens appear.
     The caches must have capacity for their segments; the caller commits the token ids.
+    A segment's rows are computed the same way whatever else is in the batch (see kernels).
     """
+    runs = plan_rows([seg.length for seg in segments])
     x = weights.embed[tokens]  # [N, dim]
     cos = rope.cos[positions][:, None, :]  # [N, 1, D/2]
     sin = rope.sin[positions][:, None, :]
     for i, lw in enumerate(weights.layers):
-        x = x + attention_block(x, lw, i, config, cos, sin, segments, xp)
-        x = x + mlp_block(x, lw, config, xp)
+        x = x + attention_block(x, lw, i, config, cos, sin, segments, runs, xp)
+        x = x + mlp_block(x, lw, config, runs, xp)
     last_rows, row = [], 0
     for seg in segments:
         row += seg.length

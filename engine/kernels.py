@@ -1,85 +1,103 @@
-"""CPU matrix products for the few-row case (decode), compiled with Numba.
+"""CPU matrix products for decode rows, compiled with Numba, and the rule that splits a step's
+rows between them and BLAS.
 
-OpenBLAS sgemm packs the whole weight matrix on every call, so with 2-16 activation rows it
-runs about 3x slower than one row (measured here: 70 ms against 21 ms over the model's
-weights). These kernels stream each weight row once and reuse it for every activation row.
+Batch invariance: a sequence's logits must be bit for bit the same whatever else runs in the
+step. A BLAS call sums a row in an order that depends on how many rows come with it, and a
+kernel that blocks several rows together sums a row in a block differently from a tail row
+(fastmath lets LLVM vectorize each loop its own way). So the kernel here runs every
+activation row through one and the same loop, one row at a time; decode rows always go
+through it, and only prefill chunks longer than SMALL_ROWS go to BLAS, each in a call of its
+own. Streaming each weight block once for all rows keeps it in cache for the next row, so
+one row at a time costs little (see bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numba import config, get_num_threads, njit, prange, set_num_threads
 
 MAX_THREADS: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # pool size at start
-SMALL_ROWS = 32  # up to this many activation rows the kernel beats OpenBLAS here
+SMALL_ROWS = 32  # prefill chunks up to this long run in the kernel too
 Array = Any
+# a step's rows as consecutive runs: (start, stop, True when the kernel computes them)
+RowRuns = tuple[tuple[int, int, bool], ...]
 
-__all__ = ["MAX_THREADS", "SMALL_ROWS", "get_num_threads", "matmul_t", "set_num_threads"]
+__all__ = [
+    "MAX_THREADS",
+    "SMALL_ROWS",
+    "RowRuns",
+    "get_num_threads",
+    "matmul_t",
+    "plan_rows",
+    "set_num_threads",
+]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def _matmul_t_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    # x: [M, K], w: [N, K] with N % 4 == 0 -> out: [M, N] = x @ w.T
-    # 4 weight rows x 4 activation rows per pass: 16 accumulators stay in registers.
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _rows_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    # x: [M, K], w: [N, K] -> out: [M, N] = x @ w.T
+    # 8 weight rows per task, held in cache while each activation row passes over them; the
+    # N % 8 last weight rows are tasks of one row each. Every output element is computed by
+    # the loop of its column's task, whatever M is and wherever its row sits.
     m_rows, k_dim = x.shape
-    for blk in prange(w.shape[0] // 4):
-        n = blk * 4
-        m = 0
-        while m + 3 < m_rows:
-            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-            c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
-            for k in range(k_dim):
-                w0, w1, w2, w3 = w[n, k], w[n + 1, k], w[n + 2, k], w[n + 3, k]
-                v = x[m, k]
-                a0 += v * w0
-                a1 += v * w1
-                a2 += v * w2
-                a3 += v * w3
-                v = x[m + 1, k]
-                b0 += v * w0
-                b1 += v * w1
-                b2 += v * w2
-                b3 += v * w3
-                v = x[m + 2, k]
-                c0 += v * w0
-                c1 += v * w1
-                c2 += v * w2
-                c3 += v * w3
-                v = x[m + 3, k]
-                d0 += v * w0
-                d1 += v * w1
-                d2 += v * w2
-                d3 += v * w3
-            out[m, n], out[m, n + 1], out[m, n + 2], out[m, n + 3] = a0, a1, a2, a3
-            out[m + 1, n], out[m + 1, n + 1], out[m + 1, n + 2], out[m + 1, n + 3] = b0, b1, b2, b3
-            out[m + 2, n], out[m + 2, n + 1], out[m + 2, n + 2], out[m + 2, n + 3] = c0, c1, c2, c3
-            out[m + 3, n], out[m + 3, n + 1], out[m + 3, n + 2], out[m + 3, n + 3] = d0, d1, d2, d3
-            m += 4
-        while m < m_rows:
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for k in range(k_dim):
-                v = x[m, k]
-                a0 += v * w[n, k]
-                a1 += v * w[n + 1, k]
-                a2 += v * w[n + 2, k]
-                a3 += v * w[n + 3, k]
-            out[m, n], out[m, n + 1], out[m, n + 2], out[m, n + 3] = a0, a1, a2, a3
-            m += 1
+    num_blocks = w.shape[0] // 8
+    num_tail = w.shape[0] - num_blocks * 8
+    for task in prange(num_blocks + num_tail):
+        if task < num_blocks:
+            n = task * 8
+            for m in range(m_rows):
+                a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+                for k in range(k_dim):
+                    v = x[m, k]
+                    a0 += v * w[n, k]
+                    a1 += v * w[n + 1, k]
+                    a2 += v * w[n + 2, k]
+                    a3 += v * w[n + 3, k]
+                    a4 += v * w[n + 4, k]
+                    a5 += v * w[n + 5, k]
+                    a6 += v * w[n + 6, k]
+                    a7 += v * w[n + 7, k]
+                out[m, n], out[m, n + 1], out[m, n + 2], out[m, n + 3] = a0, a1, a2, a3
+                out[m, n + 4], out[m, n + 5], out[m, n + 6], out[m, n + 7] = a4, a5, a6, a7
+        else:
+            n = num_blocks * 8 + task - num_blocks
+            for m in range(m_rows):
+                a0 = np.float32(0.0)
+                for k in range(k_dim):
+                    a0 += x[m, k] * w[n, k]
+                out[m, n] = a0
 
 
-def matmul_t(x: Array, w: Array) -> Array:
-    """x @ w.T for x [M, K] and w [N, K]; the Numba kernel where it is faster, else BLAS."""
-    if (
-        isinstance(x, np.ndarray)
-        and x.shape[0] <= SMALL_ROWS
-        and x.dtype == np.float32
-        and w.dtype == np.float32
-        and w.shape[0] % 4 == 0
-        and w.flags.c_contiguous
-    ):
-        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-        _matmul_t_kernel(np.ascontiguousarray(x), w, out)
-        return out
-    return x @ w.T
+def plan_rows(lengths: Sequence[int]) -> RowRuns:
+    """The runs of a step whose segments have these lengths (in row order): chunks longer
+    than SMALL_ROWS go to BLAS one by one, every other row to the kernel."""
+    runs: list[tuple[int, int, bool]] = []
+    row = 0
+    for n in lengths:
+        kernel = n <= SMALL_ROWS
+        if runs and kernel and runs[-1][2]:
+            runs[-1] = (runs[-1][0], row + n, True)
+        elif n:
+            runs.append((row, row + n, kernel))
+        row += n
+    return tuple(runs)
+
+
+def matmul_t(x: Array, w: Array, runs: RowRuns | None = None) -> Array:
+    """x @ w.T for x [M, K] and w [N, K]. On NumPy float32 the rows go as `runs` says (None:
+    all through the kernel); anything else is one matmul of the array module."""
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and w.dtype == np.float32):
+        return x @ w.T
+    if runs is None:
+        runs = ((0, x.shape[0], True),)
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    w = np.ascontiguousarray(w)
+    for start, stop, kernel in runs:
+        if kernel:
+            _rows_kernel(np.ascontiguousarray(x[start:stop]), w, out[start:stop])
+        else:
+            np.matmul(x[start:stop], w.T, out=out[start:stop])
+    return out

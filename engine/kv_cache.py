@@ -1,4 +1,5 @@
-"""Per-sequence KV cache: contiguous buffers that grow in blocks, with exact byte accounting."""
+"""Per-sequence KV cache: contiguous buffers that grow in blocks while a request runs and
+shrink to what they hold when it ends, with exact byte accounting."""
 
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ class KVCache:
             grown[:, :, : self.offset] = getattr(self, name)[:, :, : self.offset]
             setattr(self, name, grown)
 
+    def compact(self) -> None:
+        """Give back the capacity beyond the valid positions (an idle session holds
+        exactly its tokens' KV, and its bytes say so)."""
+        if self.capacity == self.offset:
+            return
+        for name in ("k", "v"):
+            exact = self._alloc(self.offset)
+            exact[...] = getattr(self, name)[:, :, : self.offset]
+            setattr(self, name, exact)
+
     def trim(self, num_tokens: int) -> None:
         """Keep the first `num_tokens` positions; the rest is forgotten (capacity kept)."""
         num_tokens = max(0, min(num_tokens, self.offset))
@@ -89,11 +100,10 @@ class KVCache:
     def from_state(
         cls, config: ModelConfig, xp: ModuleType, k: Array, v: Array, token_ids: list[int]
     ) -> KVCache:
+        """A cache holding exactly these positions (no spare capacity)."""
         cache = cls(config, k.dtype, xp)
-        cache.reserve(len(token_ids))
-        n = len(token_ids)
-        cache.k[:, :, :n] = xp.asarray(k)
-        cache.v[:, :, :n] = xp.asarray(v)
+        cache.k = xp.array(k, dtype=cache.dtype, order="C")  # a copy: k may be read-only
+        cache.v = xp.array(v, dtype=cache.dtype, order="C")
         cache.commit(list(token_ids))
         return cache
 

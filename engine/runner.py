@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.device import threads_for_rows, to_host
+from engine.device import threads_for_step, to_host
 from engine.forward import Segment, forward
 from engine.model import Model
 from engine.scheduler import ScheduledBatch
@@ -35,7 +35,7 @@ class ModelRunner:
             if want:
                 due.append(seq)
         if xp is np:
-            threads_for_rows(len(tokens))
+            threads_for_step(max(n for _, n in batch))
         logits = forward(
             m.weights,
             m.config,

@@ -57,6 +57,11 @@ class SessionPool(Generic[EntryT]):
         self.take(key)
         self._entries[key] = entry
         self.nbytes += entry.nbytes
+        return self.shrink()
+
+    def shrink(self) -> list[tuple[str, EntryT]]:
+        """Evict the least recently used entries until the pool is within its budget (after
+        the budget was lowered); what was evicted, oldest first."""
         evicted: list[tuple[str, EntryT]] = []
         while self.nbytes > self.budget_bytes and self._entries:
             old_key, old = self._entries.popitem(last=False)

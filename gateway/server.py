@@ -9,7 +9,8 @@ from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyRing
 from gateway.service import GatewayConfig, InferenceService
-from warmfleet.grpc_serve import serve
+from gateway.worker_watch import WorkerWatch
+from warmfleet.grpc_serve import serve, set_health
 from warmfleet.v1 import inference_pb2, inference_pb2_grpc
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
@@ -23,8 +24,15 @@ def build_server(
     address: str,
     max_streams: int,
     keys: KeyRing | None = None,
-) -> tuple[grpc.Server, int]:
-    """A started server bound to `address` ("host:port", port 0 picks one); returns the port."""
-    service = InferenceService(broker, tokenizer, model_config, config, keys)
+) -> tuple[grpc.Server, int, WorkerWatch]:
+    """A started server bound to `address` ("host:port", port 0 picks one); returns it, the
+    port, and the watch of live workers that its health follows (NOT_SERVING while no
+    worker takes requests). Stop the watch after the server."""
+    watch = WorkerWatch(broker, lambda serving: None)
+    service = InferenceService(broker, tokenizer, model_config, config, keys, watch)
     add = inference_pb2_grpc.add_InferenceServicer_to_server
-    return serve([(add, service, SERVICE_NAME)], address, max_streams)
+    server, port, health = serve([(add, service, SERVICE_NAME)], address, max_streams,
+                                 serving=False)  # fmt: skip
+    watch.on_change = lambda serving: set_health(health, ["", SERVICE_NAME], serving)
+    watch.start()
+    return server, port, watch

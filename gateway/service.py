@@ -13,12 +13,14 @@ import grpc
 import redis
 
 from broker import kv_events
+from broker.fair_queue import Admission
 from broker.gateway_broker import GatewayBroker, SessionRecord
 from broker.wire import WireRequest, parse_tokens
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.auth import AuthError, KeyRing, Tenant
 from gateway.validate import build_request, require_session_id
+from gateway.worker_watch import WorkerWatch
 from warmfleet.errors import InvalidRequestError, PromptTooLongError, ServiceError
 from warmfleet.grpc_serve import abort
 from warmfleet.v1 import inference_pb2 as pb
@@ -52,10 +54,13 @@ TIER = {
 class GatewayConfig:
     default_timeout_s: float = 600.0  # a request without a client deadline ends after this
     max_queued: int = 1024  # requests waiting in the fair queues, all tenants together
+    worker_wait_s: float = 30.0  # a request that finds no live worker waits this long for one
 
     def __post_init__(self) -> None:
         if self.default_timeout_s <= 0:
             raise InvalidRequestError("default_timeout_s", "must be > 0")
+        if self.worker_wait_s < 0:
+            raise InvalidRequestError("worker_wait_s", "must be >= 0")
         if self.max_queued < 1:
             raise InvalidRequestError("max_queued", "must be >= 1")
 
@@ -97,12 +102,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         model_config: ModelConfig,
         config: GatewayConfig,
         keys: KeyRing | None = None,
+        watch: WorkerWatch | None = None,
     ) -> None:
         self.broker = broker
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.config = config
         self.keys = keys or KeyRing.open()  # no key file: one local tenant
+        self.watch = watch or WorkerWatch(broker, lambda serving: None)
 
     def Generate(
         self, request: pb.GenerateRequest, context: grpc.ServicerContext
@@ -130,20 +137,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"priority {wire.priority} is above this key's ceiling ({tenant.max_priority})",
             )
-        cost = len(wire.prompt_ids) + int(wire.sampling["max_tokens"])
-        try:
-            admission = self.broker.enqueue(
-                wire,
-                cost,
-                tenant.weight,
-                tenant.max_queued,
-                self.config.max_queued,
-                tenant.max_concurrent,
-            )
-        except redis.RedisError as e:
-            abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
-        if admission.kind == "no_worker":
-            abort(context, grpc.StatusCode.UNAVAILABLE, "no worker is running")
+        admission = self._admit(wire, tenant, context)
         if admission.kind in ("tenant_full", "full"):
             whose = "this tenant's" if admission.kind == "tenant_full" else "the"
             retry_ms = retry_after_ms(admission.queued)
@@ -156,6 +150,35 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             )
         context.add_callback(lambda: self._on_rpc_end(wire, context))
         yield from self._stream(wire, context)
+
+    def _admit(self, wire: WireRequest, tenant: Tenant, context: grpc.ServicerContext) -> Admission:
+        """Route and enqueue; while no worker takes requests, wait for one (up to the
+        deadline and --worker-wait-s), then UNAVAILABLE."""
+        cost = len(wire.prompt_ids) + int(wire.sampling["max_tokens"])
+        t0 = time.time()
+        give_up = min(wire.deadline_at, t0 + self.config.worker_wait_s)
+        while True:
+            try:
+                admission = self.broker.enqueue(
+                    wire,
+                    cost,
+                    tenant.weight,
+                    tenant.max_queued,
+                    self.config.max_queued,
+                    tenant.max_concurrent,
+                )
+            except redis.RedisError as e:
+                abort(context, grpc.StatusCode.UNAVAILABLE, f"queue unavailable: {e}")
+            left = give_up - time.time()
+            if admission.kind != "no_worker":
+                return admission
+            if left <= 0 or not context.is_active():
+                abort(
+                    context,
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"no worker is running (waited {time.time() - t0:.0f} s for one)",
+                )
+            self.watch.wait_for_worker(min(left, 1.0))
 
     def _on_rpc_end(self, wire: WireRequest, context: grpc.ServicerContext) -> None:
         if context.is_active():

@@ -28,6 +28,7 @@ CONSUMER = "kvstore"
 BATCH = 512  # events applied per transaction at most
 REFRESH_S = 0.5  # how often worker liveness and budgets are read
 REPLY_TTL_S = 60
+HEARTBEAT_TTL_S = 3.0  # workers keep their idle sessions within budget themselves past it
 
 
 class KVStore:
@@ -41,6 +42,7 @@ class KVStore:
         self.r = r
         self.spill_dir = Path(spill_dir)
         self.spill_dir.mkdir(parents=True, exist_ok=True)
+        self.disk_budget = disk_budget
         self.index = ResidencyIndex(disk_budget, self._file_info)
         self.lock = threading.Lock()  # the gRPC threads read the index the loop changes
         self.statuses: dict[str, dict[str, Any]] = {}  # live workers' heartbeats
@@ -126,10 +128,24 @@ class KVStore:
             try:
                 self.step()
                 backoff = 0.1
+            except redis.ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                log.warning("Redis lost the event stream's group (it restarted without "
+                            "persistence): rebuilding the index")  # fmt: skip
+                self.rebuild()
             except redis.RedisError as e:
                 log.warning("redis: %s; retrying in %.1f s", e, backoff)
                 self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)
+
+    def rebuild(self) -> None:
+        """Start over from what Redis, the spill directory and the workers' inventories say
+        (after Redis lost its state, the index in memory describes a world that is gone)."""
+        with self.lock:
+            self.index = ResidencyIndex(self.disk_budget, self._file_info)
+        self._backlog = True
+        self.start()
 
     def step(self, *, block: bool = True) -> int:
         """Apply one batch of events (waiting up to block_ms for some); how many."""
@@ -168,7 +184,9 @@ class KVStore:
         return entries
 
     def _refresh(self) -> Effects:
-        """Read the live workers' heartbeats (status and warm budget)."""
+        """Tell the workers this kvstore runs, and read their heartbeats (status and warm
+        budget)."""
+        self.r.set(keys.KVSTORE_HEARTBEAT, "1", px=int(HEARTBEAT_TTL_S * 1000))
         members = sorted(self.r.smembers(keys.WORKERS))
         beats = self.r.mget([keys.heartbeat_key(w) for w in members]) if members else []
         statuses = {w: json.loads(b) for w, b in zip(members, beats, strict=True) if b}
@@ -189,9 +207,9 @@ class KVStore:
             tenant, session_id = keys.split_cache_key(key)
             pipe.hset(keys.session_key(tenant, session_id), mapping=record.to_fields())
             pipe.zadd(keys.session_index(tenant), {session_id: record.last_used})
-        for key in fx.removals:
+        for key in fx.removals:  # deleted: its record, and the hint that routes it
             tenant, session_id = keys.split_cache_key(key)
-            pipe.delete(keys.session_key(tenant, session_id))
+            pipe.delete(keys.session_key(tenant, session_id), keys.affinity_key(tenant, session_id))
             pipe.zrem(keys.session_index(tenant), session_id)
         for order in fx.orders:
             worker = order.worker or self._any_worker()

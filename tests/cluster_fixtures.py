@@ -1,7 +1,6 @@
-"""Fixtures for tests that need a real Redis: one private server per test session, wiped per test.
-
-Import both from conftest: `from tests.cluster_fixtures import redis_client, redis_server`.
-"""
+"""Fixtures for tests that need a real Redis: one private server per test session, wiped per
+test (`redis_server`, `redis`, `decoded`); and for tests of a whole cluster, the clients of
+the module's `cluster` fixture (`client`, `r`). Import the ones a module uses from here."""
 
 from __future__ import annotations
 
@@ -10,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
+from warmfleet.client import Client
+from warmfleet.launcher import Cluster
 from warmfleet.redis_server import RedisServer
 
 
@@ -20,12 +21,41 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+def empty_client(server: RedisServer) -> redis_lib.Redis:
+    """A client on `server`, after wiping every key from it."""
+    client = redis_lib.Redis.from_url(server.url, socket_timeout=5.0)
+    client.flushall()
+    return client
+
+
 @pytest.fixture(name="redis")
 def redis_client(redis_server: RedisServer) -> Iterator[redis_lib.Redis]:
     """A client on the session's Redis, which holds no keys when the test starts."""
-    client = redis_lib.Redis.from_url(redis_server.url, socket_timeout=5.0)
-    client.flushall()
+    client = empty_client(redis_server)
     try:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(name="decoded")
+def decoded_client(redis: redis_lib.Redis, redis_server: RedisServer) -> Iterator[redis_lib.Redis]:
+    """Like the services' own clients (replies decoded), on the emptied session Redis."""
+    client = redis_lib.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module", name="client")
+def cluster_client(cluster: Cluster) -> Iterator[Client]:
+    """A gRPC client of the module's cluster."""
+    with Client(cluster.target, timeout_s=180) as c:
+        yield c
+
+
+@pytest.fixture(scope="module", name="r")
+def cluster_redis(cluster: Cluster) -> Iterator[redis_lib.Redis]:
+    """A client (replies decoded) of the module's cluster's Redis."""
+    client = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
+    yield client
+    client.close()

@@ -160,6 +160,51 @@ def test_six_sessions_three_turns_sticky_and_exact(
     assert set(conversations) <= listed
 
 
+def test_a_turn_sent_the_instant_the_last_one_ends_reuses_all_of_it(
+    client: Client, model: Model
+) -> None:
+    """5 agents, each sending its next turn the moment the previous completion arrives: 30
+    follow-ups, each reusing exactly what the session held (its last prompt and every reply
+    token but the last), on the worker that held it."""
+    num_turns = 7
+    topics = ["rivers", "bridges", "owls", "tea", "rain"]
+    done: dict[str, list[tuple[list[dict[str, str]], Reply]]] = {t: [] for t in topics}
+    errors: list[BaseException] = []
+
+    def agent(topic: str) -> None:
+        messages: list[dict[str, str]] = []
+        try:
+            for turn in range(num_turns):
+                messages.append({"role": "user", "content": f"Tell me fact {turn} on {topic}."})
+                reply = client.complete(f"instant-{topic}", messages=messages, max_tokens=8)
+                done[topic].append((list(messages), reply))
+                messages.append({"role": "assistant", "content": reply.text})
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=agent, args=(t,)) for t in topics]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    follow_ups = 0
+    for topic, turns in done.items():
+        assert len(turns) == num_turns
+        previous: list[int] = []
+        for turn, (messages, reply) in enumerate(turns):
+            prompt, expected = reference(model, messages, max_tokens=8)
+            assert reply.token_ids == expected, (topic, turn)
+            c = reply.completion
+            if turn > 0:
+                assert c.usage.cached_tokens == common_prefix(previous[:-1], prompt), (topic, turn)
+                assert c.kv_source == pb.KV_SOURCE_WARM, (topic, turn)
+                assert c.worker_id == turns[turn - 1][1].completion.worker_id, (topic, turn)
+                follow_ups += 1
+            previous = prompt + reply.token_ids
+    assert follow_ups == 30
+
+
 def test_cancel_frees_the_sequence_within_a_step(
     cluster: Cluster, client: Client, model: Model, redis: redis_lib.Redis
 ) -> None:
@@ -278,6 +323,7 @@ BAD_INPUTS = [
 def test_bad_input_is_rejected_precisely(
     client: Client, name: str, kwargs: dict[str, object], code: grpc.StatusCode, field: str
 ) -> None:
+    """The real gateway's status and message, as the client raises them."""
     with pytest.raises(grpc.RpcError) as err:
         client.complete("bad-input", timeout_s=30, **kwargs)
     assert err.value.code() == code, err.value.details()

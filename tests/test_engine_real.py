@@ -9,9 +9,11 @@ import pytest
 
 from engine.chat import render_chat
 from engine.engine import Engine, StepOutput
+from engine.kernels import SMALL_ROWS
 from engine.model import Model
 from engine.sampling import SamplingParams
 from engine.sequence import Request
+from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.slow
@@ -132,3 +134,12 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model: Model) -> 
         SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=NEW_TOKENS),
     )
     assert run_alone(model, other_seed) != alone
+
+
+def test_logits_are_bitwise_batch_invariant(model: Model) -> None:
+    """Every decode row of the real model gives the same bits alone and in batches of 1 to
+    32 rows, in any position, beside a short prefill chunk (kernel) or a long one (BLAS)."""
+    prompts = [prompt_ids(model, c)[: 12 + 9 * i] for i, c in enumerate(conversations())] * 4
+    sizes = [1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32]
+    cases = compositions(len(prompts), sizes, [0, 7, SMALL_ROWS + 9])
+    assert check(model, prompts, cases) == sum(len(c.order) + (c.prefill > 0) for c in cases)

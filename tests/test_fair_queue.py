@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_lib
@@ -15,18 +14,14 @@ from broker import keys
 from broker.gateway_broker import GatewayBroker
 from broker.wire import WireRequest
 from broker.worker_broker import WorkerBroker
-from tests.cluster_fixtures import redis_client, redis_server  # noqa: F401
-from warmfleet.redis_server import RedisServer
+from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
 
 BIG = 10_000
 
 
 @pytest.fixture
-def client(redis: redis_lib.Redis, redis_server: RedisServer) -> Iterator[redis_lib.Redis]:  # noqa: F811
-    """Like the gateway's and the worker's: replies decoded. `redis` empties the server."""
-    c = redis_lib.Redis.from_url(redis_server.url, decode_responses=True)
-    yield c
-    c.close()
+def client(decoded: redis_lib.Redis) -> redis_lib.Redis:
+    return decoded
 
 
 @pytest.fixture

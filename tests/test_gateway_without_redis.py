@@ -1,4 +1,5 @@
-"""A gateway whose Redis is unreachable answers UNAVAILABLE quickly, never hangs."""
+"""A gateway whose Redis is unreachable says NOT_SERVING, and answers UNAVAILABLE before the
+client's deadline: it never hangs."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def gateway(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     probe = HealthProbe(target)
     try:
         deadline = time.monotonic() + 60
-        while probe.not_serving_reason() is not None:
+        while (reason := probe.not_serving_reason()) != "health: NOT_SERVING":
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "gateway not serving after 60 s"
+            assert time.monotonic() < deadline, f"gateway not answering after 60 s: {reason}"
             time.sleep(0.2)
         yield target
     finally:
@@ -51,13 +52,11 @@ def gateway(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.mark.parametrize("deadline_s", [2.0, 5.0])
 def test_requests_fail_unavailable_within_their_deadline(gateway: str, deadline_s: float) -> None:
     with Client(gateway) as client:
-        t0 = time.monotonic()
         with pytest.raises(grpc.RpcError) as err:
             client.complete("s", prompt="hello", max_tokens=4, timeout_s=deadline_s)
-        elapsed = time.monotonic() - t0
+        # the gateway's own answer: had it hung, the client would see DEADLINE_EXCEEDED
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
-        assert "unavailable" in err.value.details()
-        assert elapsed < deadline_s
+        assert "queue unavailable" in err.value.details()
         for call in (lambda: client.get_session("s"), lambda: client.delete_session("s")):
             with pytest.raises(grpc.RpcError) as err:
                 call()

@@ -18,7 +18,7 @@ import pytest
 import redis as redis_lib
 
 from engine.model import Model
-from tests.test_kvstore_cluster import SESSION_BYTES, Conversation, assert_exact, settle
+from tests.test_kvstore_cluster import TOKEN_BYTES, Conversation, assert_exact, settle
 from warmfleet.client import Client, KVStoreClient
 from warmfleet.launcher import Cluster
 from warmfleet.v1 import inference_pb2 as pb
@@ -53,7 +53,7 @@ def full_cluster(
         num_workers=1,
         model=default_model_path,
         spill_dir=spill_dir,
-        warm_budget=SESSION_BYTES,  # one idle session stays warm
+        warm_budget=TOKEN_BYTES,  # below any session: each is ordered to disk after its turn
         log_dir=tmp_path_factory.mktemp("logs"),
     )
     mounted = mount_tiny_tmpfs(spill_dir)
@@ -75,7 +75,7 @@ def test_a_full_spill_directory_degrades_to_recompute(full_cluster: Cluster, mod
         Client(full_cluster.target, timeout_s=120) as client,
         KVStoreClient(full_cluster.kvstore_target) as kv,
     ):
-        for agent in agents:  # each new one pushes the previous one out: its write fails
+        for agent in agents:  # each is ordered to disk after its turn: its write fails
             agent.turn(client, f"Describe the colour of {agent.session_id}.")
             settle(r, kv)
         usage = kv.usage()

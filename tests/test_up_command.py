@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -132,3 +134,54 @@ def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -
 
     assert main(["up", "--workers", "0"]) == 2
     assert capsys.readouterr().err == "warmfleet: error: --workers: must be at least 1, got 0\n"
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The live processes whose parent is `pid`, with their command names (Linux /proc)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            name = stat.read_text().split("(", 1)[1].rsplit(")", 1)[0]
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found[int(stat.parent.name)] = name
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_up_killed_with_sigkill_leaves_no_process_behind(
+    default_model_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "up.out"
+    argv = [sys.executable, "-m", "warmfleet.cli", "up", "--workers", "1"]
+    argv += ["--port", str(free_port()), "--kvstore-port", str(free_port())]
+    argv += ["--model", str(default_model_path), "--spill-dir", str(tmp_path / "spill")]
+    with out.open("wb") as f:
+        up_process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "warmfleet is up" not in out.read_text():
+            assert up_process.poll() is None, out.read_text()
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+        children = _children(up_process.pid)
+        assert sorted(children.values()).count("redis-server") == 1, children
+        assert len(children) == 4, children  # redis-server, the kvstore, w0, the gateway
+    finally:
+        up_process.kill()
+        up_process.wait()
+    deadline = time.monotonic() + 30
+    while left := [pid for pid in children if _running(pid)]:
+        assert time.monotonic() < deadline, {pid: children[pid] for pid in left}
+        time.sleep(0.1)

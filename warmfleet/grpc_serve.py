@@ -14,9 +14,12 @@ from grpc_reflection.v1alpha import reflection
 Service = tuple[Callable[[Any, grpc.Server], None], Any, str]
 
 
-def serve(services: list[Service], address: str, max_workers: int) -> tuple[grpc.Server, int]:
+def serve(
+    services: list[Service], address: str, max_workers: int, *, serving: bool = True
+) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A started server bound to `address` ("host:port", port 0 picks one), reporting
-    SERVING for each service; returns it and its port. Raises OSError if it cannot bind."""
+    SERVING (or NOT_SERVING) for the overall service "" and each of ours; returns it, its
+    port and its health servicer (to change that). Raises OSError if it cannot bind."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers), maximum_concurrent_rpcs=max_workers
     )
@@ -31,10 +34,15 @@ def serve(services: list[Service], address: str, max_workers: int) -> tuple[grpc
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
+    set_health(health_servicer, ["", *names], serving)
     server.start()
-    for name in ("", *names):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    return server, port, health_servicer
+
+
+def set_health(servicer: health.HealthServicer, names: list[str], serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse
+    for name in names:
+        servicer.set(name, status.SERVING if serving else status.NOT_SERVING)
 
 
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

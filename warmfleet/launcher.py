@@ -74,6 +74,7 @@ class Cluster:
         disk_budget: int | None = None,
         kvstore_port: int = 0,
         keys_file: str | os.PathLike[str] | None = None,
+        gateway_args: Sequence[str] = (),
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -91,6 +92,7 @@ class Cluster:
         self._model = model
         self._lease_s = lease_s
         self._worker_args = tuple(worker_args)  # more `warmfleet worker` options
+        self._gateway_args = tuple(gateway_args)  # more `warmfleet gateway` options
         self._env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -242,7 +244,7 @@ class Cluster:
             argv += ["--model", str(self._model)]
         if self._keys_file is not None:
             argv += ["--keys", str(self._keys_file)]
-        return argv
+        return argv + list(self._gateway_args)
 
     def _spawn(self, child: _Child, extra_args: Sequence[str] = ()) -> None:
         if not child.grpc_target:
@@ -316,6 +318,15 @@ class Cluster:
         if process is None:
             raise RuntimeError(f"{name} was never started")
         return kill(process)
+
+    def terminate(self, name: str, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM a child (a worker drains, the others stop cleanly) and wait up to
+        `timeout_s` for it to exit; its exit code, None if it still runs."""
+        process = self._child(name).process
+        if process is None:
+            raise RuntimeError(f"{name} was never started")
+        signal_process(process, signal.SIGTERM)
+        return wait_exit(process, timeout_s)
 
     def restart(
         self, name: str, *, deadline_s: float | None = 120.0, extra_args: Sequence[str] = ()

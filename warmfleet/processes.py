@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 Process = subprocess.Popen[bytes]
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
@@ -32,11 +35,19 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> Process:
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    die_with_parent: bool = True,
+) -> Process:
     """Start `argv` with stdout and stderr appended to `log_path` and stdin closed.
 
     The child gets a session of its own, so a Ctrl-C in the terminal reaches only the
-    launcher, which then stops its children in order.
+    launcher, which then stops its children in order. With `die_with_parent` (Linux), the
+    kernel SIGKILLs the child when the thread that spawned it ends, however the launcher
+    dies: spawn from the thread that lives as long as the children should (the main one).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
@@ -47,7 +58,27 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
             start_new_session=True,
+            preexec_fn=_death_signal() if die_with_parent else None,
         )
+
+
+def _death_signal() -> Callable[[], None] | None:
+    """A function for the child, between fork and exec, that asks the kernel for SIGKILL
+    when its parent dies (None where prctl does not exist: not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return set_death_signal
 
 
 def signal_process(proc: Process, signum: int) -> None:

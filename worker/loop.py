@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -16,16 +17,18 @@ from broker import kv_events as ev
 from broker.fair_queue import Rooms
 from broker.kv_events import Held, KVEvent, inventory_event
 from broker.wire import Fields, WireRequest, chunk_event, done_event, error_event
-from broker.worker_broker import Delivery, WorkerBroker
+from broker.worker_broker import Delivery, LostState, WorkerBroker, is_lost_group
 from engine.engine import Engine
 from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams
 from engine.sequence import Completion, Request
 from warmfleet.errors import InvalidRequestError, PromptTooLongError, WarmfleetError
+from worker.liveness import Liveness
 from worker.spiller import Spiller
 
 log = logging.getLogger("warmfleet.worker")
 RESTORE_POLL_S = 0.02  # an idle worker's wait for a restore before it looks at Redis again
+HANDOVER_SPILL_S = 2.0  # a draining worker waits this long for a session's spill at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +37,17 @@ class WorkerConfig:
     lease_s: float = 5.0  # an entry whose worker stops renewing is taken over after this
     idle_block_ms: int = 500  # longest wait for new requests while idle
     heartbeat_interval_s: float = 0.5
-    max_backoff_s: float = 5.0  # cap of the reconnect back-off
-    # idle sessions' KV that the kvstore keeps in this worker's memory; the engine's own
-    # pool evicts by itself only past twice this (a kvstore that is down gives no orders)
+    max_backoff_s: float = 2.0  # cap of the reconnect back-off
+    # idle sessions' KV that the kvstore keeps in this worker's memory (it orders the least
+    # recently used to disk beyond it); while no kvstore runs, the worker keeps to it itself
     warm_budget_bytes: int = 2 << 30
+    stall_s: float = 60.0  # a loop with no pass for this long stops its heartbeat
+
+    @property
+    def pool_ceiling_bytes(self) -> int:
+        """While the kvstore runs, the pool evicts by itself only past this: a memory guard
+        for when its orders do not keep up, far enough above the budget that they do."""
+        return max(2 * self.warm_budget_bytes, self.warm_budget_bytes + (1 << 30))
 
     def __post_init__(self) -> None:
         if (
@@ -50,6 +60,8 @@ class WorkerConfig:
             raise InvalidRequestError("lease_s", f"must be >= 1 s, got {self.lease_s}")
         if self.warm_budget_bytes < 0:
             raise InvalidRequestError("warm_budget_bytes", "must be >= 0")
+        if self.stall_s < self.lease_s:
+            raise InvalidRequestError("stall_s", f"must be >= lease_s ({self.lease_s} s)")
 
 
 @dataclass(slots=True)
@@ -94,7 +106,7 @@ class Worker:
         self.inflight: dict[str, InFlight] = {}
         self.stopping = False  # first signal: take no new requests, finish the running ones
         self.stop_now = False  # second signal: leave at once (leases hand the work over)
-        self._next_beat = self._next_renew = self._next_reclaim = 0.0
+        self._next_reclaim = 0.0
         self._outbox = Outbox()
         self._published_running: list[str] = []
         self._prefetched: list[Delivery] = []  # read with the last publish, not yet started
@@ -103,6 +115,12 @@ class Worker:
         # sessions read back from disk on the I/O thread, and the requests waiting for them
         self._restoring: dict[str, Restore] = {}
         self._held: list[Delivery] = []
+        # draining: requests waiting for their session's spill before they are handed over
+        self._handing: dict[str, tuple[list[Delivery], float]] = {}
+        self._draining = False
+        self.liveness = Liveness(
+            broker, config.lease_s, config.heartbeat_interval_s, config.stall_s
+        )
 
     def status(self) -> dict[str, Any]:
         return {
@@ -116,6 +134,7 @@ class Worker:
             "warm_budget": self.config.warm_budget_bytes,
             "steps": self.engine.stats.num_steps,
             "stopping": self.stopping,
+            "kvstore_seen": self.liveness.kvstore_alive,
             "model_fingerprint": self.engine.model.fingerprint,
             "spill": asdict(self.spiller.stats) if self.spiller else None,
         }
@@ -124,25 +143,36 @@ class Worker:
         """Serve until stopped (or until `max_steps` engine steps, for tests)."""
         backoff = 0.1
         self.broker.register(self.status(), self.config.lease_s)
+        self.liveness.start(json.dumps(self.status()))
         self._outbox.kv.append(self._inventory())  # a fresh start holds nothing
         log.info("worker %s ready", self.config.worker_id)
         try:
-            while not self.stop_now and not (
-                self.stopping and not self.inflight and not self._prefetched and not self._held
-            ):
+            while not self.stop_now and not (self.stopping and self._idle()):
                 if max_steps is not None and self.engine.stats.num_steps >= max_steps:
                     break
                 try:
+                    if self.liveness.lost.is_set():
+                        self._rejoin()
                     self._pass()
                     backoff = 0.1
+                except LostState:
+                    self.liveness.lost.set()
                 except redis.RedisError as e:
+                    if isinstance(e, redis.ResponseError) and is_lost_group(e):
+                        self.liveness.lost.set()
+                        continue
                     log.warning("redis: %s; retrying in %.1f s", e, backoff)
                     time.sleep(backoff)
                     backoff = min(backoff * 2, self.config.max_backoff_s)
         finally:
             self.teardown()
 
+    def _idle(self) -> bool:
+        """Nothing started, held or waiting to be handed over."""
+        return not (self.inflight or self._prefetched or self._held or self._handing)
+
     def teardown(self) -> None:
+        self.liveness.stop()
         if self.spiller is not None:
             self.spiller.close()
         try:
@@ -150,8 +180,34 @@ class Worker:
         except redis.RedisError as e:
             log.warning("could not unregister: %s", e)
 
+    def _rejoin(self) -> None:
+        """Redis lost this worker's registration and consumer groups (it restarted without
+        persistence), or took the worker for dead: the entries it held are gone or another
+        worker's, and their clients were told so. Stop them (their KV stays with their
+        sessions), register again, and tell the kvstore what is held."""
+        dropped = sorted(self.inflight)
+        for rid in dropped:
+            self.engine.abort(rid)
+        self.inflight.clear()
+        self._held.clear()
+        self._prefetched.clear()
+        self._handing.clear()
+        self._outbox = Outbox()
+        self._published_running = []
+        self.liveness.lost.clear()
+        self.broker.register(self.status(), self.config.lease_s)
+        if self.stopping:
+            self.broker.set_draining()
+        self._outbox.kv.append(self._inventory())
+        log.warning(
+            "Redis no longer knew this worker (restarted, or took it for dead): registered "
+            "again; %d request(s) in flight dropped", len(dropped)
+        )  # fmt: skip
+
     def _pass(self) -> None:
         self._housekeeping()
+        if self.stopping:
+            self._drain_pass()
         # busy: admit what the last publish read; idle: wait (bounded) for new requests
         self._finish_restores()
         deliveries, self._prefetched = self._prefetched, []
@@ -169,7 +225,12 @@ class Worker:
         self._resume_paused()
         if self.engine.has_work:
             self._step()
+        elif self.stopping and not self._restoring:
+            time.sleep(RESTORE_POLL_S)  # draining, nothing to step: do not spin
         self._flush()
+        self.liveness.update(
+            json.dumps(self.status()), [*(f.delivery for f in self.inflight.values()), *self._held]
+        )
 
     def _capacity(self) -> int:
         """Free batch slots: running requests count, paused (preempted) ones do not."""
@@ -211,18 +272,71 @@ class Worker:
             log.info("resuming %s", rid)
 
     def _housekeeping(self) -> None:
+        self._keep_pool_budget()
         now = time.monotonic()
-        if now >= self._next_beat:
-            self.broker.heartbeat(self.status(), self.config.lease_s)
-            self._next_beat = now + self.config.heartbeat_interval_s
-        if now >= self._next_renew and (self.inflight or self._held):
-            self.broker.renew([*(f.delivery for f in self.inflight.values()), *self._held])
-            self._next_renew = now + self.config.lease_s / 4
         if now >= self._next_reclaim and not self.stopping:
             for d in self.broker.reclaim(max(0, self._capacity())):
                 log.info("taking over %s from %s", d.entry_id, d.stream)
                 self._start(d)
             self._next_reclaim = now + self.config.lease_s / 2
+
+    def _keep_pool_budget(self) -> None:
+        """While the kvstore runs it alone decides spills, and the pool only guards memory
+        (its ceiling); without it the worker keeps its idle sessions within the budget."""
+        pool, c = self.engine.sessions, self.config
+        budget = c.pool_ceiling_bytes if self.liveness.kvstore_alive else c.warm_budget_bytes
+        if pool.budget_bytes != budget:
+            pool.budget_bytes = budget
+            self.engine.evicted_sessions += pool.shrink()
+
+    def _drain_pass(self) -> None:
+        """From the first stop signal: no request is routed here any more; requests on the
+        pinned stream not started yet go to another live worker, once their session's KV
+        is on disk (if that is quick); the kvstore's orders are still carried out."""
+        if not self._draining:
+            self.broker.set_draining()
+            self._draining = True
+            log.info("draining: handing over what has not started")
+        pending, self._prefetched = self._prefetched, []
+        for d in pending + self.broker.read_pinned(64):
+            if d.control is not None:
+                self._start(d)
+            else:
+                self._hand_over(d)
+        self._release_handovers()
+
+    def _hand_over(self, d: Delivery) -> None:
+        key = _cache_key(d)
+        if key and key in self._handing:
+            self._handing[key][0].append(d)
+            return
+        if key and self.spiller is not None:
+            cache = self.engine.sessions.take(key)
+            if cache is not None:
+                self._evict(key, cache)  # the taker reads it back from disk
+            if self.spiller.is_writing(key):
+                self._handing[key] = ([d], time.monotonic() + HANDOVER_SPILL_S)
+                return
+        self._move(d)
+
+    def _release_handovers(self) -> None:
+        now = time.monotonic()
+        for key, (waiting, deadline) in list(self._handing.items()):
+            assert self.spiller is not None
+            if self.spiller.is_writing(key) and now < deadline:
+                continue
+            del self._handing[key]
+            for d in waiting:
+                self._move(d)
+
+    def _move(self, d: Delivery) -> None:
+        taker = self.broker.hand_over(d)
+        assert d.request is not None
+        if taker:
+            log.info("handed %s over to %s", d.request.request_id, taker)
+        else:
+            log.info("no other worker is live: serving %s before stopping", d.request.request_id)
+            self._start(d)
 
     def _start(self, d: Delivery) -> None:
         out = self._outbox
@@ -270,26 +384,36 @@ class Worker:
             if found == "rejected":
                 self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.REJECTED))
             if cache is not None:
-                self.engine.adopt_session(key, cache)
                 took = time.monotonic() - restore.started
                 log.info("read %s back from disk in %.0f ms (%d tokens)", key, took * 1e3,
                          cache.offset)  # fmt: skip
             held = [d for d in self._held if _cache_key(d) == key]
             self._held = [d for d in self._held if _cache_key(d) != key]
-            for i, d in enumerate(held):
-                self._admit(d, key, found if i == 0 else "pool")
+            if not held and cache is not None:  # its requests were dropped meanwhile
+                self.engine.adopt_session(key, cache)
+            for i, d in enumerate(held):  # the first one runs on the KV read back
+                self._admit(d, key, found if i == 0 else "pool", cache if i == 0 else None)
 
-    def _admit(self, d: Delivery, cache_key: str | None, kv_from: str | None = None) -> None:
+    def _admit(
+        self,
+        d: Delivery,
+        cache_key: str | None,
+        kv_from: str | None = None,
+        restored: KVCache | None = None,
+    ) -> None:
+        """Start the request in the engine, on `restored` (its session's KV read back) if
+        given, else on what the pool or a write in flight holds."""
         out = self._outbox
         req = d.request
         assert req is not None
         if req.priority == "interactive":
             self._preempt_for(req.request_id)
         if kv_from is None:
-            kv_from = self._bring_back(cache_key) if cache_key else "none"
+            kv_from, restored = self._bring_back(cache_key) if cache_key else ("none", None)
         try:
             sampling = SamplingParams(**{**req.sampling, "stop": tuple(req.sampling["stop"])})
-            seq = self.engine.add(Request(req.request_id, req.prompt_ids, sampling, cache_key))
+            request = Request(req.request_id, req.prompt_ids, sampling, cache_key)
+            seq = self.engine.add(request, restored)
         except (WarmfleetError, TypeError) as e:
             code = "RESOURCE_EXHAUSTED" if isinstance(e, PromptTooLongError) else "INVALID_ARGUMENT"
             out.events.append((req.request_id, error_event(code, str(e))))
@@ -301,18 +425,17 @@ class Worker:
         if cache_key:
             out.kv.append(self._event(ev.HOT, cache_key, seq.cache, detail=kv_from))
 
-    def _bring_back(self, key: str) -> str:
-        """Put the session's KV in the pool if this worker can find it: where it was."""
+    def _bring_back(self, key: str) -> tuple[str, KVCache | None]:
+        """Where this worker finds the session's KV: ("pool", None) when it is in the pool,
+        else the KV taken back from a write in flight or from its file, and where it was."""
         if key in self.engine.sessions:
-            return "pool"
+            return "pool", None
         if self.spiller is None:
-            return "none"
+            return "none", None
         cache, found = self.spiller.take_back(key)
         if found == "rejected":
             self._outbox.kv.append(self._event(ev.GONE, key, None, detail=ev.REJECTED))
-        if cache is not None:
-            self.engine.adopt_session(key, cache)
-        return found
+        return found, cache
 
     def _control(self, op: str, args: dict[str, str]) -> None:
         key = args.get("key", "")
@@ -368,7 +491,10 @@ class Worker:
     def _fork(self, key: str, new_key: str, reply_to: str) -> None:
         """Copy a session's KV (from the pool, or back from disk) under a new key; the new
         session's event answers the command."""
-        if self._bring_back(key) == "disk":
+        found, back = self._bring_back(key)
+        if back is not None:
+            self.engine.adopt_session(key, back)
+        if found == "disk":
             self._outbox.kv.append(self._event(ev.WARM, key, self.engine.sessions.peek(key)))
         cache = self.engine.sessions.peek(key)
         if cache is None:  # running or gone: the new session recomputes what it needs
@@ -416,11 +542,18 @@ class Worker:
 
     def _flush(self) -> None:
         if self.engine.evicted_sessions:
-            log.warning(
-                "pool past twice its warm budget: evicting %d session(s) without an order "
-                "(is the kvstore running?)",
-                len(self.engine.evicted_sessions),
+            pool = self.engine.sessions
+            why = (
+                "past its ceiling though the kvstore runs (its spill orders fell behind)"
+                if self.liveness.kvstore_alive
+                else "over the warm budget and no kvstore is running to order spills"
             )
+            log.warning(
+                "evicting %d session(s) by the worker's own LRU: the pool (%d bytes with "
+                "them) was %s; limit %d bytes", len(self.engine.evicted_sessions),
+                pool.nbytes + sum(c.nbytes for _, c in self.engine.evicted_sessions), why,
+                pool.budget_bytes,
+            )  # fmt: skip
         for key, cache in self.engine.evicted_sessions:
             self._evict(key, cache)
         self.engine.evicted_sessions.clear()
@@ -440,7 +573,6 @@ class Worker:
         if sorted(self.inflight) != self._published_running:  # keep the status exact
             status = (self.status(), self.config.lease_s)
             self._published_running = sorted(self.inflight)
-            self._next_beat = time.monotonic() + self.config.heartbeat_interval_s
         rooms = self._rooms() if self.engine.has_work else (0, 0, 0)
         cancelled, prefetched = self.broker.publish(
             out.events, out.acks, out.kv, list(self.inflight), status, rooms

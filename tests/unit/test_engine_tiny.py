@@ -10,6 +10,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
+from engine.kv_cache import KVCache
 from engine.model import Model
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch
@@ -189,15 +190,36 @@ def test_session_diverging_midway_reuses_only_the_common_prefix(tiny_model: Mode
     assert engine.sessions.take("s").token_ids == diverged + result.ids[:-1]  # type: ignore[union-attr]
 
 
-def test_sessions_are_evicted_by_bytes(tiny_model: Model) -> None:
-    one_cache = 256 * tiny_model.new_cache().bytes_per_token
-    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=one_cache))
+def test_sessions_are_evicted_by_bytes_they_hold(tiny_model: Model) -> None:
+    per_token = tiny_model.new_cache().bytes_per_token
+    # a + its 8 new tokens (all but the last fed back) hold 12 positions, b's 19: 31 > 24
+    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=24 * per_token))
     drive(engine, {0: [Request("1", PROMPTS["a"], GREEDY, cache_key="s1")]})
-    assert engine.sessions.keys() == ["s1"] and engine.sessions.nbytes == one_cache
+    held = engine.sessions.peek("s1")
+    assert held is not None and held.offset == len(PROMPTS["a"]) + 7
+    assert held.capacity == held.offset and engine.sessions.nbytes == 12 * per_token
     drive(engine, {0: [Request("2", PROMPTS["b"], GREEDY, cache_key="s2")]})
     assert engine.sessions.keys() == ["s2"] and engine.sessions.num_evicted == 1
+    assert engine.sessions.nbytes == 19 * per_token
     cold = drive(engine, {0: [Request("3", PROMPTS["a"], GREEDY, cache_key="s1")]})["3"]
     assert cold.completion.cached_tokens == 0
+
+
+def test_a_restored_cache_is_used_by_its_request_not_the_pool(tiny_model: Model) -> None:
+    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=0))  # the pool keeps nothing
+    first = drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})["1"]
+    assert engine.sessions.keys() == [] and len(engine.evicted_sessions) == 1
+    _, cache = engine.evicted_sessions.pop()
+    k, v, ids = cache.state()
+    restored = KVCache.from_state(tiny_model.config, np, k, v, ids)
+    again = [*PROMPTS["c"], *first.ids, *PROMPTS["a"]]
+    seq = engine.add(Request("2", again, GREEDY, cache_key="s"), restored)
+    assert seq.cache is restored and seq.num_cached == len(PROMPTS["c"]) + 7
+    outputs: list[StepOutput] = []
+    while engine.has_work:
+        outputs += engine.step()
+    result = collect(outputs)
+    assert result.ids == run_alone(tiny_model, Request("cold", again, GREEDY)).ids
 
 
 def test_scheduler_chunks_prefill_within_the_step_budget(tiny_model: Model) -> None:

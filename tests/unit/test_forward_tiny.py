@@ -15,9 +15,9 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.forward import Segment, forward
 from engine.kv_cache import GROW_TOKENS, KVCache
 from engine.model import Model
+from tests.batch_invariance import step
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 
 ATOL = 1e-4
@@ -116,24 +116,7 @@ def reference_logits(ref: Reference, ids: list[int], *, pairs: bool = True) -> n
 
 def run_segments(model: Model, parts: list[tuple[KVCache, list[int]]]) -> np.ndarray:
     """One forward over several sequences' new tokens; logits of each one's last token."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    segments: list[Segment] = []
-    for cache, ids in parts:
-        start = cache.offset
-        cache.reserve(start + len(ids))
-        segments.append(Segment(cache, start, len(ids), want_logits=True))
-        tokens += ids
-        positions += range(start, start + len(ids))
-    logits = forward(
-        model.weights,
-        model.config,
-        model.rope,
-        np.asarray(tokens, np.int64),
-        np.asarray(positions, np.int64),
-        segments,
-        np,
-    )
+    logits = step(model, parts)
     for cache, ids in parts:
         cache.commit(ids)
     return np.asarray(logits, dtype=np.float64)
@@ -206,7 +189,7 @@ def test_mixed_decode_and_prefill_batch_equals_separate_runs(
     cache_a, cache_b = model.new_cache(), model.new_cache()
     run_segments(model, [(cache_a, a[:-1])])
     together = run_segments(model, [(cache_a, a[-1:]), (cache_b, b)])
-    assert np.abs(together - np.stack(alone)).max() < 1e-5
+    assert np.array_equal(together, np.stack(alone))
     assert cache_a.token_ids == a and cache_b.token_ids == b
 
 
@@ -251,8 +234,16 @@ def test_kv_survives_growth_trim_and_state_roundtrip(case: tuple[Model, Referenc
     assert ids == PROMPT[:8]
     restored = KVCache.from_state(cfg, np, k, v, ids)
     assert restored.offset == 8 and restored.token_ids == PROMPT[:8]
-    assert restored.nbytes == GROW_TOKENS * cache.bytes_per_token
+    assert restored.nbytes == 8 * cache.bytes_per_token  # exactly what it holds
     got = run_segments(model, [(restored, PROMPT[8:])])[0]
+    assert np.abs(got - expected[-1]).max() < ATOL
+
+    restored.trim(12)  # kept: 12 of 17; the rest of the capacity is given back
+    assert restored.capacity == GROW_TOKENS
+    restored.compact()
+    assert restored.capacity == restored.offset == 12
+    assert restored.nbytes == 12 * cache.bytes_per_token
+    got = run_segments(model, [(restored, PROMPT[12:])])[0]
     assert np.abs(got - expected[-1]).max() < ATOL
 
 

@@ -1,15 +1,16 @@
-"""The Numba few-row matmul equals BLAS for every row count and shape it may see."""
+"""The row kernel equals BLAS up to rounding for every shape it may see, and gives each row
+the same bits whatever rows come with it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.kernels import SMALL_ROWS, matmul_t
+from engine.kernels import SMALL_ROWS, matmul_t, plan_rows
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, 16, SMALL_ROWS, SMALL_ROWS + 1])
-@pytest.mark.parametrize(("n", "k"), [(960, 576), (64, 128), (12, 1536)])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (64, 128), (12, 1536), (265, 64)])
 def test_matmul_t_equals_blas(rows: int, n: int, k: int) -> None:
     rng = np.random.default_rng(rows * 1000 + n)
     x = rng.standard_normal((rows, k)).astype(np.float32)
@@ -17,12 +18,29 @@ def test_matmul_t_equals_blas(rows: int, n: int, k: int) -> None:
     got = matmul_t(x, w)
     assert got.shape == (rows, n) and got.dtype == np.float32
     np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4)
+    blas_runs = matmul_t(x, w, plan_rows([rows]))
+    np.testing.assert_allclose(blas_runs, x @ w.T, rtol=1e-4, atol=1e-4)
 
 
-def test_odd_row_count_and_views_fall_back_or_match() -> None:
+@pytest.mark.parametrize("n", [960, 265, 7])
+def test_each_row_has_the_same_bits_alone_and_in_any_batch(n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((SMALL_ROWS, 576)).astype(np.float32)
+    w = rng.standard_normal((n, 576)).astype(np.float32)
+    alone = np.concatenate([matmul_t(x[i : i + 1], w) for i in range(SMALL_ROWS)])
+    for size in (2, 3, 5, 8, 17, SMALL_ROWS):
+        for start in range(0, SMALL_ROWS - size + 1, 3):
+            assert np.array_equal(matmul_t(x[start : start + size], w), alone[start : start + size])
+    flipped = matmul_t(x[::-1], w)  # a strided view: every row in another position
+    assert np.array_equal(flipped[::-1], alone)
+
+
+def test_runs_compute_kernel_and_blas_rows_apart() -> None:
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((265, 64)).astype(np.float32)  # 265 % 4 != 0: BLAS path
-    x = rng.standard_normal((8, 128)).astype(np.float32)[:, ::2]  # a strided view
-    np.testing.assert_allclose(matmul_t(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
-    w4 = w[:264]
-    np.testing.assert_allclose(matmul_t(x, w4), x @ w4.T, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((1 + 40 + 2, 64)).astype(np.float32)
+    w = rng.standard_normal((24, 64)).astype(np.float32)
+    runs = plan_rows([1, 40, 2])
+    got = matmul_t(x, w, runs)
+    assert np.array_equal(got[:1], matmul_t(x[:1], w))
+    assert np.array_equal(got[41:], matmul_t(x[41:], w))
+    assert np.array_equal(got[1:41], x[1:41] @ w.T)  # the long chunk: BLAS, on its own

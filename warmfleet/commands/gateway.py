@@ -60,6 +60,14 @@ def register(sub: Any) -> None:
         "fails at once with RESOURCE_EXHAUSTED and a retry-after-ms hint (1024)",
     )
     p.add_argument(
+        "--worker-wait-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request that finds no live worker waits this long for one (at most until "
+        "its deadline), then fails with UNAVAILABLE (30)",
+    )
+    p.add_argument(
         "--keys",
         metavar="FILE",
         help="API keys (TOML, hashed; see `warmfleet keys add`): each caller must send "
@@ -73,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s gateway: %(message)s"
     )
-    config = GatewayConfig(default_timeout_s=args.default_timeout_s, max_queued=args.max_queued)
+    config = GatewayConfig(
+        default_timeout_s=args.default_timeout_s,
+        max_queued=args.max_queued,
+        worker_wait_s=args.worker_wait_s,
+    )
     keys = KeyRing.load(args.keys) if args.keys else KeyRing.open()
     if keys.enabled:
         logging.info("API keys from %s: tenants %s", args.keys, ", ".join(keys.tenants))
@@ -83,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     model_config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
     r = connect(args.redis_url, block_ms=POLL_MS, max_connections=args.max_streams + 8)
     try:
-        server, port = build_server(
+        server, port, watch = build_server(
             GatewayBroker(r),
             tokenizer,
             model_config,
@@ -109,5 +121,6 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.wait_for_termination()
+    watch.stop()
     logging.info("stopped")
     return 0

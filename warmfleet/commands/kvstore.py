@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise ServiceError(f"cannot reach Redis at {args.redis_url}: {e}") from e
     try:
         add = kvstore_pb2_grpc.add_KVStoreServicer_to_server
-        server, port = serve(
+        server, port, _ = serve(
             [(add, KVStoreService(store), SERVICE_NAME)], f"{args.host}:{args.port}", 16
         )
     except (OSError, RuntimeError) as e:

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -85,12 +86,11 @@ def run(args: argparse.Namespace) -> int:
     )
     budget = args.warm_budget if args.warm_budget is not None else default_warm_budget_bytes()
     config = WorkerConfig(worker_id=args.worker_id, lease_s=args.lease_s, warm_budget_bytes=budget)
-    # the kvstore keeps the pool within `budget`; the engine evicts by itself only far past it
     if args.step_budget_ms < 0:
         raise InvalidRequestError("--step-budget-ms", "must be >= 0")
     engine_config = EngineConfig(
         max_running=args.max_running,
-        session_budget_bytes=2 * budget,
+        session_budget_bytes=budget,  # the worker moves it to its ceiling once a kvstore runs
         step_budget_s=args.step_budget_ms / 1000 if args.step_budget_ms else None,
     )
     threads = set_threads(args.threads)
@@ -105,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
             "spilling evicted sessions to %s (warm budget %s)", args.spill_dir, format_size(budget)
         )
     broker = WorkerBroker(r, config.worker_id, config.lease_s)
-    worker = Worker(Engine(model, engine_config), broker, config, spiller)
+    engine = Engine(model, engine_config)
+    t0 = time.perf_counter()
+    engine.warm_up()
+    logging.info("kernels ready in %.1f s", time.perf_counter() - t0)
+    worker = Worker(engine, broker, config, spiller)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if worker.stopping:

@@ -1,0 +1,105 @@
+"""Routing on a real Redis: a session goes to the worker the index names, else to the one
+that last started it; a draining worker is routed nothing and hands what waits on its stream
+to the live worker with the shortest stream; the worker's liveness thread keeps its
+heartbeat, notices a lost registration, and stops when the loop stalls."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis as redis_lib
+
+from broker import keys
+from broker.gateway_broker import GatewayBroker
+from broker.kv_events import HOT, KVEvent
+from broker.wire import WireRequest
+from broker.worker_broker import WorkerBroker
+from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
+from tests.test_kvstore_cluster import wait_for
+from worker.liveness import Liveness
+
+BIG = 10_000
+
+
+@pytest.fixture
+def r(decoded: redis_lib.Redis) -> redis_lib.Redis:
+    return decoded
+
+
+def worker(r: redis_lib.Redis, worker_id: str) -> WorkerBroker:
+    broker = WorkerBroker(r, worker_id, lease_s=5.0)
+    broker.register({"warm_budget": 0}, ttl_s=60)
+    return broker
+
+
+def send(gateway: GatewayBroker, rid: str, session: str = "s") -> tuple[str, str]:
+    now = time.time()
+    wire = WireRequest(rid, "t", session, [1, 2], {"max_tokens": 1}, "normal", now, now + 60)
+    admission = gateway.enqueue(wire, 3, 1, BIG, BIG, BIG)
+    return admission.kind, admission.worker_id
+
+
+def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis) -> None:
+    gateway, w0, w1 = GatewayBroker(r), worker(r, "w0"), worker(r, "w1")
+    assert send(gateway, "a") == ("queued", "")  # a new session: any worker
+    # w1 starts it: its session event also leaves the affinity, before the kvstore acts
+    w1.publish([], [], [KVEvent(HOT, "w1", keys.cache_key("t", "s"))], [])
+    assert r.get(keys.affinity_key("t", "s")) == "w1"
+    assert send(gateway, "b") == ("pinned", "w1")
+    r.hset(keys.session_key("t", "s"), mapping={"worker": "w0", "tier": "warm"})
+    assert send(gateway, "c") == ("pinned", "w0")  # the index, once it names a live worker
+    w0.set_draining()
+    assert send(gateway, "d") == ("pinned", "w1")  # not to a draining worker
+    assert gateway.live_workers() == ["w1"]
+    w1.set_draining()
+    assert send(gateway, "e") == ("no_worker", "")
+    assert gateway.live_workers() == []
+
+
+def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
+    r: redis_lib.Redis,
+) -> None:
+    gateway, w0, w1, w2 = GatewayBroker(r), worker(r, "w0"), worker(r, "w1"), worker(r, "w2")
+    r.hset(keys.session_key("t", "s"), mapping={"worker": "w0", "tier": "warm"})
+    for rid in ("x", "y", "z"):
+        assert send(gateway, rid) == ("pinned", "w0")
+    r.hset(keys.session_key("t", "s"), mapping={"worker": "w1"})
+    assert send(gateway, "on-w1") == ("pinned", "w1")  # w1's stream is now the longer
+    w0.set_draining()
+    waiting = w0.read_pinned(10)
+    assert [d.request.request_id for d in waiting if d.request] == ["x", "y", "z"]
+    # streams of 1 and 0 entries; then 1 and 1 (the smaller id wins); then 2 and 1
+    assert [w0.hand_over(d) for d in waiting] == ["w2", "w1", "w2"]
+    assert r.xlen(keys.pinned_stream("w0")) == 0
+    assert r.xpending(keys.pinned_stream("w0"), keys.GROUP)["pending"] == 0
+    moved = [d.request.request_id for d in w2.read_pinned(10) if d.request]
+    assert moved == ["x", "z"]
+    w1.set_draining()
+    w2.set_draining()
+    left = w1.read_pinned(10)
+    assert [d.request.request_id for d in left if d.request] == ["on-w1", "y"]
+    assert [w1.hand_over(d) for d in left] == ["", ""]  # no live worker: they stay there
+    assert r.xlen(keys.pinned_stream("w1")) == 2
+
+
+def test_liveness_beats_rejoins_and_stops_when_the_loop_stalls(r: redis_lib.Redis) -> None:
+    broker = worker(r, "w0")
+    liveness = Liveness(broker, lease_s=1.0, interval_s=0.1, stall_s=1.5)
+    liveness.start(json.dumps({"pid": 1}))
+    try:
+        assert not liveness.kvstore_alive
+        r.set(keys.KVSTORE_HEARTBEAT, "1", ex=10)
+        wait_for(lambda: liveness.kvstore_alive, "the kvstore to be seen")
+        r.srem(keys.WORKERS, "w0")  # as when Redis restarts empty
+        wait_for(liveness.lost.is_set, "the lost registration to be noticed")
+        assert r.sismember(keys.WORKERS, "w0")
+        for _ in range(20):  # the loop makes progress: the heartbeat stays
+            liveness.update(json.dumps({"pid": 2}), [])
+            time.sleep(0.1)
+        assert json.loads(r.get(keys.heartbeat_key("w0")) or "{}") == {"pid": 2}
+        # the loop stalls: beats stop, and the heartbeat expires with its lease
+        wait_for(lambda: not r.exists(keys.heartbeat_key("w0")), "the heartbeat to lapse")
+    finally:
+        liveness.stop()
