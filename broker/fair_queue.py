@@ -152,7 +152,8 @@ return removed
 
 
 # A draining worker hands a request it has not started to the live worker with the
-# shortest pinned stream (the smallest id among equals), in one step (the entry leaves its stream as it joins the other).
+# shortest pinned stream (the smallest id among equals), in one step (the entry leaves its
+# stream as it joins the other).
 # KEYS: the draining worker's pinned stream
 # ARGV: entry id, body, heartbeat prefix, pinned-stream prefix, workers set, draining
 #       prefix, the draining worker's id, the consumer group
