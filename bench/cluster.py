@@ -16,12 +16,13 @@ import threading
 import time
 
 from bench.table import print_table
+from common.sampling import SamplingParams
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
-from engine.sampling import SamplingParams
 from engine.sequence import Request
 from warmfleet.client import Client
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
 
@@ -88,7 +89,9 @@ def main() -> None:
     prompts = [model.tokenizer.encode(p) for p in PROMPTS]
     rows = []
     with (
-        Cluster(num_workers=1, model=path, threads_per_worker=threads, progress=log) as cluster,
+        Cluster(
+            ClusterConfig(num_workers=1, model=path, threads_per_worker=threads, progress=log)
+        ) as cluster,
         Client(cluster.target, timeout_s=600) as client,
     ):
         cluster_run(client, prompts[:1], 4)  # warm up the path

@@ -12,18 +12,19 @@ import argparse
 import resource
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from numba import njit, prange
 
 from bench.llamacpp import llamacpp_available, measure_llamacpp
 from bench.table import print_table
+from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
-from engine.sampling import SamplingParams
 from engine.sequence import Request
 from warmfleet.models import resolve_model
 
@@ -119,6 +120,99 @@ def bench_decode(model: Model, prompt: list[int], batch: int, repeats: int) -> f
     return batch / best
 
 
+Row = tuple[str, str, str, str]
+
+
+@dataclass(slots=True)
+class Figures:
+    """This engine's measurements in one run."""
+
+    copy_gbs: float
+    read_gbs: float
+    prefill_tok_s: float
+    decode_tok_s: dict[int, float]  # by batch size
+    peak_rss_mib: float
+
+
+def measure(model: Model, ids: list[int], repeats: int) -> Figures:
+    """Memory bandwidth, the prefill of `ids` and decode at every batch size in BATCHES, then
+    the peak RSS so far."""
+    log("measuring memory bandwidth")
+    bw, read_bw = copy_bandwidth_gbs(), read_bandwidth_gbs()
+    log("prefill")
+    prefill = bench_prefill(model, ids, repeats)
+    decode: dict[int, float] = {}
+    for b in BATCHES:
+        log(f"decode, batch {b}")
+        decode[b] = bench_decode(model, ids, b, repeats)
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return Figures(bw, read_bw, prefill, decode, rss_mib)
+
+
+def measure_reference(path: Path, ids: list[int], threads: int, repeats: int) -> dict[str, float]:
+    """llama.cpp's figures on the same file; empty when llama-cpp-python is not installed."""
+    if not llamacpp_available():
+        return {}
+    log("llama.cpp on the same file")
+    return measure_llamacpp(str(path), ids, DECODE_TOKENS, threads, repeats)
+
+
+def ratio(ours: float, theirs: float | None) -> str:
+    """`ours / theirs` as "1.23x"; "-" when there is nothing to compare with."""
+    return f"{ours / theirs:.2f}x" if theirs else "-"
+
+
+def speed_rows(figures: Figures, lc: dict[str, float]) -> list[Row]:
+    """Prefill and decode speed, each against llama.cpp where it was measured."""
+    lc_decode, lc_prefill = lc.get("decode_tok_s"), lc.get("prefill_tok_s")
+    rows = [
+        (
+            f"prefill, {PROMPT_TOKENS}-token prompt (tok/s)",
+            f"{figures.prefill_tok_s:.0f}",
+            f"{lc_prefill:.0f}" if lc_prefill else "-",
+            ratio(figures.prefill_tok_s, lc_prefill),
+        )
+    ]
+    for b in BATCHES:
+        rows.append(
+            (
+                f"decode batch {b}, aggregate (tok/s)",
+                f"{figures.decode_tok_s[b]:.1f}",
+                f"{lc_decode:.1f} (batch 1)" if lc_decode else "-",
+                ratio(figures.decode_tok_s[b], lc_decode),
+            )
+        )
+    return rows
+
+
+def floor_rows(model: Model, figures: Figures) -> list[Row]:
+    """The batch-1 decode step against the time to stream the weights once (copy and read)."""
+    step_ms = 1e3 / figures.decode_tok_s[1]
+    rows = [("decode step, batch 1 (ms)", f"{step_ms:.1f}", "-", "-")]
+    mib = model.weights.nbytes / 2**20
+    for kind, rate in (("copy", figures.copy_gbs), ("read", figures.read_gbs)):
+        floor = model.weights.nbytes / (rate * 1e9) * 1e3
+        rows.append(
+            (
+                f"floor: {mib:.0f} MiB weights / {kind} {rate:.1f} GB/s (ms)",
+                f"{floor:.1f}",
+                "-",
+                f"step/floor {step_ms / floor:.2f}x",
+            )
+        )
+    return rows
+
+
+def memory_rows(model: Model, figures: Figures, lc: dict[str, float]) -> list[Row]:
+    """KV bytes per token (llama.cpp's from its saved state) and peak RSS."""
+    kv = model.new_cache().bytes_per_token
+    lc_kv = lc.get("state_bytes", 0) / PROMPT_TOKENS if lc else None
+    return [
+        ("KV bytes per token", f"{kv}", f"{lc_kv:.0f} (f16)" if lc_kv else "-", "-"),
+        ("peak RSS (MiB)", f"{figures.peak_rss_mib:.0f}", "-", "-"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", metavar="PATH")
@@ -132,62 +226,9 @@ def main() -> None:
     ids = model.tokenizer.encode(TEXT * 40)[:PROMPT_TOKENS]
     assert len(ids) == PROMPT_TOKENS
 
-    rows: list[tuple[str, str, str, str]] = []
-    log("measuring memory bandwidth")
-    bw, read_bw = copy_bandwidth_gbs(), read_bandwidth_gbs()
-    floor_ms = model.weights.nbytes / (bw * 1e9) * 1e3
-    read_floor_ms = model.weights.nbytes / (read_bw * 1e9) * 1e3
-    log("prefill")
-    prefill = bench_prefill(model, ids, args.repeats)
-    decode: dict[int, float] = {}
-    for b in BATCHES:
-        log(f"decode, batch {b}")
-        decode[b] = bench_decode(model, ids, b, args.repeats)
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    lc: dict[str, Any] = {}
-    if llamacpp_available():
-        log("llama.cpp on the same file")
-        lc = measure_llamacpp(str(path), ids, DECODE_TOKENS, threads, args.repeats)
-    lc_decode, lc_prefill = lc.get("decode_tok_s"), lc.get("prefill_tok_s")
-
-    def ratio(ours: float, theirs: float | None) -> str:
-        return f"{ours / theirs:.2f}x" if theirs else "-"
-
-    rows.append(
-        (
-            f"prefill, {PROMPT_TOKENS}-token prompt (tok/s)",
-            f"{prefill:.0f}",
-            f"{lc_prefill:.0f}" if lc_prefill else "-",
-            ratio(prefill, lc_prefill),
-        )
-    )
-    for b in BATCHES:
-        rows.append(
-            (
-                f"decode batch {b}, aggregate (tok/s)",
-                f"{decode[b]:.1f}",
-                f"{lc_decode:.1f} (batch 1)" if lc_decode else "-",
-                ratio(decode[b], lc_decode),
-            )
-        )
-    step_ms = 1e3 / decode[1]
-    rows.append(("decode step, batch 1 (ms)", f"{step_ms:.1f}", "-", "-"))
-    mib = model.weights.nbytes / 2**20
-    for kind, rate, floor in (("copy", bw, floor_ms), ("read", read_bw, read_floor_ms)):
-        rows.append(
-            (
-                f"floor: {mib:.0f} MiB weights / {kind} {rate:.1f} GB/s (ms)",
-                f"{floor:.1f}",
-                "-",
-                f"step/floor {step_ms / floor:.2f}x",
-            )
-        )
-    kv = model.new_cache().bytes_per_token
-    lc_kv = lc.get("state_bytes", 0) / PROMPT_TOKENS if lc else None
-    rows.append(("KV bytes per token", f"{kv}", f"{lc_kv:.0f} (f16)" if lc_kv else "-", "-"))
-    rows.append(("peak RSS (MiB)", f"{rss_mib:.0f}", "-", "-"))
-
+    figures = measure(model, ids, args.repeats)
+    lc = measure_reference(path, ids, threads, args.repeats)
+    rows = [*speed_rows(figures, lc), *floor_rows(model, figures), *memory_rows(model, figures, lc)]
     print_table(("figure", "warmfleet", "llama.cpp", "ratio"), rows)
 
 

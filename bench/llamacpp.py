@@ -7,6 +7,9 @@ import importlib.util
 import time
 from typing import Any
 
+# what one round times, in seconds; measure_llamacpp keeps the best of each
+_TIMINGS = ("prefill", "save", "restore", "raw_save", "raw_restore", "decode")
+
 
 def llamacpp_available() -> bool:
     """True when the llama_cpp package can be imported."""
@@ -39,7 +42,6 @@ def measure_llamacpp(
     - state_bytes: size of the serialized llama.cpp state after the full prompt.
     """
     import llama_cpp
-    import numpy as np
 
     llm = llama_cpp.Llama(
         model_path=model_path,
@@ -51,46 +53,80 @@ def measure_llamacpp(
         logits_all=False,
     )
     try:
-        prefill = decode = save = restore = raw_save = raw_restore = float("inf")
+        best = dict.fromkeys(_TIMINGS, float("inf"))
         state_bytes = 0
         for _ in range(repeats):
-            llm.reset()
-            t0 = time.perf_counter()
-            llm.eval(prompt_ids)
-            prefill = min(prefill, time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            state = llm.save_state()
-            save = min(save, time.perf_counter() - t0)
-            state_bytes = int(state.llama_state_size)
-            t0 = time.perf_counter()
-            llm.load_state(state)
-            restore = min(restore, time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            buf = (ctypes.c_uint8 * llama_cpp.llama_state_get_size(llm.ctx))()
-            n = llama_cpp.llama_state_get_data(llm.ctx, buf, len(buf))
-            raw_save = min(raw_save, time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            if llama_cpp.llama_state_set_data(llm.ctx, buf, n) != n:
-                raise RuntimeError("llama_state_set_data failed")
-            raw_restore = min(raw_restore, time.perf_counter() - t0)
-
-            llm.reset()
-            llm.eval(prompt_ids[:16])
-            tok = _greedy_next(llm, llama_cpp, np)
-            t0 = time.perf_counter()
-            for _ in range(decode_tokens):
-                llm.eval([tok])
-                tok = _greedy_next(llm, llama_cpp, np)
-            decode = min(decode, time.perf_counter() - t0)
+            times, state_bytes = _one_round(llm, llama_cpp, prompt_ids, decode_tokens)
+            best = {name: min(best[name], times[name]) for name in _TIMINGS}
     finally:
         llm.close()
     return {
-        "prefill_tok_s": len(prompt_ids) / prefill,
-        "decode_tok_s": decode_tokens / decode,
-        "state_save_ms": save * 1e3,
-        "state_restore_ms": restore * 1e3,
-        "raw_state_save_ms": raw_save * 1e3,
-        "raw_state_restore_ms": raw_restore * 1e3,
+        "prefill_tok_s": len(prompt_ids) / best["prefill"],
+        "decode_tok_s": decode_tokens / best["decode"],
+        "state_save_ms": best["save"] * 1e3,
+        "state_restore_ms": best["restore"] * 1e3,
+        "raw_state_save_ms": best["raw_save"] * 1e3,
+        "raw_state_restore_ms": best["raw_restore"] * 1e3,
         "state_bytes": float(state_bytes),
     }
+
+
+def _one_round(
+    llm: Any, llama_cpp: Any, prompt_ids: list[int], decode_tokens: int
+) -> tuple[dict[str, float], int]:
+    """One timing (seconds) of each of _TIMINGS, and the wrapper's state size in bytes: the
+    prompt from an empty cache, its state saved and restored both ways, then the decode."""
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt_ids)
+    prefill = time.perf_counter() - t0
+    save, restore, state_bytes = _time_wrapper_state(llm)
+    raw_save, raw_restore = _time_raw_state(llm, llama_cpp)
+    decode = _time_decode(llm, llama_cpp, prompt_ids[:16], decode_tokens)
+    times = {
+        "prefill": prefill,
+        "save": save,
+        "restore": restore,
+        "raw_save": raw_save,
+        "raw_restore": raw_restore,
+        "decode": decode,
+    }
+    return times, state_bytes
+
+
+def _time_wrapper_state(llm: Any) -> tuple[float, float, int]:
+    """Seconds of Llama.save_state() and of load_state() of the current state, and its size."""
+    t0 = time.perf_counter()
+    state = llm.save_state()
+    save = time.perf_counter() - t0
+    state_bytes = int(state.llama_state_size)
+    t0 = time.perf_counter()
+    llm.load_state(state)
+    return save, time.perf_counter() - t0, state_bytes
+
+
+def _time_raw_state(llm: Any, llama_cpp: Any) -> tuple[float, float]:
+    """Seconds of llama_state_get_data and of llama_state_set_data of the current state."""
+    t0 = time.perf_counter()
+    buf = (ctypes.c_uint8 * llama_cpp.llama_state_get_size(llm.ctx))()
+    n = llama_cpp.llama_state_get_data(llm.ctx, buf, len(buf))
+    save = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if llama_cpp.llama_state_set_data(llm.ctx, buf, n) != n:
+        raise RuntimeError("llama_state_set_data failed")
+    return save, time.perf_counter() - t0
+
+
+def _time_decode(llm: Any, llama_cpp: Any, prompt_ids: list[int], decode_tokens: int) -> float:
+    """Seconds of `decode_tokens` greedy steps, one token per eval, after `prompt_ids`
+    (whose prefill is not timed) from an empty cache."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(prompt_ids)
+    tok = _greedy_next(llm, llama_cpp, np)
+    t0 = time.perf_counter()
+    for _ in range(decode_tokens):
+        llm.eval([tok])
+        tok = _greedy_next(llm, llama_cpp, np)
+    return time.perf_counter() - t0

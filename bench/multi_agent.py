@@ -28,6 +28,7 @@ from engine.chat import render_chat
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
 from warmfleet.client import Client
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
 
@@ -97,7 +98,7 @@ def run(config: str, args: argparse.Namespace, systems: list[str]) -> dict[str, 
     log(f"{config}: starting a cluster ({' '.join(CONFIGS[config]) or 'defaults'})")
     results: list[TurnResult] = []
     with Cluster(
-        num_workers=2, model=args.model, worker_args=CONFIGS[config], progress=log
+        ClusterConfig(num_workers=2, model=args.model, worker_args=CONFIGS[config], progress=log)
     ) as cluster:
         warm = Client(cluster.target)  # first-call costs out of the way
         warm.complete("warmup", prompt="Hello", max_tokens=2)

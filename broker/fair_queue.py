@@ -20,21 +20,28 @@ scripts assume one Redis (not a Redis Cluster).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import redis
+from string import Template
 
 from broker import keys
+from broker.codec import FIELD
+from common.enums import PRIORITIES
+
+
+def _stream_field(script: str) -> str:
+    """A script with the stream field that holds a message (codec.FIELD) filled in."""
+    return Template(script).substitute(field=FIELD)
+
 
 # A worker takes requests while its heartbeat key exists and its draining key does not.
 # KEYS: session hash, tenant's queued count, total queued count, the request's hash,
 #       the tenant's list, the class's active set, the class's virtual times, wake stream,
 #       running counts, the session's affinity
-# ARGV: body, heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
+# ARGV: the job (encoded), heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
 #       cost, weight, tenant's queue bound, total bound, ttl (s), tenant's running bound,
 #       draining prefix
 # The session goes to the worker the index names, else to the one that last started it
 # (the index lags the worker by the kvstore's reaction time; an agent's next turn does not).
-ENQUEUE = """
+ENQUEUE = _stream_field("""
 local function takes(w)
   return w and w ~= '' and redis.call('EXISTS', ARGV[2] .. w) == 1
     and redis.call('EXISTS', ARGV[13] .. w) == 0
@@ -44,7 +51,7 @@ if not takes(worker) then
   worker = redis.call('GET', KEYS[10])
 end
 if takes(worker) then
-  redis.call('XADD', ARGV[3] .. worker, '*', 'body', ARGV[1])
+  redis.call('XADD', ARGV[3] .. worker, '*', '$field', ARGV[1])
   redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
   return {'pinned', worker}
 end
@@ -78,14 +85,14 @@ redis.call('INCR', KEYS[2])
 redis.call('INCR', KEYS[3])
 redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000', '*', 'r', ARGV[5])
 return {'queued', tostring(all + 1)}
-"""
+""")
 
 # KEYS: the worker's pinned stream, total queued count, running counts
 # ARGV: room for each class in priority order (how many requests in all the worker takes
 #       once that class is reached: interactive ones may also take the slots of running
 #       batch requests, which they preempt), request-hash prefix, tenant-count prefix,
 #       then per class in priority order: active set, virtual times, tenant-list prefix
-DISPATCH = """
+DISPATCH = _stream_field("""
 local n = 0
 for c = 0, 2 do
   local room = tonumber(ARGV[1 + c])
@@ -116,7 +123,7 @@ for c = 0, 2 do
       redis.call('DEL', req)
       local finish = start
       if f[1] then  -- else it expired in the queue: its deadline passed
-        redis.call('XADD', KEYS[1], '*', 'body', f[1])
+        redis.call('XADD', KEYS[1], '*', '$field', f[1])
         redis.call('HINCRBY', KEYS[3], tenant, 1)
         finish = start + tonumber(f[2]) / tonumber(f[3])
         n = n + 1
@@ -133,7 +140,7 @@ for c = 0, 2 do
   end
 end
 return n
-"""
+""")
 
 # KEYS: the tenant's list, the request's hash, tenant's queued count, total, active set
 # ARGV: request id, tenant
@@ -155,9 +162,9 @@ return removed
 # shortest pinned stream (the smallest id among equals), in one step (the entry leaves its
 # stream as it joins the other).
 # KEYS: the draining worker's pinned stream
-# ARGV: entry id, body, heartbeat prefix, pinned-stream prefix, workers set, draining
+# ARGV: entry id, the job (encoded), heartbeat prefix, pinned-stream prefix, workers set, draining
 #       prefix, the draining worker's id, the consumer group
-HAND_OVER = """
+HAND_OVER = _stream_field("""
 local best, best_len = nil, nil
 for _, w in ipairs(redis.call('SMEMBERS', ARGV[5])) do
   if w ~= ARGV[7] and redis.call('EXISTS', ARGV[3] .. w) == 1
@@ -171,11 +178,11 @@ end
 if not best then
   return ''
 end
-redis.call('XADD', ARGV[4] .. best, '*', 'body', ARGV[2])
+redis.call('XADD', ARGV[4] .. best, '*', '$field', ARGV[2])
 redis.call('XACK', KEYS[1], ARGV[8], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
 return best
-"""
+""")
 
 
 # The workers that take requests now (the same rule as ENQUEUE's).
@@ -204,13 +211,9 @@ Rooms = tuple[int, int, int]  # how many requests a worker takes, by class (see 
 def dispatch_args(rooms: Rooms) -> list[str | int]:
     """ARGV of DISPATCH for a worker with these rooms."""
     args: list[str | int] = [*rooms, keys.queued_request(""), keys.tenant_queued("")]
-    for p in keys.PRIORITIES:
+    for p in PRIORITIES:
         args += [keys.fair_active(p), keys.fair_state(p), keys.fair_queue(p, "")]
     return args
-
-
-def register_dispatch(r: redis.Redis) -> redis.commands.core.Script:
-    return r.register_script(DISPATCH)
 
 
 def live_workers_args() -> list[str]:

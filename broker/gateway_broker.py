@@ -1,27 +1,30 @@
-"""The gateway's side of the Redis protocol: route and enqueue, read tokens, sessions."""
+"""The gateway's side of the Redis protocol: route and enqueue, read results, sessions."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 
-from broker import fair_queue, keys, kv_commands, kv_events
+from broker import codec, fair_queue, keys, kv_commands
 from broker.fair_queue import Admission
-from broker.wire import Fields, WireRequest
+from broker.messages import CommandAnswer, CommandOp, Completion, Job, JobError, TokenChunk
+from broker.records import SessionRecord
+from common.enums import Tier
 
 CANCEL_TTL_S = 600
+Result = TokenChunk | Completion | JobError
 
 
 @dataclass(frozen=True, slots=True)
-class SessionRecord:
-    session_id: str
-    worker_id: str
-    tier: str  # hot, warm, spilling, disk or gone
-    num_tokens: int
-    kv_bytes: int
-    last_used: float
+class Bounds:
+    """What the fair queues hold a tenant to (from its key) and all tenants to."""
+
+    weight: int
+    max_queued: int  # the tenant's queued requests
+    max_total: int  # everyone's queued requests
+    max_running: int  # the tenant's running requests
 
 
 class GatewayBroker:
@@ -31,72 +34,59 @@ class GatewayBroker:
         self._unqueue = r.register_script(fair_queue.UNQUEUE)
         self._live = r.register_script(fair_queue.LIVE_WORKERS)
 
-    def enqueue(
-        self,
-        request: WireRequest,
-        cost: int,
-        weight: int,
-        max_queued: int,
-        max_total: int,
-        max_running: int,
-    ) -> Admission:
+    def enqueue(self, job: Job, bounds: Bounds) -> Admission:
         """Route and enqueue in one step (see broker/fair_queue.py): onto the pinned stream
         of the live worker that holds the session, else into the tenant's fair queue of its
         class, unless no worker is alive or the tenant's queue or all queues are full."""
-        sid, tenant, rid = request.session_id, request.tenant, request.request_id
-        session = keys.session_key(tenant, sid) if sid else "wf:session:-"
-        ttl_s = max(1, int(request.deadline_at - time.time()) + 1)
+        sid, tenant, rid = job.session_id, job.tenant, job.request_id
+        cost = len(job.prompt_ids) + job.sampling.max_tokens
+        ttl_s = max(1, int(job.deadline_at - time.time()) + 1)
         kind, detail = self._enqueue(
             keys=[
-                session,
+                keys.session_key(tenant, sid) if sid else keys.NO_KEY,
                 keys.tenant_queued(tenant),
                 keys.QUEUED,
                 keys.queued_request(rid),
-                keys.fair_queue(request.priority, tenant),
-                keys.fair_active(request.priority),
-                keys.fair_state(request.priority),
+                keys.fair_queue(job.priority, tenant),
+                keys.fair_active(job.priority),
+                keys.fair_state(job.priority),
                 keys.WAKE,
                 keys.RUNNING,
-                keys.affinity_key(tenant, sid) if sid else "wf:affinity:-",
+                keys.affinity_key(tenant, sid) if sid else keys.NO_KEY,
             ],
             args=[
-                request.encode()["body"],
-                keys.heartbeat_key(""),
-                keys.pinned_stream(""),
-                keys.WORKERS,
-                rid,
-                tenant,
-                cost,
-                weight,
-                max_queued,
-                max_total,
-                ttl_s,
-                max_running,
-                keys.draining_key(""),
+                codec.encode(job), keys.heartbeat_key(""), keys.pinned_stream(""), keys.WORKERS,
+                rid, tenant, cost, bounds.weight, bounds.max_queued, bounds.max_total, ttl_s,
+                bounds.max_running, keys.draining_key(""),
             ],
-        )
+        )  # fmt: skip
         if kind == "pinned":
             return Admission(kind, worker_id=detail)
         return Admission(kind, queued=int(detail or 0))
 
-    def unqueue(self, request: WireRequest) -> bool:
-        """Take a request out of its fair queue; False if a worker has it already."""
+    def unqueue(self, job: Job) -> bool:
+        """Take a job out of its fair queue; False if a worker has it already."""
         removed = self._unqueue(
             keys=[
-                keys.fair_queue(request.priority, request.tenant),
-                keys.queued_request(request.request_id),
-                keys.tenant_queued(request.tenant),
+                keys.fair_queue(job.priority, job.tenant),
+                keys.queued_request(job.request_id),
+                keys.tenant_queued(job.tenant),
                 keys.QUEUED,
-                keys.fair_active(request.priority),
+                keys.fair_active(job.priority),
             ],
-            args=[request.request_id, request.tenant],
+            args=[job.request_id, job.tenant],
         )
         return bool(removed)
 
-    def read_out(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, Fields]]:
-        """Events after entry `after` ("0" for all), waiting up to block_ms for the first."""
+    def read_results(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, Result]]:
+        """The job's results after entry `after` ("0" for all), waiting up to block_ms for
+        the first. Raises ProtocolError on one this version cannot read."""
         reply = self.r.xread({keys.out_stream(request_id): after}, block=block_ms, count=64)
-        return [(eid, fields) for _, entries in reply or [] for eid, fields in entries]
+        return [
+            (eid, codec.decode_fields(f, TokenChunk, Completion, JobError))
+            for _, entries in reply or []
+            for eid, f in entries
+        ]
 
     def cancel(self, request_id: str) -> None:
         self.r.set(keys.cancel_key(request_id), "1", ex=CANCEL_TTL_S)
@@ -105,50 +95,39 @@ class GatewayBroker:
         """The workers that take requests now: registered, heartbeat fresh, not draining."""
         return sorted(self._live(args=fair_queue.live_workers_args()))
 
-    def alive(self, worker_ids: list[str]) -> list[bool]:
-        if not worker_ids:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for w in worker_ids:
-            pipe.exists(keys.heartbeat_key(w))
-        return [bool(x) for x in pipe.execute()]
-
     def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
         fields = self.r.hgetall(keys.session_key(tenant, session_id))
-        return self._record(session_id, fields) if fields else None
+        return self._alive(SessionRecord.from_fields(fields)) if fields else None
 
-    def list_sessions(self, tenant: str, offset: int, limit: int) -> list[SessionRecord]:
-        """Most recently used first."""
+    def list_sessions(
+        self, tenant: str, offset: int, limit: int
+    ) -> list[tuple[str, SessionRecord]]:
+        """(session id, record), most recently used first."""
         ids = self.r.zrevrange(keys.session_index(tenant), offset, offset + limit - 1)
         pipe = self.r.pipeline(transaction=False)
         for sid in ids:
             pipe.hgetall(keys.session_key(tenant, sid))
-        return [self._record(s, f) for s, f in zip(ids, pipe.execute(), strict=True) if f]
+        return [
+            (sid, self._alive(SessionRecord.from_fields(f)))
+            for sid, f in zip(ids, pipe.execute(), strict=True)
+            if f
+        ]
 
     def delete_session(self, tenant: str, session_id: str) -> bool:
         """Forget the session everywhere (index, worker memory, spill file); False if there
         was no such session. The kvstore carries it out; raises ServiceError when it does
         not answer in time."""
-        key = keys.cache_key(tenant, session_id)
-        return kv_commands.call(self.r, kv_events.DELETE, key) != kv_events.REPLY_NOT_FOUND
+        answer = kv_commands.call(self.r, CommandOp.DELETE, keys.cache_key(tenant, session_id))
+        return answer.status != answer.status.NOT_FOUND
 
-    def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> str:
-        """A new session starting from a copy of another's KV: kv_events.REPLY_OK,
-        REPLY_NOT_FOUND (no such source) or REPLY_EXISTS (the new id is taken). Raises
-        ServiceError as delete does."""
+    def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> CommandAnswer:
+        """A new session starting from a copy of another's KV (NOT_FOUND: no such source;
+        EXISTS: the new id is taken). Raises ServiceError as delete does."""
         source, new = keys.cache_key(tenant, session_id), keys.cache_key(tenant, new_session_id)
-        return kv_commands.call(self.r, kv_events.FORK, source, new)
+        return kv_commands.call(self.r, CommandOp.FORK, source, new)
 
-    def _record(self, session_id: str, f: dict[str, str]) -> SessionRecord:
-        worker = f.get("worker", "")
-        tier = f.get("tier", "gone")
-        if worker and not self.alive([worker])[0]:
-            worker, tier = "", "gone"
-        return SessionRecord(
-            session_id,
-            worker,
-            tier,
-            int(f.get("num_tokens", 0)),
-            int(f.get("kv_bytes", 0)),
-            float(f.get("last_used", 0)),
-        )
+    def _alive(self, record: SessionRecord) -> SessionRecord:
+        """A record whose worker has no heartbeat is gone (its index entry lags)."""
+        if record.worker and not self.r.exists(keys.heartbeat_key(record.worker)):
+            return replace(record, worker="", tier=Tier.GONE)
+        return record

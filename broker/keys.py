@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 GROUP = "workers"  # the consumer group on every request stream
-PRIORITIES = ("interactive", "normal", "batch")  # served in this order
 DEFAULT_TENANT = "local"
+NO_KEY = "wf:none"  # stands in for a key a script is given but must not find (no session)
 
 WORKERS = "wf:workers"  # set of worker ids that have registered
 
@@ -91,6 +91,12 @@ def session_key(tenant: str, session_id: str) -> str:
 def session_prefix() -> str:
     """What every session hash's key starts with (for scanning the index)."""
     return "wf:session:"
+
+
+def parse_session_key(name: str) -> tuple[str, str]:
+    """(tenant, session id) of a session hash's key (tenant names hold no ':')."""
+    tenant, _, session_id = name.removeprefix(session_prefix()).partition(":")
+    return tenant, session_id
 
 
 def session_index(tenant: str) -> str:

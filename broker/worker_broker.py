@@ -1,23 +1,28 @@
-"""The worker's side of the Redis protocol: read requests, publish tokens, hold leases."""
+"""The worker's side of the Redis protocol: join, read jobs and orders, publish each step's
+results in one round trip."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
-from broker import fair_queue, keys
+from broker import codec, fair_queue, keys
 from broker.fair_queue import Rooms
-from broker.kv_events import HOT, KVEvent
-from broker.wire import Control, Fields, WireRequest
+from broker.leases import Delivery, Leases, is_lost_group, parse_entries
+from broker.messages import Completion, EventKind, JobError, SessionEvent, TokenChunk
+from broker.pipeline import Sections
+from broker.streams import ensure_group
 
 OUT_STREAM_TTL_S = 300  # a finished request's tokens stay readable this long
 # the kvstore deletes what it has applied; this bounds the stream while it is down (a
 # kvstore that missed events rebuilds from the workers' inventories and the disk)
 KV_EVENTS_MAXLEN = 1_000_000
 AFFINITY_TTL_S = 600  # the index has long caught up by then
+
+__all__ = ["Beat", "Delivery", "LostState", "Outbox", "WorkerBroker", "is_lost_group"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,55 +39,32 @@ class LostState(Exception):
     persistence): the worker must register again and forget the entries it held."""
 
 
-def is_lost_group(e: redis.ResponseError) -> bool:
-    """A consumer group (or its stream) is gone; also when a pipeline reports it."""
-    return "NOGROUP" in str(e)
-
-
 @dataclass(slots=True)
-class Delivery:
-    """One stream entry this worker has taken: a request or a control order."""
+class Outbox:
+    """Everything one pass publishes, sent in one round trip."""
 
-    stream: str
-    entry_id: str
-    request: WireRequest | None
-    control: Control | None = None
-
-
-def _parse(stream: str, entry_id: str, fields: Fields) -> Delivery:
-    if "op" in fields:
-        return Delivery(stream, entry_id, None, Control.decode(fields))
-    return Delivery(stream, entry_id, WireRequest.decode(fields))
+    results: list[tuple[str, TokenChunk | Completion | JobError]] = field(default_factory=list)
+    acks: list[Delivery] = field(default_factory=list)  # entries whose request ended
+    events: list[SessionEvent] = field(default_factory=list)  # for the kvstore
 
 
-class WorkerBroker:
-    """Requests come from the worker's pinned stream and the shared streams (consumer group
-    `workers`, consumer = worker id). An entry stays pending until the worker acks it at the
-    end of the request; a worker renews its entries' leases while it runs them, and entries
-    whose lease lapsed (their worker died) are claimed again by a live worker."""
+class WorkerBroker(Leases):
+    """Jobs reach a worker on its pinned stream (consumer group `workers`, consumer = the
+    worker id): routed there for a warm session, or moved there from the fair queues by
+    the worker's own DISPATCH. An entry stays pending until the worker acks it at the end
+    of the request; see Leases for what happens when a worker dies."""
 
     def __init__(self, r: redis.Redis, worker_id: str, lease_s: float) -> None:
-        self.r = r
-        self.worker_id = worker_id
-        self.lease_ms = int(lease_s * 1000)
-        self.pinned = keys.pinned_stream(worker_id)
-        self.streams = [self.pinned]
-        self._dispatch = fair_queue.register_dispatch(r)
+        super().__init__(r, worker_id, lease_s)
+        self._dispatch = r.register_script(fair_queue.DISPATCH)
         self._hand_over = r.register_script(fair_queue.HAND_OVER)
-
-    def _ensure_group(self, stream: str) -> None:
-        try:
-            self.r.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
 
     def register(self, status: dict[str, object], ttl_s: float) -> None:
         """Create the consumer groups if they are missing (a new Redis), and join: heartbeat
         and membership together (a member without a heartbeat counts as dead), no longer
         draining."""
         for stream in (self.pinned, keys.WAKE):
-            self._ensure_group(stream)
+            ensure_group(self.r, stream, keys.GROUP)
         pipe = self.r.pipeline(transaction=True)
         pipe.set(keys.heartbeat_key(self.worker_id), json.dumps(status), px=int(ttl_s * 1000))
         pipe.sadd(keys.WORKERS, self.worker_id)
@@ -93,18 +75,22 @@ class WorkerBroker:
         """One round trip from the liveness thread: refresh the heartbeat and membership,
         renew the leases of `renew`, and see whether the kvstore runs. Raises LostState when
         the consumer groups are gone."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.set(keys.heartbeat_key(self.worker_id), status_json, px=int(ttl_s * 1000))
-        pipe.sadd(keys.WORKERS, self.worker_id)
-        pipe.exists(keys.KVSTORE_HEARTBEAT)
-        self._queue_renew(pipe, renew)
-        results = pipe.execute(raise_on_error=False)
-        for result in results:
+        rt = Sections(self.r)
+        with rt.section("heartbeat") as pipe:
+            pipe.set(keys.heartbeat_key(self.worker_id), status_json, px=int(ttl_s * 1000))
+        with rt.section("member") as pipe:
+            pipe.sadd(keys.WORKERS, self.worker_id)
+        with rt.section("kvstore") as pipe:
+            pipe.exists(keys.KVSTORE_HEARTBEAT)
+        with rt.section("renew") as pipe:
+            self.queue_renew(pipe, renew)
+        rt.execute(raise_on_error=False)
+        for result in rt.results("renew") + rt.results("heartbeat"):
             if isinstance(result, redis.ResponseError) and is_lost_group(result):
                 raise LostState(str(result))
             if isinstance(result, Exception):
                 raise result
-        added, kvstore = results[1], results[2]
+        (added,), (kvstore,) = rt.results("member"), rt.results("kvstore")
         return Beat(rejoined=bool(added), kvstore_alive=bool(kvstore))
 
     def set_draining(self) -> None:
@@ -121,9 +107,9 @@ class WorkerBroker:
             self.r.delete(self.pinned)
 
     def read(self, rooms: Rooms, block_ms: int | None) -> list[Delivery]:
-        """The entries on the pinned stream, after moving requests from the fair queues
-        onto it as `rooms` allow. With none, waits up to block_ms for a request to be
-        queued (an entry on the wake stream) or pinned, then tries once more."""
+        """The entries on the pinned stream, after moving jobs from the fair queues onto it
+        as `rooms` allow. With none, waits up to block_ms for a job to be queued (an entry
+        on the wake stream) or pinned, then tries once more."""
         count = max(rooms)
         if count <= 0:
             return []
@@ -131,16 +117,11 @@ class WorkerBroker:
         if taken or not block_ms:
             return taken
         reply = self.r.xreadgroup(
-            keys.GROUP,
-            self.worker_id,
-            {self.pinned: ">", keys.WAKE: ">"},
-            count=count,
+            keys.GROUP, self.worker_id, {self.pinned: ">", keys.WAKE: ">"}, count=count,
             block=block_ms,
-        )
+        )  # fmt: skip
         wakes = [eid for s, entries in reply or [] if s == keys.WAKE for eid, _ in entries]
-        taken = [
-            _parse(s, eid, f) for s, entries in reply or [] if s != keys.WAKE for eid, f in entries
-        ]
+        taken = parse_entries([(s, e) for s, e in reply or [] if s != keys.WAKE])
         if taken and not wakes:
             return taken
         left = (rooms[0] - len(taken), rooms[1] - len(taken), rooms[2] - len(taken))
@@ -148,145 +129,88 @@ class WorkerBroker:
 
     def _dispatch_and_read(self, rooms: Rooms, wakes: list[str] | None = None) -> list[Delivery]:
         """One round trip: ack the wake entries read, dispatch, read the pinned stream."""
-        pipe = self.r.pipeline(transaction=False)
+        rt = Sections(self.r)
         if wakes:
-            pipe.xack(keys.WAKE, keys.GROUP, *wakes)
-            pipe.xdel(keys.WAKE, *wakes)
+            with rt.section("wakes") as pipe:
+                pipe.xack(keys.WAKE, keys.GROUP, *wakes)
+                pipe.xdel(keys.WAKE, *wakes)
+        self._queue_take(rt, rooms)
+        rt.execute()
+        (read,) = rt.results("read") or [None]
+        return parse_entries(read or [])
+
+    def _queue_take(self, rt: Sections, rooms: Rooms) -> None:
+        """Sections "dispatch" (DISPATCH as `rooms` allow) and "read" (the pinned stream)."""
         if max(rooms) <= 0:
-            pipe.execute()
-            return []
-        self._queue_dispatch(pipe, rooms)
-        pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=max(rooms))
-        reply = pipe.execute()[-1]
-        return [_parse(s, eid, f) for s, entries in reply or [] for eid, f in entries]
-
-    def _queue_dispatch(self, pipe: redis.client.Pipeline, rooms: Rooms) -> None:
-        self._dispatch(
-            keys=[self.pinned, keys.QUEUED, keys.RUNNING],
-            args=fair_queue.dispatch_args(rooms),
-            client=pipe,
-        )
-
-    def _queue_renew(self, pipe: redis.client.Pipeline, deliveries: Iterable[Delivery]) -> None:
-        """Reset the idle time of the entries this worker is running (its lease)."""
-        by_stream: dict[str, list[str]] = {}
-        for d in deliveries:
-            by_stream.setdefault(d.stream, []).append(d.entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xclaim(stream, keys.GROUP, self.worker_id, 0, ids, justid=True)
+            return
+        with rt.section("dispatch") as pipe:
+            self._dispatch(
+                keys=[self.pinned, keys.QUEUED, keys.RUNNING],
+                args=fair_queue.dispatch_args(rooms),
+                client=pipe,
+            )
+        with rt.section("read") as pipe:
+            pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=max(rooms))
 
     def read_pinned(self, count: int) -> list[Delivery]:
         """New entries on the pinned stream, without dispatching or waiting (a draining
-        worker still reads the kvstore's orders, and hands requests over)."""
+        worker still reads the kvstore's orders, and hands jobs over)."""
         reply = self.r.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=count)
-        return [_parse(s, eid, f) for s, entries in reply or [] for eid, f in entries]
+        return parse_entries(reply or [])
 
     def hand_over(self, d: Delivery) -> str:
-        """Move a request this (draining) worker has not started to the live worker with
-        the shortest pinned stream; that worker's id, or "" when no other worker is live."""
-        assert d.request is not None
-        return str(
-            self._hand_over(
-                keys=[d.stream],
-                args=[
-                    d.entry_id,
-                    d.request.encode()["body"],
-                    keys.heartbeat_key(""),
-                    keys.pinned_stream(""),
-                    keys.WORKERS,
-                    keys.draining_key(""),
-                    self.worker_id,
-                    keys.GROUP,
-                ],
-            )
-        )
-
-    def reclaim(self, limit: int) -> list[Delivery]:
-        """Entries whose lease lapsed, and the whole pinned stream of any dead worker."""
-        # entries on our own stream whose lease lapsed: a previous process with our id
-        taken = self._autoclaim(self.pinned, self.lease_ms, limit)
-        for dead in self._dead_workers():
-            if len(taken) >= limit:
-                break
-            if self.r.set(keys.adopt_lock(dead), self.worker_id, nx=True, ex=30):
-                taken += self._adopt(dead, limit - len(taken))
-        return taken
-
-    def _autoclaim(self, stream: str, min_idle_ms: int, count: int) -> list[Delivery]:
-        if count <= 0:
-            return []
-        reply = self.r.xautoclaim(
-            stream, keys.GROUP, self.worker_id, min_idle_ms, "0-0", count=count
-        )
-        return [_parse(stream, eid, f) for eid, f in reply[1] if f]
-
-    def _dead_workers(self) -> list[str]:
-        others = sorted(w for w in self.r.smembers(keys.WORKERS) if w != self.worker_id)
-        if not others:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for w in others:
-            pipe.exists(keys.heartbeat_key(w))
-        return [w for w, alive in zip(others, pipe.execute(), strict=True) if not alive]
-
-    def _adopt(self, dead: str, limit: int) -> list[Delivery]:
-        """Take a dead worker's pending and undelivered pinned entries, then retire it."""
-        stream = keys.pinned_stream(dead)
-        if not self.r.exists(stream):
-            self.r.srem(keys.WORKERS, dead)
-            return []
-        taken = self._autoclaim(stream, 0, limit)
-        reply = self.r.xreadgroup(keys.GROUP, self.worker_id, {stream: ">"}, count=limit)
-        taken += [_parse(stream, eid, f) for _, entries in reply or [] for eid, f in entries]
-        pending = self.r.xpending(stream, keys.GROUP)["pending"]
-        if not taken and self.r.xlen(stream) == pending == 0:
-            self.r.delete(stream)
-            self.r.srem(keys.WORKERS, dead)
-        return taken
+        """Move a job this (draining) worker has not started to the live worker with the
+        shortest pinned stream; that worker's id, or "" when no other worker is live."""
+        assert d.job is not None
+        args = [d.entry_id, codec.encode(d.job), keys.heartbeat_key(""), keys.pinned_stream("")]
+        args += [keys.WORKERS, keys.draining_key(""), self.worker_id, keys.GROUP]
+        return str(self._hand_over(keys=[d.stream], args=args))
 
     def publish(
         self,
-        events: list[tuple[str, Fields]],
-        acks: list[Delivery],
-        kv_events: list[KVEvent],
+        out: Outbox,
         watch: list[str],
         status: tuple[dict[str, object], float] | None = None,
         rooms: Rooms = (0, 0, 0),
     ) -> tuple[list[str], list[Delivery]]:
-        """One round trip: out-stream events, acks of finished entries, session events for
-        the kvstore, a fresh heartbeat (status, ttl) when given, which of `watch` were
-        cancelled, and the new entries `rooms` allow (read without blocking, so a busy
-        worker admits in the same round trip)."""
-        pipe = self.r.pipeline(transaction=False)
+        """One round trip: results on the jobs' out streams, acks of ended jobs, session
+        events for the kvstore, a fresh heartbeat (status, ttl) when given; back come which
+        of `watch` were cancelled and the new entries `rooms` allow (read without blocking,
+        so a busy worker admits in the same round trip)."""
+        rt = Sections(self.r)
         if status is not None:
-            hb = json.dumps(status[0])
-            pipe.set(keys.heartbeat_key(self.worker_id), hb, px=int(status[1] * 1000))
-        for request_id, fields in events:
+            with rt.section("status") as pipe:
+                hb = json.dumps(status[0])
+                pipe.set(keys.heartbeat_key(self.worker_id), hb, px=int(status[1] * 1000))
+        with rt.section("results") as pipe:
+            self._queue_results(pipe, out)
+        with rt.section("events") as pipe:
+            self._queue_events(pipe, out.events)
+        with rt.section("cancelled") as pipe:
+            if watch:
+                pipe.mget([keys.cancel_key(rid) for rid in watch])
+        self._queue_take(rt, rooms)
+        rt.execute()
+        (flags,) = rt.results("cancelled") or [[]]
+        (read,) = rt.results("read") or [None]
+        cancelled = [rid for rid, flag in zip(watch, flags, strict=True) if flag] if watch else []
+        return cancelled, parse_entries(read or [])
+
+    def _queue_results(self, pipe: redis.client.Pipeline, out: Outbox) -> None:
+        for request_id, message in out.results:
             stream = keys.out_stream(request_id)
-            pipe.xadd(stream, fields)
-            if fields["k"] != "chunk":
+            pipe.xadd(stream, codec.fields(message))
+            if not isinstance(message, TokenChunk):
                 pipe.expire(stream, OUT_STREAM_TTL_S)
-        for d in acks:
+        for d in out.acks:
             pipe.xack(d.stream, keys.GROUP, d.entry_id)
             pipe.xdel(d.stream, d.entry_id)
-            if d.request is not None:  # it ended: its tenant runs one request fewer
-                pipe.hincrby(keys.RUNNING, d.request.tenant, -1)
-        for e in kv_events:
-            pipe.xadd(keys.KV_EVENTS, e.encode(), maxlen=KV_EVENTS_MAXLEN, approximate=True)
-            if e.kind == HOT:  # routes the session's next turn here before the index does
+            if d.job is not None:  # it ended: its tenant runs one request fewer
+                pipe.hincrby(keys.RUNNING, d.job.tenant, -1)
+
+    def _queue_events(self, pipe: redis.client.Pipeline, events: list[SessionEvent]) -> None:
+        for e in events:
+            pipe.xadd(keys.KV_EVENTS, codec.fields(e), maxlen=KV_EVENTS_MAXLEN, approximate=True)
+            if e.kind == EventKind.HOT:  # routes the session's next turn before the index does
                 affinity = keys.affinity_key(*keys.split_cache_key(e.key))
                 pipe.set(affinity, self.worker_id, ex=AFFINITY_TTL_S)
-        if watch:
-            pipe.mget([keys.cancel_key(rid) for rid in watch])
-        if max(rooms) > 0:
-            self._queue_dispatch(pipe, rooms)
-            pipe.xreadgroup(keys.GROUP, self.worker_id, {self.pinned: ">"}, count=max(rooms))
-        results = pipe.execute()
-        read = None
-        if max(rooms) > 0:
-            read = results.pop()
-            results.pop()  # how many the dispatch moved onto our stream
-        cancelled = (
-            [rid for rid, flag in zip(watch, results[-1], strict=True) if flag] if watch else []
-        )
-        return cancelled, [_parse(s, eid, f) for s, entries in read or [] for eid, f in entries]

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from warmfleet.errors import InvalidRequestError
+from common.errors import InvalidRequestError
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmfleet.errors import InvalidRequestError, UnsupportedModelError
+from common.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -52,6 +53,20 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def check_prompt(self, ids: Sequence[int], field: str = "token_ids") -> None:
+        """A prompt this model can run: not empty, every id in the vocabulary, room in the
+        context for it and one generated token. The gateway checks it to answer precisely;
+        the engine checks it again because its arrays depend on it."""
+        if not ids:
+            raise InvalidRequestError("prompt", "is empty")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                field, f"id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        if len(ids) + 1 > self.context_length:
+            raise PromptTooLongError(len(ids), self.context_length)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any]) -> ModelConfig:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
+from common.errors import InvalidRequestError
 from engine import kernels
-from warmfleet.errors import InvalidRequestError
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"float32": np.float32, "float16": np.float16}

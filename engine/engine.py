@@ -7,18 +7,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.enums import FinishReason
+from common.errors import InvalidRequestError
+from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.detokenizer import StreamDecoder
 from engine.kv_cache import KVCache, common_prefix_len
 from engine.model import Model
 from engine.runner import ModelRunner
-from engine.sampling import SamplingParams, make_rng, sample
+from engine.sampling import make_rng, sample
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import Completion, FinishReason, Request, Sequence, SequenceStatus
+from engine.sequence import Completion, Request, Sequence, SequenceStatus
 from engine.session_pool import SessionPool
 from engine.step_cost import StepCost
 from engine.text_stream import TextStream
-from warmfleet.errors import InvalidRequestError, PromptTooLongError
 
 
 @dataclass(slots=True)
@@ -138,19 +140,9 @@ class Engine:
         self.evicted_sessions += self.sessions.put(key, cache)
 
     def _check(self, request: Request) -> None:
-        ids, ctx = request.prompt_ids, self.model.config.context_length
         if request.request_id in self.sequences:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already active")
-        if not ids:
-            raise InvalidRequestError("prompt", "is empty")
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                "token_ids", f"id {bad} is outside the vocabulary [0, {vocab})"
-            )
-        if len(ids) + 1 > ctx:
-            raise PromptTooLongError(len(ids), ctx)
+        self.model.config.check_prompt(request.prompt_ids)
 
     def _attach_cache(self, request: Request, restored: KVCache | None) -> tuple[KVCache, int]:
         """The session's KV trimmed to the prompt's common prefix, or a fresh cache; room

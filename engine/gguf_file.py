@@ -7,7 +7,7 @@ from typing import Any
 
 import gguf
 
-from warmfleet.errors import ModelNotFoundError, NotGGUFError
+from common.errors import ModelNotFoundError, NotGGUFError
 
 GGUF_MAGIC = b"GGUF"
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.enums import FinishReason
+from common.sampling import SamplingParams
 from engine.kv_cache import KVCache
-from engine.sampling import SamplingParams
 from engine.text_stream import TextStream
 
 
@@ -17,12 +18,6 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class FinishReason(enum.StrEnum):
-    STOP = "stop"  # end-of-turn token or a stop string
-    LENGTH = "length"  # max_tokens, or the context is full
-    CANCELLED = "cancelled"
 
 
 @dataclass(slots=True)

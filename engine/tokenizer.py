@@ -12,7 +12,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from warmfleet.errors import UnsupportedModelError
+from common.errors import UnsupportedModelError
 
 _CONTROL = 3  # llama.cpp token types
 _USER_DEFINED = 4

@@ -10,8 +10,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from common.errors import UnsupportedModelError
 from engine.config import ModelConfig
-from warmfleet.errors import UnsupportedModelError
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 
@@ -62,14 +62,9 @@ def fingerprint(reader: gguf.GGUFReader, config: ModelConfig) -> str:
     return digest.hexdigest()
 
 
-def load_weights(
-    reader: gguf.GGUFReader, config: ModelConfig, dtype: np.dtype[Any], xp: ModuleType
-) -> Weights:
-    """Every tensor dequantized to `dtype` and placed on `xp`'s device."""
-    tensors = {t.name: t for t in reader.tensors}
-
-    c = config
-    shapes = {  # numpy shape (rows = outputs) of every tensor, from the config
+def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The numpy shape (rows = outputs) of every tensor kind, from the config."""
+    return {
         "attn_norm": (c.dim,),
         "ffn_norm": (c.dim,),
         "attn_q": (c.dim, c.dim),
@@ -84,8 +79,16 @@ def load_weights(
         "output_norm": (c.dim,),
     }
 
-    def host(name: str) -> np.ndarray:
-        t = tensors.get(name)
+
+class _Tensors:
+    """The file's tensors, dequantized to float32 on the host and checked one by one."""
+
+    def __init__(self, reader: gguf.GGUFReader, config: ModelConfig) -> None:
+        self.by_name = {t.name: t for t in reader.tensors}
+        self.shapes = _shapes(config)
+
+    def host(self, name: str) -> np.ndarray:
+        t = self.by_name.get(name)
         if t is None:
             raise UnsupportedModelError(f"tensor {name} is missing from the GGUF file")
         try:
@@ -94,12 +97,20 @@ def load_weights(
             raise UnsupportedModelError(
                 f"tensor {name}: type {t.tensor_type.name} is not supported"
             ) from e
-        expected = shapes[name.split(".")[-2]]
+        expected = self.shapes[name.split(".")[-2]]
         if tuple(out.shape) != expected:
             raise UnsupportedModelError(
                 f"tensor {name} has shape {tuple(out.shape)}, the metadata implies {expected}"
             )
         return np.asarray(out, dtype=np.float32)
+
+
+def load_weights(
+    reader: gguf.GGUFReader, config: ModelConfig, dtype: np.dtype[Any], xp: ModuleType
+) -> Weights:
+    """Every tensor dequantized to `dtype` and placed on `xp`'s device."""
+    tensors = _Tensors(reader, config)
+    host = tensors.host
 
     def dev(a: np.ndarray) -> Array:
         return xp.asarray(np.ascontiguousarray(a, dtype=dtype))
@@ -124,7 +135,7 @@ def load_weights(
             )
         )
     embed = dev(host("token_embd.weight"))
-    output = dev(host("output.weight")) if "output.weight" in tensors else embed
+    output = dev(host("output.weight")) if "output.weight" in tensors.by_name else embed
     return Weights(
         embed=embed, layers=layers, out_norm=dev(host("output_norm.weight")), output=output
     )

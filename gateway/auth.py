@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.keys import DEFAULT_TENANT, PRIORITIES
-from warmfleet.errors import InvalidRequestError
+from broker.keys import DEFAULT_TENANT
+from common.enums import PRIORITIES, Priority
+from common.errors import InvalidRequestError, UnauthenticatedError
 
 TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never ':' or '/': they join Redis keys
 BEARER = "bearer "
@@ -34,21 +35,17 @@ BEARER = "bearer "
 @dataclass(frozen=True, slots=True)
 class Tenant:
     name: str
-    max_priority: str = "interactive"  # the highest class it may ask for
+    max_priority: Priority = Priority.INTERACTIVE  # the highest class it may ask for
     weight: int = 1
     max_concurrent: int = 16
     max_queued: int = 64
 
-    def allows(self, priority: str) -> bool:
+    def allows(self, priority: Priority) -> bool:
         """Whether this tenant may send requests of class `priority`."""
         return PRIORITIES.index(priority) >= PRIORITIES.index(self.max_priority)
 
 
 LOCAL = Tenant(DEFAULT_TENANT)
-
-
-class AuthError(Exception):
-    """No key, or a key the file does not know (UNAUTHENTICATED)."""
 
 
 def hash_key(key: str) -> str:
@@ -102,18 +99,18 @@ class KeyRing:
         return cls(by_hash)
 
     def tenant(self, metadata: Sequence[tuple[str, str | bytes]]) -> Tenant:
-        """The caller's tenant from its `authorization` metadata; AuthError otherwise."""
+        """The caller's tenant from its `authorization` metadata (UnauthenticatedError)."""
         if not self._by_hash:
             return LOCAL
         values = [v for k, v in metadata if k == "authorization"]
         if not values:
-            raise AuthError("missing 'authorization: Bearer KEY' metadata")
+            raise UnauthenticatedError("missing 'authorization: Bearer KEY' metadata")
         value = values[0] if isinstance(values[0], str) else values[0].decode("latin-1")
         if not value.lower().startswith(BEARER) or not value[len(BEARER) :].strip():
-            raise AuthError("authorization metadata must be 'Bearer KEY'")
+            raise UnauthenticatedError("authorization metadata must be 'Bearer KEY'")
         tenant = self._by_hash.get(hash_key(value[len(BEARER) :].strip()))
         if tenant is None:
-            raise AuthError("unknown API key")
+            raise UnauthenticatedError("unknown API key")
         return tenant
 
 
@@ -144,4 +141,4 @@ def _entry(entry: Any, where: str) -> tuple[str, Tenant]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidRequestError("--keys", f"{where}: {field} must be an integer >= 1")
         numbers[field] = value
-    return digest, Tenant(name, priority, **numbers)
+    return digest, Tenant(name, Priority(priority), **numbers)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import grpc
 
 from broker.gateway_broker import GatewayBroker
+from common.grpc_serve import serve, set_health
+from common.v1 import inference_pb2, inference_pb2_grpc
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyRing
-from gateway.service import GatewayConfig, InferenceService
+from gateway.core import GatewayConfig, GatewayCore
+from gateway.service import InferenceService
 from gateway.worker_watch import WorkerWatch
-from warmfleet.grpc_serve import serve, set_health
-from warmfleet.v1 import inference_pb2, inference_pb2_grpc
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
@@ -29,7 +30,8 @@ def build_server(
     port, and the watch of live workers that its health follows (NOT_SERVING while no
     worker takes requests). Stop the watch after the server."""
     watch = WorkerWatch(broker, lambda serving: None)
-    service = InferenceService(broker, tokenizer, model_config, config, keys, watch)
+    core = GatewayCore(broker, config, watch)
+    service = InferenceService(core, tokenizer, model_config, keys or KeyRing.open())
     add = inference_pb2_grpc.add_InferenceServicer_to_server
     server, port, health = serve([(add, service, SERVICE_NAME)], address, max_streams,
                                  serving=False)  # fmt: skip

@@ -6,24 +6,17 @@ import grpc
 import redis
 
 from broker import keys, kv_commands
-from broker import kv_events as ev
-from gateway.validate import require_session_id
-from kvstore.index import HOT, SPILLING, WARM
+from broker.messages import AnswerStatus, CommandOp
+from common.enums import Tier
+from common.errors import FailedPreconditionError, NotFoundError, UnavailableError
+from common.grpc_errors import fail, statuses
+from common.ids import require_session_id
+from common.pb_maps import tier_pb
+from common.v1 import kvstore_pb2 as pb
+from common.v1 import kvstore_pb2_grpc
 from kvstore.service import KVStore
-from warmfleet.errors import InvalidRequestError, ServiceError
-from warmfleet.grpc_serve import abort
-from warmfleet.v1 import inference_pb2 as ipb
-from warmfleet.v1 import kvstore_pb2 as pb
-from warmfleet.v1 import kvstore_pb2_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
-TIER = {
-    "hot": ipb.TIER_HOT,
-    "warm": ipb.TIER_WARM,
-    "spilling": ipb.TIER_SPILLING,
-    "disk": ipb.TIER_DISK,
-    "gone": ipb.TIER_GONE,
-}
 
 
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
@@ -35,7 +28,7 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
         try:
             counters, behind = store.counters(), store.events_behind()
         except redis.RedisError as e:
-            abort(context, grpc.StatusCode.UNAVAILABLE, f"redis: {e}")
+            fail(context, UnavailableError(f"redis: {e}"))
         with store.lock:
             workers = sorted(set(store.statuses) | {r.worker for r in index.records.values()})
             usage = [self._worker(w) for w in workers if w]
@@ -66,31 +59,29 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             alive=worker in index.alive,
             pool_bytes=int(status.get("pool_bytes", 0)),
             warm_budget_bytes=index.budgets.get(worker, 0),
-            warm_bytes=sum(of(WARM)),
-            spilling_bytes=sum(of(SPILLING)),
-            num_hot=len(of(HOT)),
-            num_warm=len(of(WARM)),
-            num_spilling=len(of(SPILLING)),
+            warm_bytes=sum(of(Tier.WARM)),
+            spilling_bytes=sum(of(Tier.SPILLING)),
+            num_hot=len(of(Tier.HOT)),
+            num_warm=len(of(Tier.WARM)),
+            num_spilling=len(of(Tier.SPILLING)),
         )
 
     def Evict(self, request: pb.EvictRequest, context: grpc.ServicerContext) -> pb.EvictResponse:
         tenant = request.tenant or keys.DEFAULT_TENANT
-        try:
+        with statuses(context):
             session_id = require_session_id(request.session_id)
-            answer = kv_commands.call(self.store.r, ev.EVICT, keys.cache_key(tenant, session_id))
-        except InvalidRequestError as e:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except (ServiceError, redis.RedisError) as e:
-            abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-        if answer == ev.REPLY_NOT_FOUND:
-            abort(context, grpc.StatusCode.NOT_FOUND, f"no session {session_id!r}")
-        if answer == HOT:
-            abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"session {session_id!r} is in a running request; it is not evicted",
-            )
-        return pb.EvictResponse(tier=TIER.get(answer, ipb.TIER_UNSPECIFIED))
+            key = keys.cache_key(tenant, session_id)
+            try:
+                answer = kv_commands.call(self.store.r, CommandOp.EVICT, key)
+            except redis.RedisError as e:
+                raise UnavailableError(str(e)) from e
+            if answer.status == AnswerStatus.NOT_FOUND:
+                raise NotFoundError(f"no session {session_id!r}")
+            if answer.tier == Tier.HOT:
+                raise FailedPreconditionError(
+                    f"session {session_id!r} is in a running request; it is not evicted"
+                )
+            return pb.EvictResponse(tier=tier_pb(answer.tier))
 
 
 _COUNTERS = [f.name for f in pb.KVCounters.DESCRIPTOR.fields]

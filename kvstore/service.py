@@ -17,17 +17,28 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.kv_events import decode
-from broker.wire import Control
-from kvstore.index import Effects, Order, Record, ResidencyIndex
-from worker.spill import read_summary, spill_path
+from broker import codec, keys
+from broker.kv_commands import REPLY_TTL_S
+from broker.messages import (
+    AnswerStatus,
+    CommandAnswer,
+    ControlOrder,
+    KVCommand,
+    OrderOp,
+    SessionEvent,
+)
+from broker.records import SessionRecord
+from broker.streams import ensure_group
+from common.backoff import Backoff
+from common.errors import ProtocolError
+from engine.spill_file import read_summary, spill_path
+from kvstore.effects import Effects, Order
+from kvstore.index import ResidencyIndex
 
 log = logging.getLogger("warmfleet.kvstore")
 CONSUMER = "kvstore"
 BATCH = 512  # events applied per transaction at most
 REFRESH_S = 0.5  # how often worker liveness and budgets are read
-REPLY_TTL_S = 60
 HEARTBEAT_TTL_S = 3.0  # workers keep their idle sessions within budget themselves past it
 
 
@@ -56,11 +67,7 @@ class KVStore:
     def start(self) -> None:
         """Load the index, match it with the disk and the live workers, and ask each live
         worker for its inventory (so that what happened while no kvstore ran is known)."""
-        try:
-            self.r.xgroup_create(keys.KV_EVENTS, keys.KV_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
+        ensure_group(self.r, keys.KV_EVENTS, keys.KV_GROUP)
         records = self._load_records()
         files = self._scan_disk()
         with self.lock:
@@ -79,7 +86,8 @@ class KVStore:
                 break
         if applied:
             log.info("applied %d events that arrived while no kvstore ran", applied)
-        reports = Effects(orders=[Order(w, "report", {}) for w in sorted(self.index.alive)])
+        report = ControlOrder(OrderOp.REPORT)
+        reports = Effects(orders=[Order(w, report) for w in sorted(self.index.alive)])
         self._commit(reports, [])
         counts = self.index.tier_counts()
         log.info(
@@ -90,17 +98,16 @@ class KVStore:
             self.spill_dir,
         )
 
-    def _load_records(self) -> dict[str, Record]:
-        prefix = keys.session_prefix()
-        names = list(self.r.scan_iter(match=f"{prefix}*", count=1000))
+    def _load_records(self) -> dict[str, SessionRecord]:
+        names = list(self.r.scan_iter(match=f"{keys.session_prefix()}*", count=1000))
         pipe = self.r.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(name)
         records = {}
         for name, fields in zip(names, pipe.execute(), strict=True):
-            tenant, _, session_id = name.removeprefix(prefix).partition(":")
             if fields:
-                records[keys.cache_key(tenant, session_id)] = Record.from_fields(fields)
+                key = keys.cache_key(*keys.parse_session_key(name))
+                records[key] = SessionRecord.from_fields(fields)
         return records
 
     def _scan_disk(self) -> dict[str, tuple[int, int, int]]:
@@ -123,11 +130,11 @@ class KVStore:
     # ---- loop ---------------------------------------------------------------------
 
     def run(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while not self.stopping.is_set():
             try:
                 self.step()
-                backoff = 0.1
+                backoff.reset()
             except redis.ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise
@@ -135,9 +142,9 @@ class KVStore:
                             "persistence): rebuilding the index")  # fmt: skip
                 self.rebuild()
             except redis.RedisError as e:
-                log.warning("redis: %s; retrying in %.1f s", e, backoff)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                delay = backoff.next_s()
+                log.warning("redis: %s; retrying in %.1f s", e, delay)
+                self.stopping.wait(delay)
 
     def rebuild(self) -> None:
         """Start over from what Redis, the spill directory and the workers' inventories say
@@ -161,9 +168,10 @@ class KVStore:
                 if not fields:  # deleted while pending
                     continue
                 try:
-                    item = decode(fields)
-                except (KeyError, ValueError) as e:
-                    log.warning("malformed event %s dropped: %s", entry_id, e)
+                    item = codec.decode_fields(fields, SessionEvent, KVCommand)
+                except ProtocolError as e:
+                    log.warning("unreadable event %s dropped: %s", entry_id, e)
+                    fx.replies += _refusal(fields, str(e))
                     continue
                 fx.merge(self.index.apply(item))
         self._commit(fx, ids)
@@ -211,17 +219,18 @@ class KVStore:
             tenant, session_id = keys.split_cache_key(key)
             pipe.delete(keys.session_key(tenant, session_id), keys.affinity_key(tenant, session_id))
             pipe.zrem(keys.session_index(tenant), session_id)
-        for order in fx.orders:
-            worker = order.worker or self._any_worker()
+        replies = list(fx.replies)
+        for o in fx.orders:
+            worker = o.worker or self._any_worker()
             if worker:
-                pipe.xadd(keys.pinned_stream(worker), Control(order.op, order.args).encode())
-            elif "r" in order.args:  # no worker to do it: the caller hears so at once
-                pipe.rpush(order.args["r"], "error: no worker is running")
-                pipe.expire(order.args["r"], REPLY_TTL_S)
+                pipe.xadd(keys.pinned_stream(worker), codec.fields(o.order))
+            elif o.order.reply_to:  # no worker to do it: the caller hears so at once
+                answer = CommandAnswer(AnswerStatus.ERROR, message="no worker is running")
+                replies.append((o.order.reply_to, answer))
         for name, n in fx.counters.items():
             pipe.hincrby(keys.KV_STATS, name, n)
-        for reply_key, answer in fx.replies:
-            pipe.rpush(reply_key, answer)
+        for reply_key, answer in replies:
+            pipe.rpush(reply_key, codec.encode(answer))
             pipe.expire(reply_key, REPLY_TTL_S)
         if entry_ids:
             pipe.xack(keys.KV_EVENTS, keys.KV_GROUP, *entry_ids)
@@ -232,7 +241,9 @@ class KVStore:
     def _any_worker(self) -> str:
         """A live worker for an order any worker of the host can carry out ("" if none):
         the one with the fewest running requests."""
-        running = {w: s.get("num_running", 0) for w, s in self.statuses.items()}
+        running = {
+            w: s.get("num_running", 0) for w, s in self.statuses.items() if not s.get("stopping")
+        }
         return min(running, key=lambda w: (running[w], w), default="")
 
     def _unlink(self, key: str, mtime_ns: int) -> None:
@@ -259,3 +270,15 @@ class KVStore:
 
     def events_behind(self) -> int:
         return int(self.r.xlen(keys.KV_EVENTS))
+
+
+def _refusal(fields: dict[str, str], reason: str) -> list[tuple[str, CommandAnswer]]:
+    """An ERROR answer for an unreadable command that names a reply key (a newer caller's
+    command, say), so that its caller hears at once instead of timing out."""
+    try:
+        reply_to = json.loads(fields[codec.FIELD]).get("reply_to")
+    except (KeyError, ValueError, AttributeError):
+        return []
+    if not isinstance(reply_to, str) or not reply_to.startswith(keys.reply_key("")):
+        return []
+    return [(reply_to, CommandAnswer(AnswerStatus.ERROR, message=f"unreadable command: {reason}"))]

@@ -27,8 +27,8 @@ import redis
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from broker.keys import heartbeat_key
-from warmfleet.v1 import inference_pb2 as pb
-from warmfleet.v1 import inference_pb2_grpc
+from common.v1 import inference_pb2 as pb
+from common.v1 import inference_pb2_grpc
 
 HEARTBEAT_TTL_S = 3
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,18 +55,7 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
         self.requests.append(request)
         metadata = dict(context.invocation_metadata())
         session_id = request.session_id or metadata.get("x-session-id", "")
-        kind = request.WhichOneof("input")
-        if kind == "messages":
-            if not request.messages.messages:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "messages: empty")
-            prompt = "".join(f"<{m.role}>{m.content}" for m in request.messages.messages)
-            last = request.messages.messages[-1].content
-        elif kind == "prompt":
-            prompt = last = request.prompt
-        elif kind == "token_ids":
-            prompt = last = "".join(map(chr, request.token_ids.ids))
-        else:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "input: give messages or prompt")
+        prompt, last = _prompt_of(request, context)
         max_tokens = request.max_tokens if request.HasField("max_tokens") else 256
         if max_tokens <= 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens: must be at least 1")
@@ -90,17 +79,20 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
                 worker_id=self.worker_id,
                 num_tokens=len(prompt) + len(reply),
             )
-        yield pb.GenerateResponse(
-            completion=pb.Completion(
-                request_id=f"r{len(self.requests)}",
-                finish_reason=pb.FINISH_REASON_STOP if reply == full else pb.FINISH_REASON_LENGTH,
-                usage=pb.Usage(
-                    prompt_tokens=len(prompt), cached_tokens=cached, completion_tokens=len(reply)
-                ),
-                worker_id=self.worker_id,
-                kv_source=pb.KV_SOURCE_WARM if cached else pb.KV_SOURCE_COLD,
-                seed=request.seed if request.HasField("seed") else 7,
-            )
+        yield pb.GenerateResponse(completion=self._completion(request, prompt, reply, full, cached))
+
+    def _completion(
+        self, request: pb.GenerateRequest, prompt: str, reply: str, full: str, cached: int
+    ) -> pb.Completion:
+        return pb.Completion(
+            request_id=f"r{len(self.requests)}",
+            finish_reason=pb.FINISH_REASON_STOP if reply == full else pb.FINISH_REASON_LENGTH,
+            usage=pb.Usage(
+                prompt_tokens=len(prompt), cached_tokens=cached, completion_tokens=len(reply)
+            ),
+            worker_id=self.worker_id,
+            kv_source=pb.KV_SOURCE_WARM if cached else pb.KV_SOURCE_COLD,
+            seed=request.seed if request.HasField("seed") else 7,
         )
 
     def GetSession(self, request: pb.GetSessionRequest, context: Any) -> pb.Session:
@@ -130,6 +122,23 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
             self._prompts.pop(request.session_id, None)
             deleted = self._sessions.pop(request.session_id, None) is not None
         return pb.DeleteSessionResponse(deleted=deleted)
+
+
+def _prompt_of(request: pb.GenerateRequest, context: Any) -> tuple[str, str]:
+    """The whole prompt as text, and its last message (what the echo repeats)."""
+    kind = request.WhichOneof("input")
+    if kind == "messages":
+        if not request.messages.messages:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "messages: empty")
+        prompt = "".join(f"<{m.role}>{m.content}" for m in request.messages.messages)
+        return prompt, request.messages.messages[-1].content
+    if kind == "prompt":
+        return request.prompt, request.prompt
+    if kind == "token_ids":
+        text = "".join(map(chr, request.token_ids.ids))
+        return text, text
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "input: give messages or prompt")
+    raise AssertionError("unreachable")
 
 
 def _common_prefix_len(a: str, b: str) -> int:

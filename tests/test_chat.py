@@ -2,8 +2,8 @@
 
 import pytest
 
+from common.errors import InvalidRequestError
 from engine.chat import render_chat
-from warmfleet.errors import InvalidRequestError
 
 # tokenizer.chat_template of SmolLM2-135M-Instruct.Q4_1.gguf.
 CHATML = (

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from common.v1 import inference_pb2 as pb
 from tests.fake_cluster import FakeInference, serve
 from warmfleet.client import Client, build_request
-from warmfleet.v1 import inference_pb2 as pb
 
 
 @pytest.fixture

@@ -17,14 +17,14 @@ import redis as redis_lib
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker import keys
+from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
-from tests.test_cluster import common_prefix, reference
-from tests.test_kvstore_cluster import wait_for
+from tests.cluster_helpers import common_prefix, reference, wait_for
 from warmfleet.client import Client, Reply, collect
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.processes import wait_exit
-from warmfleet.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.slow
 LEASE_S = 2.0
@@ -36,13 +36,15 @@ def cluster(
     default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     with Cluster(
-        num_workers=2,
-        model=default_model_path,
-        lease_s=LEASE_S,
-        spill_dir=tmp_path_factory.mktemp("spill"),
-        worker_args=["--max-running", "1"],
-        gateway_args=["--worker-wait-s", "180"],
-        log_dir=tmp_path_factory.mktemp("logs"),
+        ClusterConfig(
+            num_workers=2,
+            model=default_model_path,
+            lease_s=LEASE_S,
+            spill_dir=tmp_path_factory.mktemp("spill"),
+            worker_args=["--max-running", "1"],
+            gateway_args=["--worker-wait-s", "180"],
+            log_dir=tmp_path_factory.mktemp("logs"),
+        )
     ) as c:
         yield c
 

@@ -11,9 +11,11 @@ import pytest
 import redis as redis_lib
 
 from broker import keys
-from broker.gateway_broker import GatewayBroker
-from broker.wire import WireRequest
-from broker.worker_broker import WorkerBroker
+from broker.gateway_broker import Bounds, GatewayBroker
+from broker.messages import Job
+from broker.worker_broker import Outbox, WorkerBroker
+from common.enums import Priority
+from common.sampling import SamplingParams
 from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
 
 BIG = 10_000
@@ -36,18 +38,19 @@ def worker(client: redis_lib.Redis) -> WorkerBroker:
     return broker
 
 
-def request(rid: str, tenant: str, priority: str = "normal", tokens: int = 10) -> WireRequest:
+def request(rid: str, tenant: str, priority: str = "normal", tokens: int = 10) -> Job:
     now = time.time()
-    sampling = {"max_tokens": 0}
-    return WireRequest(rid, tenant, "", list(range(tokens)), sampling, priority, now, now + 60)
+    sampling = SamplingParams(max_tokens=1, seed=0)
+    ids = tuple(range(tokens - 1))  # costs prompt + max_tokens = `tokens`
+    return Job(rid, tenant, "", ids, sampling, Priority(priority), now, now + 60)
 
 
 def put(
     gateway: GatewayBroker, rid: str, tenant: str, *, weight: int = 1, max_queued: int = BIG,
     max_total: int = BIG, priority: str = "normal", tokens: int = 10, max_running: int = BIG,
 ) -> str:  # fmt: skip
-    wire = request(rid, tenant, priority, tokens)
-    return gateway.enqueue(wire, tokens, weight, max_queued, max_total, max_running).kind
+    job = request(rid, tenant, priority, tokens)
+    return gateway.enqueue(job, Bounds(weight, max_queued, max_total, max_running)).kind
 
 
 def take(worker: WorkerBroker, n: int = 1) -> list[str]:
@@ -55,7 +58,7 @@ def take(worker: WorkerBroker, n: int = 1) -> list[str]:
     out = []
     for _ in range(n):
         got = worker.read((1, 1, 1), None)
-        out += [d.request.request_id for d in got if d.request is not None]
+        out += [d.job.request_id for d in got if d.job is not None]
     return out
 
 
@@ -109,7 +112,7 @@ def test_bounds_refuse_at_once_and_removal_frees_the_place(
 ) -> None:
     assert put(gateway, "a1", "a", max_queued=2) == "queued"
     assert put(gateway, "a2", "a", max_queued=2) == "queued"
-    refused = gateway.enqueue(request("a3", "a"), 10, 1, 2, BIG, BIG)
+    refused = gateway.enqueue(request("a3", "a"), Bounds(1, 2, BIG, BIG))
     assert (refused.kind, refused.queued) == ("tenant_full", 2)
     assert put(gateway, "b1", "b", max_total=3) == "queued"
     assert put(gateway, "b2", "b", max_total=3) == "full"
@@ -141,14 +144,14 @@ def test_nothing_queued_without_a_live_worker(
     assert not redis.exists(keys.fair_queue("normal", "a"))
 
 
-def test_the_dispatched_body_is_the_request(
+def test_the_dispatched_job_is_the_one_enqueued(
     gateway: GatewayBroker, worker: WorkerBroker, client: redis_lib.Redis
 ) -> None:
-    wire = request("r1", "a", tokens=7)
-    gateway.enqueue(wire, 7, 1, BIG, BIG, BIG)
+    job = request("r1", "a", tokens=7)
+    gateway.enqueue(job, Bounds(1, BIG, BIG, BIG))
     (delivery,) = worker.read((1, 1, 1), None)
     assert delivery.stream == keys.pinned_stream("w0")
-    assert delivery.request == wire
+    assert delivery.job == job
     assert not client.exists(keys.queued_request("r1"))  # moved, not copied
     assert client.llen(keys.fair_queue("normal", "a")) == 0
 
@@ -160,9 +163,9 @@ def test_room_by_class_lets_interactive_requests_in_first(
     put(gateway, "i1", "t", priority="interactive")
     put(gateway, "i2", "u", priority="interactive")
     # a full worker running a batch request: room for one interactive request only
-    got = [d.request.request_id for d in worker.read((1, 0, 0), None) if d.request]
+    got = [d.job.request_id for d in worker.read((1, 0, 0), None) if d.job]
     assert got == ["i1"]
-    got = [d.request.request_id for d in worker.read((2, 2, 2), None) if d.request]
+    got = [d.job.request_id for d in worker.read((2, 2, 2), None) if d.job]
     assert got == ["i2", "n1"]
 
 
@@ -173,9 +176,9 @@ def test_a_tenant_at_its_running_bound_waits_and_others_go(
     put(gateway, "a2", "a", max_running=1)
     put(gateway, "b1", "b", max_running=1)
     first = worker.read((5, 5, 5), None)
-    assert [d.request.request_id for d in first if d.request] == ["a1", "b1"]
+    assert [d.job.request_id for d in first if d.job] == ["a1", "b1"]
     assert client.hgetall(keys.RUNNING) == {"a": "1", "b": "1"}
     assert worker.read((5, 5, 5), None) == []  # a2 waits for a1
-    worker.publish([], [first[0]], [], [])  # a1 ends
+    worker.publish(Outbox(acks=[first[0]]), [])  # a1 ends
     assert client.hget(keys.RUNNING, "a") == "0"
-    assert [d.request.request_id for d in worker.read((5, 5, 5), None) if d.request] == ["a2"]
+    assert [d.job.request_id for d in worker.read((5, 5, 5), None) if d.job] == ["a2"]

@@ -4,34 +4,40 @@ the index against the workers' own reports and the files on disk."""
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 import redis as redis_lib
 
 from broker import keys
-from engine.chat import render_chat
-from engine.engine import Engine
+from common.v1 import inference_pb2 as pb
 from engine.model import Model
-from engine.sampling import SamplingParams
-from engine.sequence import Request
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
-from warmfleet.client import Client, KVStoreClient, Reply
+from tests.cluster_helpers import (
+    TENANT,
+    TOKEN_BYTES,
+    Conversation,
+    assert_exact,
+    records,
+    settle,
+    wait_for,
+    worker_status,
+)
+from tests.kv_checks import (
+    assert_index_matches_workers_and_disk,
+    assert_within_budget,
+    evict,
+    files_by_session,
+    rewrite_with_fingerprint,
+    spill_file,
+)
+from warmfleet.client import Client, KVStoreClient
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
-from warmfleet.v1 import inference_pb2 as pb
-from warmfleet.v1 import kvstore_pb2 as kvpb
-from worker.spill import SpilledKV, SpillStore, read_summary
 
 pytestmark = pytest.mark.slow
-NEW_TOKENS = 10
-TENANT = keys.DEFAULT_TENANT
-TOKEN_BYTES = 30 * 2 * 3 * 64 * 4  # KV of one position: 45 KiB
 SESSION_BYTES = 100 * TOKEN_BYTES  # an idle session of 100 tokens holds exactly this
 WARM_BUDGET = 3 * SESSION_BYTES + SESSION_BYTES // 2  # three such sessions fit, four do not
 
@@ -46,11 +52,13 @@ def cluster(
     default_model_path: Path, spill_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     with Cluster(
-        num_workers=2,
-        model=default_model_path,
-        spill_dir=spill_dir,
-        warm_budget=WARM_BUDGET,
-        log_dir=tmp_path_factory.mktemp("logs"),
+        ClusterConfig(
+            num_workers=2,
+            model=default_model_path,
+            spill_dir=spill_dir,
+            warm_budget=WARM_BUDGET,
+            log_dir=tmp_path_factory.mktemp("logs"),
+        )
     ) as c:
         yield c
 
@@ -62,138 +70,6 @@ def kv(cluster: Cluster) -> Iterator[KVStoreClient]:
 
 
 # ---- helpers -------------------------------------------------------------------------
-
-
-@dataclass
-class Conversation:
-    """One agent's chat; every turn resends the whole conversation."""
-
-    session_id: str
-    messages: list[dict[str, str]] = field(default_factory=list)
-    turns: list[tuple[list[dict[str, str]], Reply]] = field(default_factory=list)
-
-    def turn(self, client: Client, text: str) -> Reply:
-        self.messages.append({"role": "user", "content": text})
-        prompt = list(self.messages)
-        reply = client.complete(self.session_id, messages=prompt, max_tokens=NEW_TOKENS)
-        self.messages.append({"role": "assistant", "content": reply.text})
-        self.turns.append((prompt, reply))
-        return reply
-
-
-def assert_exact(model: Model, turns: list[tuple[list[dict[str, str]], Reply]]) -> None:
-    """Every reply has the tokens of a cold run of its prompt (one batch, in process)."""
-    template = model.tokenizer.chat_template
-    assert template is not None
-    requests = [
-        Request(f"ref-{i}", model.tokenizer.encode(render_chat(template, m)), SamplingParams(
-            max_tokens=NEW_TOKENS
-        ))
-        for i, (m, _) in enumerate(turns)
-    ]  # fmt: skip
-    out = Engine(model).generate(requests)
-    for i, (_, reply) in enumerate(turns):
-        expected = [t for o in out[f"ref-{i}"] for t in o.token_ids]
-        assert reply.token_ids == expected, f"turn {i}: {reply.text!r}"
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (result := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return result
-
-
-def records(r: redis_lib.Redis) -> dict[str, dict[str, str]]:
-    """The index as Redis holds it: session id -> record."""
-    ids = r.zrange(keys.session_index(TENANT), 0, -1)
-    return {sid: r.hgetall(keys.session_key(TENANT, sid)) for sid in ids}
-
-
-def settle(r: redis_lib.Redis, kv: KVStoreClient) -> kvpb.KVUsage:
-    """Wait until the kvstore has applied every event and no spill is in flight."""
-
-    def settled() -> kvpb.KVUsage | None:
-        usage = kv.usage()
-        busy = usage.events_behind or usage.tiers.spilling or usage.tiers.hot
-        return None if busy else usage
-
-    return wait_for(settled, "the kvstore to settle")
-
-
-def warm_bytes_by_worker(r: redis_lib.Redis) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for record in records(r).values():
-        if record["tier"] == "warm":
-            worker = record["worker"]
-            totals[worker] = totals.get(worker, 0) + int(record["kv_bytes"])
-    return totals
-
-
-def assert_within_budget(r: redis_lib.Redis, usage: kvpb.KVUsage) -> None:
-    for worker, warm in warm_bytes_by_worker(r).items():
-        assert warm <= WARM_BUDGET, f"{worker} holds {warm} warm bytes"
-    for w in usage.workers:
-        assert w.warm_budget_bytes == WARM_BUDGET
-        assert w.warm_bytes <= WARM_BUDGET
-
-
-def worker_status(r: redis_lib.Redis, worker: str) -> dict[str, Any]:
-    raw = r.get(keys.heartbeat_key(worker))
-    assert raw is not None, f"{worker} has no heartbeat"
-    return dict(json.loads(raw))
-
-
-def files_by_session(spill_dir: Path) -> dict[str, Path]:
-    found = {}
-    for path in spill_dir.glob("*.wfkv"):
-        summary = read_summary(path)
-        assert summary is not None, f"unreadable spill file {path}"
-        found[keys.split_cache_key(summary.key)[1]] = path
-    return found
-
-
-def index_mismatches(r: redis_lib.Redis, cluster: Cluster, spill_dir: Path) -> list[str]:
-    """Where the index disagrees with what the workers report holding and the files."""
-    index = records(r)
-    found = []
-    for worker in cluster.worker_ids:
-        status = worker_status(r, worker)
-        held = {sid: rec for sid, rec in index.items() if rec["worker"] == worker}
-        if any(rec["tier"] != "warm" for rec in held.values()):
-            found.append(f"{worker}: not all warm: {held}")
-        if len(held) != status["num_sessions"]:
-            found.append(f"{worker} holds {status['num_sessions']}, index says {sorted(held)}")
-        nbytes = sum(int(rec["kv_bytes"]) for rec in held.values())
-        if nbytes != status["pool_bytes"]:
-            found.append(f"{worker} pool {status['pool_bytes']} bytes, index says {nbytes}")
-    on_disk = {sid for sid, rec in index.items() if rec["tier"] == "disk"}
-    files = set(files_by_session(spill_dir))
-    if on_disk != files:
-        extra = {sid: index.get(sid) for sid in files - on_disk}
-        found.append(f"disk: index only {on_disk - files}, files only {extra}")
-    return found
-
-
-def assert_index_matches_workers_and_disk(
-    r: redis_lib.Redis, cluster: Cluster, spill_dir: Path
-) -> None:
-    """Within a few seconds (a worker's status is published every 0.5 s)."""
-    deadline = time.monotonic() + 10
-    while (found := index_mismatches(r, cluster, spill_dir)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not found, found
-
-
-def spill_file(spill_dir: Path, session_id: str) -> Path:
-    return files_by_session(spill_dir)[session_id]
-
-
-def evict(kv: KVStoreClient, r: redis_lib.Redis, session_id: str) -> None:
-    assert kv.evict(session_id) == pb.TIER_SPILLING
-    settle(r, kv)
-    assert records(r)[session_id]["tier"] == "disk"
 
 
 # ---- tests ---------------------------------------------------------------------------
@@ -210,7 +86,7 @@ def test_ten_sessions_take_turns_within_the_warm_budget(
             before = records(r).get(agent.session_id, {}).get("tier")
             reply = agent.turn(client, f"Round {round_}: name a fruit and a colour, agent {i}.")
             usage = settle(r, kv)
-            assert_within_budget(r, usage)
+            assert_within_budget(r, usage, WARM_BUDGET)
             if round_ == 0:
                 assert reply.completion.kv_source == pb.KV_SOURCE_COLD
                 continue
@@ -244,7 +120,7 @@ def test_rejected_spill_files_are_deleted_counted_and_recomputed(
     data[-100] ^= 0x01  # one flipped bit in the payload
     corrupted.write_bytes(bytes(data))
     truncated.write_bytes(truncated.read_bytes()[:-1000])
-    _rewrite_with_fingerprint(foreign, model, "another-model")
+    rewrite_with_fingerprint(foreign, model, "another-model")
     for agent in agents:
         reply = agent.turn(client, "And goodbye.")
         assert reply.completion.kv_source == pb.KV_SOURCE_COLD
@@ -253,17 +129,6 @@ def test_rejected_spill_files_are_deleted_counted_and_recomputed(
     settle(r, kv)
     assert kv.usage().counters.rejected_files == rejected + 3
     assert_exact(model, [t for a in agents for t in a.turns])
-
-
-def _rewrite_with_fingerprint(path: Path, model: Model, fingerprint: str) -> None:
-    summary = read_summary(path)
-    assert summary is not None
-    c = model.config
-    kv = SpillStore(path.parent, model.fingerprint).read(
-        summary.key, like=(c.num_layers, c.num_kv_heads, c.head_dim), dtype=model.dtype
-    )
-    assert kv is not None
-    SpillStore(path.parent, fingerprint).write(summary.key, SpilledKV(kv.k, kv.v, kv.token_ids))
 
 
 def test_fork_then_both_continue_and_delete_leaves_nothing(
@@ -351,7 +216,7 @@ def test_killing_and_restarting_the_kvstore_loses_no_session(
     finally:
         cluster.restart("kvstore")
     usage = settle(r, kv)
-    assert_within_budget(r, usage)
+    assert_within_budget(r, usage, WARM_BUDGET)
     index = records(r)
     for agent in agents:
         assert index[agent.session_id]["tier"] in ("warm", "disk")

@@ -15,9 +15,10 @@ import pytest
 import redis as redis_lib
 
 from broker.keys import heartbeat_key
+from common.errors import ServiceError
 from tests.cluster_fixtures import redis_client, redis_server  # noqa: F401
 from tests.fake_cluster import CLI_MODULE, child_env
-from warmfleet.errors import ServiceError
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.probes import HealthProbe
 from warmfleet.processes import free_port
@@ -31,11 +32,13 @@ def make_cluster(tmp_path: Path, **kwargs: object) -> Cluster:
     options: dict = {"num_workers": 2, "threads_per_worker": 1, "model": model}
     options.update(kwargs)
     return Cluster(
-        extra_env=env,
-        log_dir=tmp_path / "logs",
-        progress=lambda _: None,
-        cli_module=CLI_MODULE,
-        **options,
+        ClusterConfig(
+            extra_env=env,
+            log_dir=tmp_path / "logs",
+            progress=lambda _: None,
+            cli_module=CLI_MODULE,
+            **options,
+        )
     )
 
 

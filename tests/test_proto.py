@@ -20,7 +20,7 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     written = load_generator().generate(tmp_path)
     names = {p.relative_to(tmp_path).as_posix() for p in written}
     assert names == {
-        f"warmfleet/v1/{stem}{suffix}"
+        f"common/v1/{stem}{suffix}"
         for stem in ("inference", "kvstore")
         for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
     }

@@ -16,22 +16,23 @@ import pytest
 import redis as redis_lib
 
 from broker import keys
+from common.v1 import inference_pb2 as pb
 from engine.chat import render_chat
 from engine.model import Model
-from tests.test_cluster import common_prefix
-from tests.test_kvstore_cluster import (
+from tests.cluster_helpers import (
     Conversation,
     assert_exact,
-    evict,
+    common_prefix,
     records,
     settle,
     wait_for,
 )
+from tests.kv_checks import evict
 from warmfleet.client import Client, KVStoreClient
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.processes import free_port
 from warmfleet.redis_server import RedisServer
-from warmfleet.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +44,14 @@ class Fleet:
         self.port = free_port()
         self.redis = RedisServer(port=self.port).start()
         self.cluster = Cluster(
-            num_workers=2,
-            model=model_path,
-            redis_url=self.redis.url,
-            lease_s=2.0,
-            spill_dir=tmp.mktemp("spill"),
-            log_dir=tmp.mktemp("logs"),
+            ClusterConfig(
+                num_workers=2,
+                model=model_path,
+                redis_url=self.redis.url,
+                lease_s=2.0,
+                spill_dir=tmp.mktemp("spill"),
+                log_dir=tmp.mktemp("logs"),
+            )
         )
 
     def restart_redis(self) -> None:
@@ -72,6 +75,50 @@ def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:
     return model.tokenizer.encode(render_chat(model.tokenizer.chat_template, messages))
 
 
+def kill_redis_under_load(fleet: Fleet, client: Client) -> float:
+    """Four streams running; Redis killed and restarted empty on its port. Each stream
+    must end UNAVAILABLE; how long the slowest took after the kill."""
+    streams = [
+        iter(client.stream(f"load-{i}", prompt="Once upon a time", max_tokens=400))
+        for i in range(4)
+    ]
+    for s in streams:
+        assert next(s).HasField("chunk")  # all four run
+    ended: list[tuple[grpc.StatusCode, float]] = []
+
+    def drain(stream: Iterator[pb.GenerateResponse]) -> None:
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError as e:
+            ended.append((e.code(), time.monotonic()))
+
+    readers = [threading.Thread(target=drain, args=(s,)) for s in streams]
+    for t in readers:
+        t.start()
+    killed = time.monotonic()
+    fleet.restart_redis()  # SIGKILL, then a new empty server on the same port
+    for t in readers:
+        t.join(timeout=60)
+    assert [code for code, _ in ended] == [grpc.StatusCode.UNAVAILABLE] * 4
+    return max(at for _, at in ended) - killed
+
+
+def wait_until_serving(client: Client) -> float:
+    """Seconds until a new request succeeds."""
+    t0 = time.monotonic()
+
+    def serves() -> bool:
+        try:
+            client.complete("after", prompt="Hello", max_tokens=2, timeout_s=5)
+        except grpc.RpcError:
+            return False
+        return True
+
+    wait_for(serves, "a request to succeed", timeout_s=60)
+    return time.monotonic() - t0
+
+
 def test_the_fleet_survives_redis_losing_its_state(fleet: Fleet, model: Model) -> None:
     cluster = fleet.cluster
     with (
@@ -87,56 +134,12 @@ def test_the_fleet_survives_redis_losing_its_state(fleet: Fleet, model: Model) -
         evict(kv, r, disk.session_id)
         r.close()
 
-        streams = [
-            iter(client.stream(f"load-{i}", prompt="Once upon a time", max_tokens=400))
-            for i in range(4)
-        ]
-        for s in streams:
-            assert next(s).HasField("chunk")  # all four run
-        ended: list[tuple[grpc.StatusCode, float]] = []
-
-        def drain(stream: Iterator[pb.GenerateResponse]) -> None:
-            try:
-                for _ in stream:
-                    pass
-            except grpc.RpcError as e:
-                ended.append((e.code(), time.monotonic()))
-
-        readers = [threading.Thread(target=drain, args=(s,)) for s in streams]
-        for t in readers:
-            t.start()
-        killed = time.monotonic()
-        fleet.restart_redis()  # SIGKILL, then a new empty server on the same port
-        back = time.monotonic()
-        for t in readers:
-            t.join(timeout=60)
-        assert [code for code, _ in ended] == [grpc.StatusCode.UNAVAILABLE] * 4
-        slowest = max(at for _, at in ended) - killed
+        slowest = kill_redis_under_load(fleet, client)
         print(f"streams in flight ended UNAVAILABLE {slowest:.2f} s after the kill")
         assert slowest < 5, slowest
-
-        def serves() -> bool:
-            try:
-                client.complete("after", prompt="Hello", max_tokens=2, timeout_s=5)
-            except grpc.RpcError:
-                return False
-            return True
-
-        wait_for(serves, "a request to succeed", timeout_s=60)
-        print(f"a new request succeeded {time.monotonic() - back:.2f} s after Redis was back")
-
+        print(f"a new request succeeded {wait_until_serving(client):.2f} s after Redis was back")
         r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
-        assert r.smembers(keys.WORKERS) == set(cluster.worker_ids)
-        groups = {g["name"] for g in r.xinfo_groups(keys.KV_EVENTS)}
-        assert keys.KV_GROUP in groups
-
-        def rebuilt() -> bool:  # from the workers' inventories and the spill directory
-            index = records(r)
-            tiers = [index.get(c.session_id, {}).get("tier") for c in [*warm, disk]]
-            return tiers == ["warm", "warm", "disk"]
-
-        wait_for(rebuilt, "the index to be rebuilt")
-        settle(r, kv)
+        check_rebuilt(r, kv, cluster, [*warm, disk])
         for c in warm:  # the kvstore learned from the workers' inventories where they are
             previous = prompt_ids(model, c.turns[-1][0]) + c.turns[-1][1].token_ids
             reply = c.turn(client, "How high is it?")
@@ -146,11 +149,31 @@ def test_the_fleet_survives_redis_losing_its_state(fleet: Fleet, model: Model) -
         reply = disk.turn(client, "How high is it?")  # from the spill directory's scan
         assert reply.completion.kv_source == pb.KV_SOURCE_DISK
         assert_exact(model, [t for c in [*warm, disk] for t in c.turns])
-
-        fork = client.fork_session(warm[0].session_id, "keep-fork")
-        assert fork.num_tokens > 0
-        assert client.delete_session(warm[1].session_id) is True
-        with pytest.raises(grpc.RpcError) as err:
-            client.get_session(warm[1].session_id)
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        check_delete_and_fork(client, warm[0].session_id, warm[1].session_id)
         r.close()
+
+
+def check_rebuilt(
+    r: redis_lib.Redis, kv: KVStoreClient, cluster: Cluster, sessions: list[Conversation]
+) -> None:
+    """Workers registered again, the kvstore's group back, the index rebuilt from the
+    workers' inventories (the first two sessions, warm) and the spill directory (the last)."""
+    assert r.smembers(keys.WORKERS) == set(cluster.worker_ids)
+    assert keys.KV_GROUP in {g["name"] for g in r.xinfo_groups(keys.KV_EVENTS)}
+
+    def rebuilt() -> bool:
+        index = records(r)
+        return [index.get(c.session_id, {}).get("tier") for c in sessions] == [
+            "warm", "warm", "disk"
+        ]  # fmt: skip
+
+    wait_for(rebuilt, "the index to be rebuilt")
+    settle(r, kv)
+
+
+def check_delete_and_fork(client: Client, to_fork: str, to_delete: str) -> None:
+    assert client.fork_session(to_fork, f"{to_fork}-fork").num_tokens > 0
+    assert client.delete_session(to_delete) is True
+    with pytest.raises(grpc.RpcError) as err:
+        client.get_session(to_delete)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -7,8 +7,8 @@ import socket
 import pytest
 import redis as redis_lib
 
+from common.errors import ServiceError
 from tests.cluster_fixtures import empty_client, redis_server  # noqa: F401
-from warmfleet.errors import ServiceError
 from warmfleet.redis_server import RedisServer
 
 

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from common.sampling import SamplingParams
 from engine.chat import render_chat
 from engine.engine import Engine
 from engine.forward import Segment, forward
 from engine.model import Model
-from engine.sampling import SamplingParams
 from engine.sequence import Request
 from tests.conftest import FIXTURES
 from warmfleet.models import DEFAULT_MODEL_SHA256

@@ -12,12 +12,13 @@ import pytest
 import redis as redis_lib
 
 from broker import keys
-from broker.gateway_broker import GatewayBroker
-from broker.kv_events import HOT, KVEvent
-from broker.wire import WireRequest
-from broker.worker_broker import WorkerBroker
+from broker.gateway_broker import Bounds, GatewayBroker
+from broker.messages import EventKind, Job, SessionEvent
+from broker.worker_broker import Outbox, WorkerBroker
+from common.enums import Priority
+from common.sampling import SamplingParams
 from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
-from tests.test_kvstore_cluster import wait_for
+from tests.cluster_helpers import wait_for
 from worker.liveness import Liveness
 
 BIG = 10_000
@@ -36,8 +37,8 @@ def worker(r: redis_lib.Redis, worker_id: str) -> WorkerBroker:
 
 def send(gateway: GatewayBroker, rid: str, session: str = "s") -> tuple[str, str]:
     now = time.time()
-    wire = WireRequest(rid, "t", session, [1, 2], {"max_tokens": 1}, "normal", now, now + 60)
-    admission = gateway.enqueue(wire, 3, 1, BIG, BIG, BIG)
+    job = Job(rid, "t", session, (1, 2), SamplingParams(seed=0), Priority.NORMAL, now, now + 60)
+    admission = gateway.enqueue(job, Bounds(1, BIG, BIG, BIG))
     return admission.kind, admission.worker_id
 
 
@@ -45,7 +46,7 @@ def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis) -> 
     gateway, w0, w1 = GatewayBroker(r), worker(r, "w0"), worker(r, "w1")
     assert send(gateway, "a") == ("queued", "")  # a new session: any worker
     # w1 starts it: its session event also leaves the affinity, before the kvstore acts
-    w1.publish([], [], [KVEvent(HOT, "w1", keys.cache_key("t", "s"))], [])
+    w1.publish(Outbox(events=[SessionEvent(EventKind.HOT, "w1", keys.cache_key("t", "s"))]), [])
     assert r.get(keys.affinity_key("t", "s")) == "w1"
     assert send(gateway, "b") == ("pinned", "w1")
     r.hset(keys.session_key("t", "s"), mapping={"worker": "w0", "tier": "warm"})
@@ -69,17 +70,17 @@ def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
     assert send(gateway, "on-w1") == ("pinned", "w1")  # w1's stream is now the longer
     w0.set_draining()
     waiting = w0.read_pinned(10)
-    assert [d.request.request_id for d in waiting if d.request] == ["x", "y", "z"]
+    assert [d.job.request_id for d in waiting if d.job] == ["x", "y", "z"]
     # streams of 1 and 0 entries; then 1 and 1 (the smaller id wins); then 2 and 1
     assert [w0.hand_over(d) for d in waiting] == ["w2", "w1", "w2"]
     assert r.xlen(keys.pinned_stream("w0")) == 0
     assert r.xpending(keys.pinned_stream("w0"), keys.GROUP)["pending"] == 0
-    moved = [d.request.request_id for d in w2.read_pinned(10) if d.request]
+    moved = [d.job.request_id for d in w2.read_pinned(10) if d.job]
     assert moved == ["x", "z"]
     w1.set_draining()
     w2.set_draining()
     left = w1.read_pinned(10)
-    assert [d.request.request_id for d in left if d.request] == ["on-w1", "y"]
+    assert [d.job.request_id for d in left if d.job] == ["on-w1", "y"]
     assert [w1.hand_over(d) for d in left] == ["", ""]  # no live worker: they stay there
     assert r.xlen(keys.pinned_stream("w1")) == 2
 

@@ -10,19 +10,20 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from common.v1 import inference_pb2 as pb
 from engine.chat import render_chat
 from engine.model import Model
-from tests.test_cluster import common_prefix
-from tests.test_kvstore_cluster import (
+from tests.cluster_helpers import (
     TOKEN_BYTES,
     Conversation,
     assert_exact,
+    common_prefix,
     records,
     wait_for,
 )
 from warmfleet.client import Client
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
-from warmfleet.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.slow
 NUM_SESSIONS = 6
@@ -33,11 +34,13 @@ def cluster(
     default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     with Cluster(
-        num_workers=1,
-        model=default_model_path,
-        spill_dir=tmp_path_factory.mktemp("spill"),
-        warm_budget=10 * TOKEN_BYTES,  # every session here holds more than 10 positions
-        log_dir=tmp_path_factory.mktemp("logs"),
+        ClusterConfig(
+            num_workers=1,
+            model=default_model_path,
+            spill_dir=tmp_path_factory.mktemp("spill"),
+            warm_budget=10 * TOKEN_BYTES,  # every session here holds more than 10 positions
+            log_dir=tmp_path_factory.mktemp("logs"),
+        )
     ) as c:
         yield c
 

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from common.v1 import inference_pb2 as pb
 from engine.model import Model
-from tests.test_kvstore_cluster import TOKEN_BYTES, Conversation, assert_exact, settle
+from tests.cluster_helpers import TOKEN_BYTES, Conversation, assert_exact, settle
 from warmfleet.client import Client, KVStoreClient
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
-from warmfleet.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.slow
 LIMIT = 1 << 20
@@ -50,11 +51,13 @@ def full_cluster(
 ) -> Iterator[Cluster]:
     spill_dir = tmp_path_factory.mktemp("tiny") / "spill"
     cluster = Cluster(
-        num_workers=1,
-        model=default_model_path,
-        spill_dir=spill_dir,
-        warm_budget=TOKEN_BYTES,  # below any session: each is ordered to disk after its turn
-        log_dir=tmp_path_factory.mktemp("logs"),
+        ClusterConfig(
+            num_workers=1,
+            model=default_model_path,
+            spill_dir=spill_dir,
+            warm_budget=TOKEN_BYTES,  # below any session: each is ordered to disk after its turn
+            log_dir=tmp_path_factory.mktemp("logs"),
+        )
     )
     mounted = mount_tiny_tmpfs(spill_dir)
     try:

@@ -14,13 +14,13 @@ import pytest
 import redis as redis_lib
 
 from broker import keys
+from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from gateway.auth import hash_key
-from tests.test_cluster import reference
-from tests.test_kvstore_cluster import NEW_TOKENS
+from tests.cluster_helpers import NEW_TOKENS, reference
 from warmfleet.client import Client
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
-from warmfleet.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.slow
 KEYS = {t: f"{t}-secret" for t in ("alice", "bob", "flooder", "quiet", "tiny")}
@@ -47,11 +47,13 @@ def cluster(
         encoding="utf-8",
     )
     with Cluster(
-        num_workers=1,
-        model=default_model_path,
-        keys_file=keys,
-        worker_args=["--max-running", "1"],  # one request at a time: the order shows
-        log_dir=tmp_path_factory.mktemp("logs"),
+        ClusterConfig(
+            num_workers=1,
+            model=default_model_path,
+            keys_file=keys,
+            worker_args=["--max-running", "1"],  # one request at a time: the order shows
+            log_dir=tmp_path_factory.mktemp("logs"),
+        )
     ) as c:
         yield c
 
@@ -114,8 +116,9 @@ class Timed:
 
 
 def run_timed(cluster: Cluster, tenant: str, i: int, out: list[Timed]) -> None:
-    timed = Timed(tenant, time.monotonic())
     with client(cluster, tenant) as c:
+        c.connect()  # the clock starts as the request leaves, not while a channel opens
+        timed = Timed(tenant, time.monotonic())
         call = c.stream("", prompt=f"Request {i}: count to five.", max_tokens=6)
         for response in call:
             if response.HasField("chunk") and not timed.first_token:

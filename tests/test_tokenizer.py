@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import UnsupportedModelError
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
-from warmfleet.errors import UnsupportedModelError
 from warmfleet.models import DEFAULT_MODEL_FILE, model_dir, pull_default_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_cases.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_cluster import CLI_MODULE, child_env
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.commands import up
 from warmfleet.launcher import Cluster
 from warmfleet.processes import free_port
@@ -27,12 +29,14 @@ def fake_clusters(
     """Make `up` build clusters of stand-ins; returns the list they are recorded in."""
     made: list[Cluster] = []
 
-    def factory(**kwargs: object) -> Cluster:
+    def factory(config: ClusterConfig) -> Cluster:
         cluster = Cluster(
-            **kwargs,  # type: ignore[arg-type]
-            cli_module=CLI_MODULE,
-            extra_env=child_env(**(env or {})),
-            log_dir=tmp_path / "logs",
+            dataclasses.replace(
+                config,
+                cli_module=CLI_MODULE,
+                extra_env=child_env(**(env or {})),
+                log_dir=tmp_path / "logs",
+            )
         )
         made.append(cluster)
         return cluster

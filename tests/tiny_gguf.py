@@ -77,31 +77,51 @@ def write_tiny_llama(
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, types, merges = tiny_vocab()
-    vocab = len(tokens)
-    head_dim = dim // num_heads
-    kv_dim = num_kv_heads * head_dim
-
     w = gguf.GGUFWriter(path, arch)
-    ints: dict[str, int | None] = {
-        f"{arch}.block_count": num_layers,
-        f"{arch}.context_length": context_length,
-        f"{arch}.embedding_length": dim,
-        f"{arch}.feed_forward_length": ffn_dim,
-        f"{arch}.attention.head_count": num_heads,
-        f"{arch}.attention.head_count_kv": num_kv_heads,
-        f"{arch}.rope.dimension_count": head_dim,
-        f"{arch}.vocab_size": vocab,
-        "tokenizer.ggml.bos_token_id": BOS_ID,
-        "tokenizer.ggml.eos_token_id": EOS_ID,
+    sizes = {
+        "block_count": num_layers,
+        "context_length": context_length,
+        "embedding_length": dim,
+        "feed_forward_length": ffn_dim,
+        "attention.head_count": num_heads,
+        "attention.head_count_kv": num_kv_heads,
+        "rope.dimension_count": dim // num_heads,
+        "vocab_size": VOCAB_SIZE,
     }
-    for key, value in (metadata or {}).items():
+    add_integer_keys(w, arch, sizes, metadata)
+    w.add_float32(f"{arch}.rope.freq_base", rope_base)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", rms_eps)
+    add_tokenizer(w, tokenizer_model)
+    kv_dim = num_kv_heads * (dim // num_heads)
+    tensors = random_tensors(rng, num_layers, dim, kv_dim, ffn_dim, tie_embeddings)
+    add_tensors(w, tensors, quantize=quantize, drop_tensor=drop_tensor)
+    write_and_close(w)
+    return path
+
+
+def add_integer_keys(
+    w: gguf.GGUFWriter,
+    arch: str,
+    sizes: dict[str, int],
+    overrides: dict[str, int | None] | None,
+) -> None:
+    """Add the model's `sizes` (under `{arch}.`) and the BOS/EOS ids as uint32 keys, with
+    `overrides` applied first (a key is prefixed unless it starts with `tokenizer.`; a None
+    value leaves the key out)."""
+    ints: dict[str, int | None] = {f"{arch}.{key}": value for key, value in sizes.items()}
+    ints["tokenizer.ggml.bos_token_id"] = BOS_ID
+    ints["tokenizer.ggml.eos_token_id"] = EOS_ID
+    for key, value in (overrides or {}).items():
         ints[key if key.startswith("tokenizer.") else f"{arch}.{key}"] = value
     for key, value in ints.items():
         if value is not None:
             w.add_uint32(key, value)
-    w.add_float32(f"{arch}.rope.freq_base", rope_base)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", rms_eps)
+
+
+def add_tokenizer(w: gguf.GGUFWriter, tokenizer_model: str) -> None:
+    """Add the tiny tokenizer's keys, naming `tokenizer_model` as its model, and the ChatML
+    template."""
+    tokens, types, merges = tiny_vocab()
     w.add_string("tokenizer.ggml.model", tokenizer_model)
     w.add_string("tokenizer.ggml.pre", "smollm")
     w.add_array("tokenizer.ggml.tokens", tokens)
@@ -110,30 +130,63 @@ def write_tiny_llama(
     w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_string("tokenizer.chat_template", CHATML_TEMPLATE)
 
-    def matrix(rows: int, cols: int, scale: float) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
 
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+def random_matrix(rng: np.random.Generator, rows: int, cols: int, scale: float) -> np.ndarray:
+    """A float32 [rows, cols] matrix of normal values times `scale`."""
+    return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
 
-    tensors: dict[str, np.ndarray] = {"token_embd.weight": matrix(vocab, dim, 1.0)}
+
+def random_norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A float32 norm weight of `n` values near 1."""
+    return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
+def random_tensors(
+    rng: np.random.Generator,
+    num_layers: int,
+    dim: int,
+    kv_dim: int,
+    ffn_dim: int,
+    tie_embeddings: bool,
+) -> dict[str, np.ndarray]:
+    """Every tensor of the model by GGUF name, in file order (which is also the order they
+    are drawn from `rng`); `output.weight` has zero rows for the control tokens."""
+    tensors = {"token_embd.weight": random_matrix(rng, VOCAB_SIZE, dim, 1.0)}
     for i in range(num_layers):
-        p = f"blk.{i}."
-        tensors[p + "attn_norm.weight"] = norm(dim)
-        tensors[p + "attn_q.weight"] = matrix(dim, dim, 0.1)
-        tensors[p + "attn_k.weight"] = matrix(kv_dim, dim, 0.1)
-        tensors[p + "attn_v.weight"] = matrix(kv_dim, dim, 0.1)
-        tensors[p + "attn_output.weight"] = matrix(dim, dim, 0.1)
-        tensors[p + "ffn_norm.weight"] = norm(dim)
-        tensors[p + "ffn_gate.weight"] = matrix(ffn_dim, dim, 0.1)
-        tensors[p + "ffn_up.weight"] = matrix(ffn_dim, dim, 0.1)
-        tensors[p + "ffn_down.weight"] = matrix(dim, ffn_dim, 0.1)
-    tensors["output_norm.weight"] = norm(dim)
+        tensors.update(random_layer(rng, f"blk.{i}.", dim, kv_dim, ffn_dim))
+    tensors["output_norm.weight"] = random_norm(rng, dim)
     if not tie_embeddings:
-        out = matrix(vocab, dim, 0.25)
+        out = random_matrix(rng, VOCAB_SIZE, dim, 0.25)
         out[: len(CONTROL_TOKENS)] = 0.0
         tensors["output.weight"] = out
+    return tensors
 
+
+def random_layer(
+    rng: np.random.Generator, prefix: str, dim: int, kv_dim: int, ffn_dim: int
+) -> dict[str, np.ndarray]:
+    """One transformer block's tensors, names starting with `prefix`."""
+    return {
+        prefix + "attn_norm.weight": random_norm(rng, dim),
+        prefix + "attn_q.weight": random_matrix(rng, dim, dim, 0.1),
+        prefix + "attn_k.weight": random_matrix(rng, kv_dim, dim, 0.1),
+        prefix + "attn_v.weight": random_matrix(rng, kv_dim, dim, 0.1),
+        prefix + "attn_output.weight": random_matrix(rng, dim, dim, 0.1),
+        prefix + "ffn_norm.weight": random_norm(rng, dim),
+        prefix + "ffn_gate.weight": random_matrix(rng, ffn_dim, dim, 0.1),
+        prefix + "ffn_up.weight": random_matrix(rng, ffn_dim, dim, 0.1),
+        prefix + "ffn_down.weight": random_matrix(rng, dim, ffn_dim, 0.1),
+    }
+
+
+def add_tensors(
+    w: gguf.GGUFWriter,
+    tensors: dict[str, np.ndarray],
+    *,
+    quantize: bool,
+    drop_tensor: str | None,
+) -> None:
+    """Add `tensors` but `drop_tensor`; with `quantize`, the matrices go in as Q8_0."""
     for name, array in tensors.items():
         if name == drop_tensor:
             continue
@@ -143,8 +196,10 @@ def write_tiny_llama(
         else:
             w.add_tensor(name, array)
 
+
+def write_and_close(w: gguf.GGUFWriter) -> None:
+    """Write the header, the keys and the tensors to the file, and close it."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path

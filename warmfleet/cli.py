@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from common.errors import WarmfleetError
 from warmfleet import __version__
 from warmfleet.commands import chat, gateway, generate, keys, kvstore, model, up, worker
-from warmfleet.errors import WarmfleetError
 
 
 class _Parser(argparse.ArgumentParser):

@@ -10,10 +10,10 @@ from typing import Any, Protocol, cast
 
 import grpc
 
-from warmfleet.errors import ServiceError
-from warmfleet.v1 import inference_pb2 as pb
-from warmfleet.v1 import inference_pb2_grpc, kvstore_pb2_grpc
-from warmfleet.v1 import kvstore_pb2 as kvpb
+from common.errors import ServiceError
+from common.v1 import inference_pb2 as pb
+from common.v1 import inference_pb2_grpc, kvstore_pb2_grpc
+from common.v1 import kvstore_pb2 as kvpb
 
 Metadata = Sequence[tuple[str, str]]
 _MAX_PAGES = 100_000  # a guard against a server that never ends its page tokens
@@ -145,6 +145,11 @@ class Client:
         self._auth: Metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._channel = grpc.insecure_channel(target)
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
+
+    def connect(self, timeout_s: float = 30.0) -> None:
+        """Open the connection now (a channel connects on its first call otherwise); raises
+        grpc.FutureTimeoutError when the gateway cannot be reached in time."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
 
     def stream(
         self,

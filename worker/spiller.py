@@ -6,10 +6,10 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from common.errors import SpillFileError
 from engine.kv_cache import KVCache
 from engine.model import Model
-from warmfleet.errors import SpillFileError
-from worker.spill import FileSummary, SpilledKV, SpillStore
+from engine.spill_file import FileSummary, SpilledKV, SpillStore
 
 log = logging.getLogger("warmfleet.worker")
 RECLAIM_WAIT_S = 30.0  # longest wait for a write in flight when its session comes back

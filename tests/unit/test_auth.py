@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import LOCAL, AuthError, KeyRing, Tenant, hash_key
+from common.enums import Priority
+from common.errors import InvalidRequestError, UnauthenticatedError
+from gateway.auth import LOCAL, KeyRing, Tenant, hash_key
 from warmfleet.cli import main
-from warmfleet.errors import InvalidRequestError
 
 KEY_A = "key-of-alice"
 
@@ -28,9 +29,9 @@ def test_a_key_names_its_tenant_with_its_settings(tmp_path: Path) -> None:
         write_keys(tmp_path / "k.toml", alice(max_priority='"batch"', weight=3, max_queued=5))
     )
     tenant = ring.tenant([("authorization", f"Bearer {KEY_A}")])
-    assert tenant == Tenant("alice", "batch", 3, 16, 5)
+    assert tenant == Tenant("alice", Priority.BATCH, 3, 16, 5)
     assert ring.tenant([("authorization", f"bearer   {KEY_A} ")]).name == "alice"
-    assert tenant.allows("batch") and not tenant.allows("normal")
+    assert tenant.allows(Priority.BATCH) and not tenant.allows(Priority.NORMAL)
     assert ring.enabled and ring.tenants == ["alice"]
 
 
@@ -47,14 +48,14 @@ def test_no_or_unknown_key_is_refused(
     tmp_path: Path, metadata: list[tuple[str, str]], message: str
 ) -> None:
     ring = KeyRing.load(write_keys(tmp_path / "k.toml", alice()))
-    with pytest.raises(AuthError, match=message):
+    with pytest.raises(UnauthenticatedError, match=message):
         ring.tenant(metadata)
 
 
 def test_without_a_key_file_everyone_is_the_local_tenant() -> None:
     ring = KeyRing.open()
     assert not ring.enabled
-    assert ring.tenant([]) == LOCAL and LOCAL.allows("interactive")
+    assert ring.tenant([]) == LOCAL and LOCAL.allows(Priority.INTERACTIVE)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +107,7 @@ def test_keys_add_prints_the_key_once_and_stores_its_hash(
     assert key_a not in text and hash_key(key_a) in text  # stored hashed only
     assert path.stat().st_mode & 0o777 == 0o600
     ring = KeyRing.load(path)
-    assert ring.tenant([("authorization", f"Bearer {key_a}")]) == Tenant("alice", "normal")
-    assert ring.tenant([("authorization", f"Bearer {key_b}")]) == Tenant("bob", "batch", 2)
+    assert ring.tenant([("authorization", f"Bearer {key_a}")]) == Tenant("alice", Priority.NORMAL)
+    assert ring.tenant([("authorization", f"Bearer {key_b}")]) == Tenant("bob", Priority.BATCH, 2)
     assert main(["keys", "add", "--file", str(path), "--tenant", "b/ad"]) == 2
     assert path.read_text(encoding="utf-8") == text  # a refused key changes nothing

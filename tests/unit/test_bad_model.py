@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import ModelNotFoundError, NotGGUFError, UnsupportedModelError
 from engine.model import Model
 from tests.tiny_gguf import write_tiny_llama
-from warmfleet.errors import ModelNotFoundError, NotGGUFError, UnsupportedModelError
 
 REPO = Path(__file__).resolve().parents[2]
 

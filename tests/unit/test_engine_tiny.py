@@ -1,81 +1,27 @@
-"""engine.Engine on a tiny random model: batching, abort, limits, sessions, scheduling, errors."""
+"""The engine on the tiny model: batching, aborts, limits, chunked prefill, validation,
+seeded sampling, stop strings and pausing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import numpy as np
 import pytest
 
+from common.enums import FinishReason
+from common.errors import InvalidRequestError, PromptTooLongError
+from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
-from engine.kv_cache import KVCache
 from engine.model import Model
-from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Completion, FinishReason, Request
-from engine.session_pool import SessionPool
+from engine.sequence import Request
 from tests.tiny_gguf import VOCAB_SIZE
-from warmfleet.errors import InvalidRequestError, PromptTooLongError
-
-GREEDY = SamplingParams(max_tokens=8)
-
-
-def prompt(seed: int, length: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, VOCAB_SIZE, size=length)]
-
-
-PROMPTS = {"a": prompt(1, 5), "b": prompt(2, 12), "c": prompt(3, 20), "d": prompt(4, 9)}
-
-
-@dataclass
-class Result:
-    ids: list[int]
-    text: str
-    completion: Completion
-
-
-def collect(outputs: list[StepOutput]) -> Result:
-    assert all(len(o.token_ids) <= 1 for o in outputs)
-    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
-    completion = outputs[-1].completion
-    assert completion is not None
-    return Result(
-        [t for o in outputs for t in o.token_ids], "".join(o.text for o in outputs), completion
-    )
-
-
-def run_alone(model: Model, request: Request, config: EngineConfig | None = None) -> Result:
-    return collect(Engine(model, config).generate([request])[request.request_id])
-
-
-def drive(engine: Engine, arrivals: dict[int, list[Request]]) -> dict[str, Result]:
-    """Step the engine, adding each request at its step number, until everything ends."""
-    outputs: dict[str, list[StepOutput]] = {}
-    step = 0
-    while step <= max(arrivals) or engine.has_work:
-        for r in arrivals.get(step, []):
-            engine.add(r)
-            outputs[r.request_id] = []
-        for out in engine.step():
-            outputs[out.request_id].append(out)
-        step += 1
-    return {rid: collect(outs) for rid, outs in outputs.items()}
-
-
-def record_schedule(engine: Engine) -> list[list[tuple[str, int]]]:
-    """Wrap the scheduler so every batch it hands out is recorded as (request id, tokens)."""
-    batches: list[list[tuple[str, int]]] = []
-    schedule: Callable[[], ScheduledBatch] = engine.scheduler.schedule
-
-    def recording() -> ScheduledBatch:
-        batch = schedule()
-        batches.append([(seq.request_id, n) for seq, n in batch])
-        return batch
-
-    engine.scheduler.schedule = recording  # type: ignore[method-assign]
-    return batches
+from tests.unit.engine_driver import (
+    GREEDY,
+    PROMPTS,
+    collect,
+    drive,
+    prompt,
+    record_schedule,
+    run_alone,
+)
 
 
 @pytest.fixture(scope="module")
@@ -156,70 +102,6 @@ def test_full_context_ends_with_length(tiny_model: Model) -> None:
     result = run_alone(tiny_model, request)
     assert len(result.ids) == 3
     assert result.completion.finish_reason is FinishReason.LENGTH
-
-
-def test_session_extension_reuses_the_prefix(tiny_model: Model) -> None:
-    engine = Engine(tiny_model)
-    first = drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})["1"]
-    assert first.completion.cached_tokens == 0
-    assert engine.sessions.keys() == ["s"]
-    # the last sampled token was never run, so the session holds prompt + ids[:-1]
-    held = PROMPTS["c"] + first.ids[:-1]
-    second_prompt = PROMPTS["c"] + first.ids + prompt(5, 6)
-    second = drive(engine, {0: [Request("2", second_prompt, GREEDY, cache_key="s")]})["2"]
-    assert second.completion.cached_tokens == len(held)
-    assert second.ids == run_alone(tiny_model, Request("cold", second_prompt, GREEDY)).ids
-
-
-def test_session_with_identical_prompt_recomputes_the_last_token(tiny_model: Model) -> None:
-    engine = Engine(tiny_model)
-    drive(engine, {0: [Request("1", PROMPTS["b"], GREEDY, cache_key="s")]})
-    again = drive(engine, {0: [Request("2", PROMPTS["b"][:7], GREEDY, cache_key="s")]})["2"]
-    assert again.completion.cached_tokens == 6
-    assert again.ids == run_alone(tiny_model, Request("cold", PROMPTS["b"][:7], GREEDY)).ids
-
-
-def test_session_diverging_midway_reuses_only_the_common_prefix(tiny_model: Model) -> None:
-    engine = Engine(tiny_model)
-    drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})
-    diverged = [*PROMPTS["c"][:7], (PROMPTS["c"][7] + 1) % VOCAB_SIZE, *PROMPTS["c"][8:]]
-    result = drive(engine, {0: [Request("2", diverged, GREEDY, cache_key="s")]})["2"]
-    assert result.completion.cached_tokens == 7
-    assert result.ids == run_alone(tiny_model, Request("cold", diverged, GREEDY)).ids
-    # the session now holds the diverged prompt and its output, not the first request's
-    assert engine.sessions.take("s").token_ids == diverged + result.ids[:-1]  # type: ignore[union-attr]
-
-
-def test_sessions_are_evicted_by_bytes_they_hold(tiny_model: Model) -> None:
-    per_token = tiny_model.new_cache().bytes_per_token
-    # a + its 8 new tokens (all but the last fed back) hold 12 positions, b's 19: 31 > 24
-    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=24 * per_token))
-    drive(engine, {0: [Request("1", PROMPTS["a"], GREEDY, cache_key="s1")]})
-    held = engine.sessions.peek("s1")
-    assert held is not None and held.offset == len(PROMPTS["a"]) + 7
-    assert held.capacity == held.offset and engine.sessions.nbytes == 12 * per_token
-    drive(engine, {0: [Request("2", PROMPTS["b"], GREEDY, cache_key="s2")]})
-    assert engine.sessions.keys() == ["s2"] and engine.sessions.num_evicted == 1
-    assert engine.sessions.nbytes == 19 * per_token
-    cold = drive(engine, {0: [Request("3", PROMPTS["a"], GREEDY, cache_key="s1")]})["3"]
-    assert cold.completion.cached_tokens == 0
-
-
-def test_a_restored_cache_is_used_by_its_request_not_the_pool(tiny_model: Model) -> None:
-    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=0))  # the pool keeps nothing
-    first = drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})["1"]
-    assert engine.sessions.keys() == [] and len(engine.evicted_sessions) == 1
-    _, cache = engine.evicted_sessions.pop()
-    k, v, ids = cache.state()
-    restored = KVCache.from_state(tiny_model.config, np, k, v, ids)
-    again = [*PROMPTS["c"], *first.ids, *PROMPTS["a"]]
-    seq = engine.add(Request("2", again, GREEDY, cache_key="s"), restored)
-    assert seq.cache is restored and seq.num_cached == len(PROMPTS["c"]) + 7
-    outputs: list[StepOutput] = []
-    while engine.has_work:
-        outputs += engine.step()
-    result = collect(outputs)
-    assert result.ids == run_alone(tiny_model, Request("cold", again, GREEDY)).ids
 
 
 def test_scheduler_chunks_prefill_within_the_step_budget(tiny_model: Model) -> None:
@@ -316,38 +198,6 @@ def test_duplicate_request_id_is_rejected(tiny_model: Model) -> None:
         engine.add(Request("x", PROMPTS["b"]))
     assert err.value.field == "request_id"
     assert len(engine.scheduler.waiting) == 1
-
-
-@dataclass
-class Stub:
-    nbytes: int
-
-
-def test_session_pool_lru_by_bytes() -> None:
-    pool: SessionPool[Stub] = SessionPool(budget_bytes=100)
-    assert pool.put("a", Stub(40)) == []
-    assert pool.put("b", Stub(40)) == []
-    a = pool.peek("a")
-    assert pool.put("c", Stub(30)) == [("a", a)]
-    assert pool.keys() == ["b", "c"] and pool.nbytes == 70 and pool.num_evicted == 1
-    assert pool.put("b", Stub(40)) == []  # refresh b: now c is the oldest
-    assert pool.keys() == ["c", "b"] and pool.nbytes == 70
-    assert [k for k, _ in pool.put("d", Stub(50))] == ["c"]
-    assert pool.keys() == ["b", "d"] and pool.nbytes == 90
-    assert pool.put("b", Stub(10)) == []  # replacing an entry replaces its bytes
-    assert pool.nbytes == 60 and pool.keys() == ["d", "b"]
-    taken = pool.take("d")
-    assert taken == Stub(50) and pool.nbytes == 10 and "d" not in pool and len(pool) == 1
-    assert pool.take("d") is None and pool.nbytes == 10
-    assert [k for k, _ in pool.put("huge", Stub(101))] == ["b", "huge"]
-    assert len(pool) == 0 and pool.nbytes == 0 and pool.num_evicted == 4
-
-
-def test_session_pool_with_zero_budget_keeps_nothing() -> None:
-    pool: SessionPool[Stub] = SessionPool(budget_bytes=0)
-    assert [k for k, _ in pool.put("a", Stub(1))] == ["a"]
-    assert pool.put("z", Stub(0)) == []
-    assert pool.keys() == ["z"] and pool.nbytes == 0
 
 
 def test_seeded_sampling_is_batch_invariant_and_seed_dependent(tiny_model: Model) -> None:

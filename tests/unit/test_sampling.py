@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.sampling import SEED_LIMIT, SamplingParams, make_rng, sample
-from warmfleet.errors import InvalidRequestError
+from common.errors import InvalidRequestError
+from common.sampling import SEED_LIMIT, SamplingParams
+from engine.sampling import make_rng, sample
 
 LOGITS = np.array([0.5, 2.0, -1.0, 1.0, 0.0, 1.5], dtype=np.float32)
 ORDER = [1, 5, 3, 0, 4, 2]  # ids by decreasing logit

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from warmfleet.errors import SpillFileError
-from worker.spill import SpilledKV, SpillStore, read_summary
+from common.errors import SpillFileError
+from engine.spill_file import SpilledKV, SpillStore, read_summary
 
 SHAPE = (3, 2, 5, 8)  # layers, kv_heads, tokens, head_dim
 LIKE = (3, 2, 8)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import InvalidRequestError
+from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model import Model
-from engine.sampling import SamplingParams
 from engine.sequence import Request
 from engine.step_cost import MIN_PREFILL_TOKENS, StepCost
 from tests.unit.test_engine_tiny import prompt
-from warmfleet.errors import InvalidRequestError
 
 
 def test_costs_are_learned_and_bound_the_prefill() -> None:

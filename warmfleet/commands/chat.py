@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from common.errors import InvalidRequestError
+from common.v1 import inference_pb2 as pb
 from warmfleet.client import Client, Reply, collect
-from warmfleet.errors import InvalidRequestError
-from warmfleet.v1 import inference_pb2 as pb
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 QUIT_COMMANDS = ("/quit", "/exit")

@@ -11,14 +11,14 @@ from types import FrameType
 from typing import Any
 
 from broker.gateway_broker import GatewayBroker
+from common.errors import ServiceError
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyRing
+from gateway.core import POLL_MS, GatewayConfig
 from gateway.server import build_server
-from gateway.service import POLL_MS, GatewayConfig
 from warmfleet.commands.common import add_redis_url
-from warmfleet.errors import ServiceError
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect

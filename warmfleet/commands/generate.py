@@ -8,14 +8,14 @@ import sys
 import time
 from typing import Any
 
+from common.errors import InvalidRequestError
+from common.sampling import SamplingParams
 from engine.chat import render_chat, validate_messages
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
-from engine.sampling import SamplingParams
-from engine.sequence import Request
+from engine.sequence import Completion, Request
 from warmfleet.commands.common import add_compute
-from warmfleet.errors import InvalidRequestError
 from warmfleet.models import resolve_model
 
 
@@ -88,11 +88,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"warmfleet: loading {path.name}", file=sys.stderr, flush=True)
     model = Model.load(path, device=args.device, dtype=args.dtype)
     load_s = time.perf_counter() - t0
-    print(
-        f"warmfleet: loaded in {load_s:.1f} s ({model.device}, {args.dtype})",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"warmfleet: loaded in {load_s:.1f} s ({model.device}, {args.dtype})",
+          file=sys.stderr, flush=True)  # fmt: skip
     tok = model.tokenizer
     if messages is not None:
         if tok.chat_template is None:
@@ -101,7 +98,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = args.prompt
     request = Request("cli", tok.encode(text), sampling)
-    engine = Engine(model)
+    token_ids, pieces, completion = _generate(Engine(model), request, stream=not args.json)
+    if args.json:
+        print(json.dumps(_summary(model, request, token_ids, "".join(pieces), completion, load_s),
+                         ensure_ascii=False))  # fmt: skip
+    return 0
+
+
+def _generate(
+    engine: Engine, request: Request, *, stream: bool
+) -> tuple[list[int], list[str], Completion]:
+    """Run the request to its end, writing its text to stdout as it comes when `stream`."""
     engine.add(request)
     token_ids: list[int] = []
     pieces: list[str] = []
@@ -111,18 +118,29 @@ def run(args: argparse.Namespace) -> int:
             token_ids += out.token_ids
             pieces.append(out.text)
             completion = out.completion
-            if not args.json:
+            if stream:
                 sys.stdout.write(out.text)
                 sys.stdout.flush()
-    if not args.json:
+    if stream:
         sys.stdout.write("\n")
-        return 0
-    result = {
-        "model": str(path),
+    return token_ids, pieces, completion
+
+
+def _summary(
+    model: Model,
+    request: Request,
+    token_ids: list[int],
+    text: str,
+    completion: Completion,
+    load_s: float,
+) -> dict[str, object]:
+    """What --json prints."""
+    return {
+        "model": str(model.path),
         "fingerprint": model.fingerprint,
         "prompt_ids": request.prompt_ids,
         "token_ids": token_ids,
-        "text": "".join(pieces),
+        "text": text,
         "finish_reason": str(completion.finish_reason),
         "seed": completion.seed,
         "usage": {
@@ -136,5 +154,3 @@ def run(args: argparse.Namespace) -> int:
             "decode_tok_s": round(completion.decode_tok_s, 2),
         },
     }
-    print(json.dumps(result, ensure_ascii=False))
-    return 0

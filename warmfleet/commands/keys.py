@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker.keys import PRIORITIES
+from common.enums import PRIORITIES
+from common.errors import InvalidRequestError
 from gateway.auth import TENANT_NAME, KeyRing, hash_key
-from warmfleet.errors import InvalidRequestError
 
 
 def register(sub: Any) -> None:

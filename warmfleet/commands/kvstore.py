@@ -13,15 +13,15 @@ from typing import Any
 
 import redis
 
+from common.errors import ServiceError
+from common.grpc_serve import serve
+from common.v1 import kvstore_pb2_grpc
 from kvstore.grpc_service import SERVICE_NAME, KVStoreService
 from kvstore.service import KVStore
 from warmfleet.commands.common import add_redis_url, add_spill_dir
-from warmfleet.errors import ServiceError
-from warmfleet.grpc_serve import serve
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
 from warmfleet.sizes import format_size, size_arg
-from warmfleet.v1 import kvstore_pb2_grpc
 
 DEFAULT_PORT = 50052
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import grpc
 
+from common.errors import InvalidRequestError
 from warmfleet.client import KVStoreClient
+from warmfleet.cluster_config import ClusterConfig
 from warmfleet.commands.common import add_spill_dir
 from warmfleet.demo import run_demo
-from warmfleet.errors import InvalidRequestError
 from warmfleet.launcher import Cluster
-from warmfleet.models import resolve_model
 from warmfleet.processes import describe_exit, format_tail
 from warmfleet.sizes import format_size, size_arg
 from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
@@ -36,6 +36,13 @@ def register(sub: Any) -> None:
         "--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"gRPC port ({DEFAULT_PORT})"
     )
     p.add_argument(
+        "--kvstore-port",
+        type=int,
+        default=DEFAULT_KVSTORE_PORT,
+        metavar="P",
+        help=f"the kvstore's gRPC port, for operators ({DEFAULT_KVSTORE_PORT})",
+    )
+    p.add_argument(
         "--redis-url", metavar="URL", help="use this Redis instead of a private redis-server"
     )
     p.add_argument(
@@ -46,13 +53,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
     )
+    _add_part_options(p)
     p.add_argument(
-        "--kvstore-port",
-        type=int,
-        default=DEFAULT_KVSTORE_PORT,
-        metavar="P",
-        help=f"the kvstore's gRPC port, for operators ({DEFAULT_KVSTORE_PORT})",
+        "--demo",
+        action="store_true",
+        help="once up, run two sessions at once (two turns each) and print their replies",
     )
+    p.set_defaults(run=run)
+
+
+def _add_part_options(p: argparse.ArgumentParser) -> None:
+    """Options `up` passes on to the workers, the kvstore and the gateway."""
     add_spill_dir(p, allow_none=False)
     p.add_argument(
         "--warm-budget",
@@ -72,30 +83,16 @@ def register(sub: Any) -> None:
         help="API keys for the gateway (see `warmfleet gateway --keys`); without it one "
         "local tenant",
     )
-    p.add_argument(
-        "--demo",
-        action="store_true",
-        help="once up, run two sessions at once (two turns each) and print their replies",
-    )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise InvalidRequestError("--workers", f"must be at least 1, got {args.workers}")
-    for name, port in (("--port", args.port), ("--kvstore-port", args.kvstore_port)):
-        if not 0 <= port <= 65535:
-            raise InvalidRequestError(name, f"must be in [0, 65535], got {port}")
-    if args.threads is not None and args.threads < 1:
-        raise InvalidRequestError("--threads", f"must be at least 1, got {args.threads}")
     if args.demo and args.keys:
         raise InvalidRequestError("--demo", "talks without an API key; leave out --keys")
-    model = resolve_model(args.model)  # fetched once here, before any worker starts
-    cluster = Cluster(
+    config = ClusterConfig(
         num_workers=args.workers,
         port=args.port,
         redis_url=args.redis_url,
-        model=model,
+        model=args.model,
         threads_per_worker=args.threads,
         spill_dir=args.spill_dir,
         warm_budget=args.warm_budget,
@@ -103,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         kvstore_port=args.kvstore_port,
         keys_file=args.keys,
     )
+    cluster = Cluster(config)  # the model is fetched once, before any worker starts
     signals = StopSignals().install()
     try:
         with signals.interruptible():

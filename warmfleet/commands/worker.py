@@ -13,18 +13,19 @@ from types import FrameType
 from typing import Any
 
 from broker.worker_broker import WorkerBroker
+from common.errors import InvalidRequestError
 from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
+from engine.spill_file import SpillStore
 from warmfleet.commands.common import add_compute, add_redis_url, add_spill_dir
-from warmfleet.errors import InvalidRequestError
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
 from warmfleet.sizes import format_size, size_arg
-from worker.loop import Worker, WorkerConfig
-from worker.spill import SpillStore
+from worker.config import WorkerConfig
+from worker.loop import Worker
 from worker.spiller import Spiller
 
 
@@ -93,23 +94,7 @@ def run(args: argparse.Namespace) -> int:
         session_budget_bytes=budget,  # the worker moves it to its ceiling once a kvstore runs
         step_budget_s=args.step_budget_ms / 1000 if args.step_budget_ms else None,
     )
-    threads = set_threads(args.threads)
-    path = resolve_model(args.model)
-    logging.info("loading %s (%d threads)", path.name, threads)
-    model = Model.load(path, device=args.device, dtype=args.dtype)
-    r = connect(args.redis_url, block_ms=config.idle_block_ms)
-    spiller = None
-    if args.spill_dir != "none":
-        spiller = Spiller(SpillStore(args.spill_dir, model.fingerprint), model)
-        logging.info(
-            "spilling evicted sessions to %s (warm budget %s)", args.spill_dir, format_size(budget)
-        )
-    broker = WorkerBroker(r, config.worker_id, config.lease_s)
-    engine = Engine(model, engine_config)
-    t0 = time.perf_counter()
-    engine.warm_up()
-    logging.info("kernels ready in %.1f s", time.perf_counter() - t0)
-    worker = Worker(engine, broker, config, spiller)
+    worker = _build(args, config, engine_config)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if worker.stopping:
@@ -129,3 +114,22 @@ def run(args: argparse.Namespace) -> int:
     worker.run()
     logging.info("stopped")
     return 0
+
+
+def _build(args: argparse.Namespace, config: WorkerConfig, engine_config: EngineConfig) -> Worker:
+    """Load the model, warm its kernels up, connect: a worker ready to register."""
+    threads = set_threads(args.threads)
+    path = resolve_model(args.model)
+    logging.info("loading %s (%d threads)", path.name, threads)
+    model = Model.load(path, device=args.device, dtype=args.dtype)
+    r = connect(args.redis_url, block_ms=config.idle_block_ms)
+    spiller = None
+    if args.spill_dir != "none":
+        spiller = Spiller(SpillStore(args.spill_dir, model.fingerprint), model)
+        logging.info("spilling evicted sessions to %s (warm budget %s)", args.spill_dir,
+                     format_size(config.warm_budget_bytes))  # fmt: skip
+    engine = Engine(model, engine_config)
+    t0 = time.perf_counter()
+    engine.warm_up()
+    logging.info("kernels ready in %.1f s", time.perf_counter() - t0)
+    return Worker(engine, WorkerBroker(r, config.worker_id, config.lease_s), config, spiller)

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from warmfleet.v1 import inference_pb2 as warmfleet_dot_v1_dot_inference__pb2
+from common.v1 import inference_pb2 as common_dot_v1_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in warmfleet/v1/inference_pb2_grpc.py depends on'
+        + ' but the generated code in common/v1/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class InferenceStub:
         """
         self.Generate = channel.unary_stream(
                 '/warmfleet.v1.Inference/Generate',
-                request_serializer=warmfleet_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+                request_serializer=common_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GetSession = channel.unary_unary(
                 '/warmfleet.v1.Inference/GetSession',
-                request_serializer=warmfleet_dot_v1_dot_inference__pb2.GetSessionRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_inference__pb2.Session.FromString,
+                request_serializer=common_dot_v1_dot_inference__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_inference__pb2.Session.FromString,
                 _registered_method=True)
         self.ListSessions = channel.unary_unary(
                 '/warmfleet.v1.Inference/ListSessions',
-                request_serializer=warmfleet_dot_v1_dot_inference__pb2.ListSessionsRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_inference__pb2.ListSessionsResponse.FromString,
+                request_serializer=common_dot_v1_dot_inference__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_inference__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
         self.DeleteSession = channel.unary_unary(
                 '/warmfleet.v1.Inference/DeleteSession',
-                request_serializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionResponse.FromString,
+                request_serializer=common_dot_v1_dot_inference__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_inference__pb2.DeleteSessionResponse.FromString,
                 _registered_method=True)
         self.ForkSession = channel.unary_unary(
                 '/warmfleet.v1.Inference/ForkSession',
-                request_serializer=warmfleet_dot_v1_dot_inference__pb2.ForkSessionRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_inference__pb2.Session.FromString,
+                request_serializer=common_dot_v1_dot_inference__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_inference__pb2.Session.FromString,
                 _registered_method=True)
 
 
@@ -103,28 +103,28 @@ def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=warmfleet_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
+                    response_serializer=common_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
             ),
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
-                    request_deserializer=warmfleet_dot_v1_dot_inference__pb2.GetSessionRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_inference__pb2.Session.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_inference__pb2.GetSessionRequest.FromString,
+                    response_serializer=common_dot_v1_dot_inference__pb2.Session.SerializeToString,
             ),
             'ListSessions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSessions,
-                    request_deserializer=warmfleet_dot_v1_dot_inference__pb2.ListSessionsRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_inference__pb2.ListSessionsResponse.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_inference__pb2.ListSessionsRequest.FromString,
+                    response_serializer=common_dot_v1_dot_inference__pb2.ListSessionsResponse.SerializeToString,
             ),
             'DeleteSession': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteSession,
-                    request_deserializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_inference__pb2.DeleteSessionResponse.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_inference__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=common_dot_v1_dot_inference__pb2.DeleteSessionResponse.SerializeToString,
             ),
             'ForkSession': grpc.unary_unary_rpc_method_handler(
                     servicer.ForkSession,
-                    request_deserializer=warmfleet_dot_v1_dot_inference__pb2.ForkSessionRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_inference__pb2.Session.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_inference__pb2.ForkSessionRequest.FromString,
+                    response_serializer=common_dot_v1_dot_inference__pb2.Session.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -152,8 +152,8 @@ class Inference:
             request,
             target,
             '/warmfleet.v1.Inference/Generate',
-            warmfleet_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
-            warmfleet_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            common_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+            common_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -179,8 +179,8 @@ class Inference:
             request,
             target,
             '/warmfleet.v1.Inference/GetSession',
-            warmfleet_dot_v1_dot_inference__pb2.GetSessionRequest.SerializeToString,
-            warmfleet_dot_v1_dot_inference__pb2.Session.FromString,
+            common_dot_v1_dot_inference__pb2.GetSessionRequest.SerializeToString,
+            common_dot_v1_dot_inference__pb2.Session.FromString,
             options,
             channel_credentials,
             insecure,
@@ -206,8 +206,8 @@ class Inference:
             request,
             target,
             '/warmfleet.v1.Inference/ListSessions',
-            warmfleet_dot_v1_dot_inference__pb2.ListSessionsRequest.SerializeToString,
-            warmfleet_dot_v1_dot_inference__pb2.ListSessionsResponse.FromString,
+            common_dot_v1_dot_inference__pb2.ListSessionsRequest.SerializeToString,
+            common_dot_v1_dot_inference__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -233,8 +233,8 @@ class Inference:
             request,
             target,
             '/warmfleet.v1.Inference/DeleteSession',
-            warmfleet_dot_v1_dot_inference__pb2.DeleteSessionRequest.SerializeToString,
-            warmfleet_dot_v1_dot_inference__pb2.DeleteSessionResponse.FromString,
+            common_dot_v1_dot_inference__pb2.DeleteSessionRequest.SerializeToString,
+            common_dot_v1_dot_inference__pb2.DeleteSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -260,8 +260,8 @@ class Inference:
             request,
             target,
             '/warmfleet.v1.Inference/ForkSession',
-            warmfleet_dot_v1_dot_inference__pb2.ForkSessionRequest.SerializeToString,
-            warmfleet_dot_v1_dot_inference__pb2.Session.FromString,
+            common_dot_v1_dot_inference__pb2.ForkSessionRequest.SerializeToString,
+            common_dot_v1_dot_inference__pb2.Session.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-from warmfleet.v1 import inference_pb2 as _inference_pb2
+from common.v1 import inference_pb2 as _inference_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -60,3 +60,57 @@ class SpillFileError(WarmfleetError):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.reason = reason
+
+
+class ProtocolError(WarmfleetError):
+    """A message read from Redis is not one this version understands (unknown kind or
+    version, a field missing or of the wrong type)."""
+
+
+# What a call can end with besides its result; each face (gRPC, HTTP) maps these to its
+# own statuses (see gateway/grpc_errors.py).
+
+
+class UnauthenticatedError(WarmfleetError):
+    """No key, or a key the key file does not know."""
+
+
+class PermissionDeniedError(WarmfleetError):
+    """The caller's key does not allow what it asked (a priority above its ceiling)."""
+
+
+class NotFoundError(WarmfleetError):
+    """No such session (or model)."""
+
+
+class AlreadyExistsError(WarmfleetError):
+    """The name is taken (ForkSession's new id)."""
+
+
+class FailedPreconditionError(WarmfleetError):
+    """The target is not in a state that allows the call (Evict of a session in use)."""
+
+
+class QueueFullError(WarmfleetError):
+    """A bound on queued requests is reached; retry after `retry_after_ms`."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class UnavailableError(ServiceError):
+    """A part the call needs is down or unreachable (Redis, every worker, the kvstore);
+    retrying later may succeed."""
+
+
+class DeadlineExceededError(WarmfleetError):
+    """The request's deadline passed."""
+
+
+class JobFailedError(WarmfleetError):
+    """A worker ended the request with an error; `code` is its gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

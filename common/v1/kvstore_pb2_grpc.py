@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from warmfleet.v1 import kvstore_pb2 as warmfleet_dot_v1_dot_kvstore__pb2
+from common.v1 import kvstore_pb2 as common_dot_v1_dot_kvstore__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in warmfleet/v1/kvstore_pb2_grpc.py depends on'
+        + ' but the generated code in common/v1/kvstore_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,13 +38,13 @@ class KVStoreStub:
         """
         self.GetUsage = channel.unary_unary(
                 '/warmfleet.v1.KVStore/GetUsage',
-                request_serializer=warmfleet_dot_v1_dot_kvstore__pb2.GetUsageRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_kvstore__pb2.KVUsage.FromString,
+                request_serializer=common_dot_v1_dot_kvstore__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_kvstore__pb2.KVUsage.FromString,
                 _registered_method=True)
         self.Evict = channel.unary_unary(
                 '/warmfleet.v1.KVStore/Evict',
-                request_serializer=warmfleet_dot_v1_dot_kvstore__pb2.EvictRequest.SerializeToString,
-                response_deserializer=warmfleet_dot_v1_dot_kvstore__pb2.EvictResponse.FromString,
+                request_serializer=common_dot_v1_dot_kvstore__pb2.EvictRequest.SerializeToString,
+                response_deserializer=common_dot_v1_dot_kvstore__pb2.EvictResponse.FromString,
                 _registered_method=True)
 
 
@@ -71,13 +71,13 @@ def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetUsage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetUsage,
-                    request_deserializer=warmfleet_dot_v1_dot_kvstore__pb2.GetUsageRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_kvstore__pb2.KVUsage.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_kvstore__pb2.GetUsageRequest.FromString,
+                    response_serializer=common_dot_v1_dot_kvstore__pb2.KVUsage.SerializeToString,
             ),
             'Evict': grpc.unary_unary_rpc_method_handler(
                     servicer.Evict,
-                    request_deserializer=warmfleet_dot_v1_dot_kvstore__pb2.EvictRequest.FromString,
-                    response_serializer=warmfleet_dot_v1_dot_kvstore__pb2.EvictResponse.SerializeToString,
+                    request_deserializer=common_dot_v1_dot_kvstore__pb2.EvictRequest.FromString,
+                    response_serializer=common_dot_v1_dot_kvstore__pb2.EvictResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -107,8 +107,8 @@ class KVStore:
             request,
             target,
             '/warmfleet.v1.KVStore/GetUsage',
-            warmfleet_dot_v1_dot_kvstore__pb2.GetUsageRequest.SerializeToString,
-            warmfleet_dot_v1_dot_kvstore__pb2.KVUsage.FromString,
+            common_dot_v1_dot_kvstore__pb2.GetUsageRequest.SerializeToString,
+            common_dot_v1_dot_kvstore__pb2.KVUsage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -134,8 +134,8 @@ class KVStore:
             request,
             target,
             '/warmfleet.v1.KVStore/Evict',
-            warmfleet_dot_v1_dot_kvstore__pb2.EvictRequest.SerializeToString,
-            warmfleet_dot_v1_dot_kvstore__pb2.EvictResponse.FromString,
+            common_dot_v1_dot_kvstore__pb2.EvictRequest.SerializeToString,
+            common_dot_v1_dot_kvstore__pb2.EvictResponse.FromString,
             options,
             channel_credentials,
             insecure,

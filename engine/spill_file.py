@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from warmfleet.errors import SpillFileError
+from common.errors import SpillFileError
 
 MAGIC = b"WFKV"
 VERSION = 2  # 2: the header names the session (key)

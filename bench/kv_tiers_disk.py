@@ -1,0 +1,98 @@
+"""The disk side of the KV tiers benchmark: the page cache, and the spill files' own write and
+restore throughput."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.spill_file import SpilledKV, SpillStore
+
+
+def drop_page_cache(paths: Sequence[Path]) -> str:
+    """Drop cached pages of `paths` (after a sync); returns how it was done."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "global drop_caches"
+    except OSError:
+        pass
+    try:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "posix_fadvise DONTNEED"
+    except (OSError, AttributeError):
+        return "none (page cache kept)"
+
+
+def resident_bytes(paths: Sequence[Path]) -> int | None:
+    """Bytes of `paths` in the page cache, from util-linux `fincore`; None if unknown."""
+    if not paths or shutil.which("fincore") is None:
+        return None
+    cmd = ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=10)
+        return sum(int(x) for x in out.stdout.split())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+# --- the spill files' throughput --------------------------------------------------------------
+
+
+def spill_throughput(
+    config: ModelConfig, tokens: int, repeats: int
+) -> tuple[list[tuple[str, str, str, str]], set[str]]:
+    """Write and read one `tokens`-position KV of the model's shape with SpillStore."""
+    shape = (config.num_layers, config.num_kv_heads, tokens, config.head_dim)
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal(shape, dtype=np.float32)
+    v = rng.standard_normal(shape, dtype=np.float32)
+    kv = SpilledKV(k, v, list(range(tokens)))
+    like = (config.num_layers, config.num_kv_heads, config.head_dim)
+    mb = (k.nbytes + v.nbytes) / 1e6
+    times: dict[str, list[float]] = {"write": [], "cold": [], "cached": [], "raw": []}
+    methods: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="wf-kvtiers-") as d:
+        store = SpillStore(d, "bench")
+        path = store.path_for("s")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            store.write("s", kv)
+            times["write"].append(time.perf_counter() - t)
+            methods.add(drop_page_cache([path]))
+            t = time.perf_counter()
+            back = store.read("s", like=like, dtype=np.dtype(np.float32))
+            times["cold"].append(time.perf_counter() - t)
+            assert back is not None and np.array_equal(back.v, v)
+            t = time.perf_counter()
+            store.read("s", like=like, dtype=np.dtype(np.float32))
+            times["cached"].append(time.perf_counter() - t)
+            drop_page_cache([path])
+            t = time.perf_counter()
+            path.read_bytes()
+            times["raw"].append(time.perf_counter() - t)
+    rows = []
+    labels = {
+        "write": "spill write (xxh3 + write + fsync + rename)",
+        "cold": "restore read, page cache dropped (read + checks + xxh3)",
+        "cached": "restore read, file in page cache",
+        "raw": "plain read_bytes of the file, page cache dropped",
+    }
+    for name, label in labels.items():
+        med = statistics.median(times[name])
+        rows.append((label, f"{mb:.1f}", f"{med * 1e3:.1f}", f"{mb / med:.0f}"))
+    return rows, methods

@@ -1,0 +1,168 @@
+"""The conversation of the KV tiers benchmark: turns against a running cluster, and one repeat
+of resuming a session warm, from disk and recomputed."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.kv_tiers_disk import drop_page_cache, resident_bytes
+from common.v1 import inference_pb2 as pb
+from engine.chat import render_chat
+from engine.tokenizer import Tokenizer
+from warmfleet.client import Client, collect
+
+MAX_TOKENS = 4
+SETTLE_TIMEOUT_S = 120.0
+QUESTIONS = ("Summarize the log in one word.", "And in two words?", "Now in three words?")
+SOURCE_NAMES: dict[int, str] = {
+    pb.KV_SOURCE_COLD: "cold",
+    pb.KV_SOURCE_WARM: "warm",
+    pb.KV_SOURCE_DISK: "disk",
+}
+Messages = list[dict[str, str]]
+
+
+def log(message: str) -> None:
+    """Progress, to stderr (the tables go to stdout)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class Turn:
+    """One completion as the benchmark sees it."""
+
+    ttft_s: float  # the completion's time to first token (from the gateway's acceptance)
+    client_ttft_s: float  # seen by this client: call start to first chunk
+    source: int
+    prompt_tokens: int
+    cached_tokens: int
+    text: str
+    token_ids: list[int]
+
+
+def long_text(tokenizer: Tokenizer, template: str, target: int) -> str:
+    """A varied log of made-up build notes whose chat prompt (with the three short questions
+    and short replies of the later turns) takes at most `target` tokens."""
+    parts = []
+    for i in range(10_000):
+        parts.append(
+            f"Step {i}: module m{(i * 37) % 211} built in {(i * 7919) % 997} ms with "
+            f"{(i * 31) % 17} warnings; cache key {(i * 2654435761) % 65536:04x}."
+        )
+    padding = [
+        {"role": "assistant", "content": "word " * MAX_TOKENS},
+        {"role": "user", "content": QUESTIONS[1]},
+        {"role": "assistant", "content": "word " * MAX_TOKENS},
+        {"role": "user", "content": QUESTIONS[2]},
+    ]
+
+    def size(n: int) -> int:
+        content = " ".join(parts[:n]) + "\n\n" + QUESTIONS[0]
+        messages = [{"role": "user", "content": content}, *padding]
+        return len(tokenizer.encode(render_chat(template, messages)))
+
+    lo, hi = 1, len(parts)
+    while lo < hi:  # the most sentences that fit
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if size(mid) <= target else (lo, mid - 1)
+    return " ".join(parts[:lo])
+
+
+def turn(client: Client, session_id: str, messages: Messages) -> Turn:
+    """Send `messages` in `session_id` (greedy, MAX_TOKENS tokens) and time the reply."""
+    first: list[float] = []
+    t = time.perf_counter()
+    call = client.stream(session_id, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0)
+    try:
+        reply = collect(call, on_chunk=lambda _: first.append(time.perf_counter()))
+    finally:
+        call.cancel()
+    c = reply.completion
+    return Turn(
+        c.timings.time_to_first_token_s,
+        (first[0] if first else time.perf_counter()) - t,
+        c.kv_source,
+        c.usage.prompt_tokens,
+        c.usage.cached_tokens,
+        reply.text,
+        reply.token_ids,
+    )
+
+
+def wait_for(client: Client, what: str, done: Callable[[list[pb.Session]], bool]) -> None:
+    """Poll the session list until `done` holds; RuntimeError after SETTLE_TIMEOUT_S."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while not done(client.list_sessions()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def settle(client: Client) -> None:
+    """Wait until the spill writes in flight are done: at most one session left in memory."""
+    wait_for(
+        client,
+        "spills to finish",
+        lambda ss: sum(s.tier in (pb.TIER_WARM, pb.TIER_HOT, pb.TIER_SPILLING) for s in ss) <= 1,
+    )
+
+
+def expect(t: Turn, source: int, what: str) -> None:
+    """Assert that `t`'s KV came from `source`, and log the turn."""
+    got = SOURCE_NAMES.get(t.source, str(t.source))
+    assert t.source == source, f"{what}: kv_source {got}, expected {SOURCE_NAMES[source]}"
+    log(
+        f"  {what}: {got}, {t.prompt_tokens} prompt tokens ({t.cached_tokens} cached), "
+        f"ttft {t.ttft_s * 1e3:.1f} ms (client {t.client_ttft_s * 1e3:.1f} ms)"
+    )
+
+
+def run_repeat(
+    client: Client, r: int, text: str, spill_dir: Path, methods: set[str], resident: list[int]
+) -> dict[str, Turn]:
+    """Repeat `r`: session A resumed warm, then from disk once session B has pushed it out,
+    then recomputed under a new id C. Adds the page cache drop methods to `methods` and the
+    spill bytes still resident after the drop to `resident`; deletes the sessions after."""
+    a, b, c = f"kvt-{r}-a", f"kvt-{r}-b", f"kvt-{r}-c"
+    m1: Messages = [{"role": "user", "content": f"{text}\n\n{QUESTIONS[0]}"}]
+    log(f"repeat {r + 1}: session A, first turn (cold prefill)")
+    t1 = turn(client, a, m1)
+    expect(t1, pb.KV_SOURCE_COLD, "A turn 1")
+    m2 = [*m1, {"role": "assistant", "content": t1.text}, {"role": "user", "content": QUESTIONS[1]}]
+    warm = turn(client, a, m2)
+    expect(warm, pb.KV_SOURCE_WARM, "A turn 2 (warm)")
+    log("  session B, same size, pushes A out of the warm pool")
+    m_b = [{"role": "user", "content": f"{text}\n\nB. {QUESTIONS[0]}"}]
+    expect(turn(client, b, m_b), pb.KV_SOURCE_COLD, "B turn 1")
+    wait_for(
+        client,
+        "session A on disk",
+        lambda ss: any(s.session_id == a and s.tier == pb.TIER_DISK for s in ss),
+    )
+    settle(client)
+    files = sorted(spill_dir.glob("*.wfkv"))
+    methods.add(drop_page_cache(files))
+    res = resident_bytes(files)
+    if res is not None:
+        resident.append(res)
+    log(f"  page cache of {len(files)} spill file(s) dropped; {res} bytes still resident")
+    m3 = [
+        *m2,
+        {"role": "assistant", "content": warm.text},
+        {"role": "user", "content": QUESTIONS[2]},
+    ]
+    disk = turn(client, a, m3)
+    expect(disk, pb.KV_SOURCE_DISK, "A turn 3 (disk)")
+    settle(client)  # B goes to disk now
+    cold = turn(client, c, m3)
+    expect(cold, pb.KV_SOURCE_COLD, "C = A turn 3 under a new id (recompute)")
+    if cold.token_ids != disk.token_ids:
+        log(f"  NOTE: recomputed tokens {cold.token_ids} differ from disk's {disk.token_ids}")
+    for s in (a, b, c):  # leaves an empty pool and no files for the next repeat
+        client.delete_session(s)
+    wait_for(client, "the sessions to go", lambda ss: not ss)
+    return {"warm": warm, "disk": disk, "recompute": cold}

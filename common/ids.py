@@ -1,0 +1,26 @@
+"""Session ids: what a client may name a session (checked once, wherever one comes in)."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from common.errors import InvalidRequestError
+
+MAX_SESSION_ID_BYTES = 128
+
+
+def check_session_id(session_id: str, field: str = "session_id") -> str:
+    """Session ids are up to 128 UTF-8 bytes of printable characters ("" means none)."""
+    if len(session_id.encode("utf-8")) > MAX_SESSION_ID_BYTES:
+        raise InvalidRequestError(field, f"longer than {MAX_SESSION_ID_BYTES} bytes")
+    bad = next((c for c in session_id if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if bad is not None:
+        raise InvalidRequestError(field, f"contains control character U+{ord(bad):04X}")
+    return session_id
+
+
+def require_session_id(session_id: str, field: str = "session_id") -> str:
+    """A session id that must be given."""
+    if not session_id:
+        raise InvalidRequestError(field, "is required")
+    return check_session_id(session_id, field)

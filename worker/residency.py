@@ -1,0 +1,241 @@
+"""Where this worker's sessions' KV is: in the pool, being written to disk, being read back.
+Carries out the kvstore's orders and reports every change as a session event."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+
+from broker.leases import Delivery
+from broker.messages import ControlOrder, EventKind, GoneReason, Held, OrderOp, SessionEvent
+from engine.kv_cache import KVCache
+from worker.state import WorkerState, cache_key
+
+log = logging.getLogger("warmfleet.worker")
+RESTORE_POLL_S = 0.02  # an idle worker's wait for a restore before it looks at Redis again
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """A session's KV being read back from disk on the spiller's I/O thread."""
+
+    future: Future[tuple[KVCache | None, str]]
+    started: float  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A held request whose session's read is done: admit it on `cache` (if any)."""
+
+    delivery: Delivery
+    key: str
+    kv_from: str
+    cache: KVCache | None
+
+
+class Residency:
+    def __init__(self, state: WorkerState) -> None:
+        self.s = state
+        self.restoring: dict[str, Restore] = {}
+        self.held: list[Delivery] = []  # waiting for their session's read
+        self.last_used: dict[str, float] = {}  # when each pooled session's last request ended
+        self._drop_at_finish: set[str] = set()  # sessions deleted while a request used them
+        self._orders: dict[OrderOp, Callable[[ControlOrder], None]] = {
+            OrderOp.SPILL: lambda o: self.spill(o.key),
+            OrderOp.DROP: lambda o: self.drop(o.key, o.reply_to),
+            OrderOp.FORK: lambda o: self.fork(o.key, o.new_key, o.reply_to),
+            OrderOp.FORGET: lambda o: self.forget(o.key),
+            OrderOp.REPORT: lambda o: self.s.outbox.events.append(self.inventory()),
+        }
+
+    def carry_out(self, order: ControlOrder) -> None:
+        """A kvstore order (a read in flight for its session finishes first)."""
+        if order.key in self.restoring:
+            self.finish_restores(only=order.key)
+        self._orders[order.op](order)
+
+    # ---- reading back ------------------------------------------------------------------
+
+    def hold_for_restore(self, d: Delivery, key: str) -> bool:
+        """Hold `d` while its session's KV is read back from disk; False if it is not on
+        disk (in the pool, in a write in flight, or nowhere)."""
+        spiller = self.s.spiller
+        if key not in self.restoring:
+            if key in self.s.engine.sessions or spiller is None or not spiller.has_file(key):
+                return False
+            self.restoring[key] = Restore(spiller.restore_async(key), time.monotonic())
+        self.held.append(d)
+        return True
+
+    def wait_a_little(self) -> None:
+        """Nothing to step: give the reads in flight a moment instead of spinning."""
+        if self.restoring:
+            wait([r.future for r in self.restoring.values()], RESTORE_POLL_S, FIRST_COMPLETED)
+
+    def finish_restores(self, only: str | None = None) -> list[Ready]:
+        """The held requests whose reads are done (waiting for `only`'s read if given)."""
+        ready = []
+        for key, restore in list(self.restoring.items()):
+            if (only is not None and key != only) or (only is None and not restore.future.done()):
+                continue
+            del self.restoring[key]
+            cache, found = self._read_result(key, restore)
+            held = [d for d in self.held if cache_key(d) == key]
+            self.held = [d for d in self.held if cache_key(d) != key]
+            if not held and cache is not None:  # its requests were dropped meanwhile
+                self.s.engine.adopt_session(key, cache)
+            for i, d in enumerate(held):  # the first one runs on the KV read back
+                ready.append(Ready(d, key, found if i == 0 else "pool", cache if i == 0 else None))
+        return ready
+
+    def _read_result(self, key: str, restore: Restore) -> tuple[KVCache | None, str]:
+        try:
+            cache, found = restore.future.result()
+        except OSError as e:  # unreadable for another reason: recompute
+            log.warning("could not read back %s (%s); recomputing", key, e)
+            return None, "none"
+        if found == "rejected":
+            self.s.outbox.events.append(
+                self.s.event(EventKind.GONE, key, None, reason=GoneReason.REJECTED)
+            )
+        if cache is not None:
+            took = time.monotonic() - restore.started
+            log.info("read %s back from disk in %.0f ms (%d tokens)", key, took * 1e3,
+                     cache.offset)  # fmt: skip
+        return cache, found
+
+    def bring_back(self, key: str) -> tuple[str, KVCache | None]:
+        """Where this worker finds the session's KV: ("pool", None) when it is in the pool,
+        else the KV taken back from a write in flight or from its file, and where it was."""
+        if key in self.s.engine.sessions:
+            return "pool", None
+        if self.s.spiller is None:
+            return "none", None
+        cache, found = self.s.spiller.take_back(key)
+        if found == "rejected":
+            self.s.outbox.events.append(
+                self.s.event(EventKind.GONE, key, None, reason=GoneReason.REJECTED)
+            )
+        return found, cache
+
+    # ---- orders --------------------------------------------------------------------
+
+    def spill(self, key: str) -> None:
+        """Write an idle session to disk (a running one stays)."""
+        cache = self.s.engine.sessions.take(key)
+        spiller = self.s.spiller
+        if cache is not None:
+            self.evict(key, cache)
+        elif not (self.s.running(key) or (spiller is not None and spiller.is_writing(key))):
+            # not here at all (its write, if any, was reported or will be)
+            self.s.outbox.events.append(
+                self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED)
+            )
+
+    def evict(self, key: str, cache: KVCache) -> None:
+        self.last_used.pop(key, None)
+        if self.s.spiller is not None:
+            self.s.spiller.spill(key, cache)  # reported when the write is done
+        else:
+            self.s.outbox.events.append(
+                self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED)
+            )
+
+    def drop(self, key: str, reply_to: str) -> None:
+        """DeleteSession: forget the KV here and on disk; the event answers the command."""
+        self.forget(key)
+        if self.s.spiller is not None:
+            self.s.spiller.drop(key)
+        self.s.outbox.events.append(
+            self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED, reply_to=reply_to)
+        )
+
+    def forget(self, key: str) -> None:
+        """Drop the session's KV from memory (a running request keeps using it and drops it
+        when it ends)."""
+        self.s.engine.sessions.take(key)
+        self.last_used.pop(key, None)
+        if self.s.running(key):
+            self._drop_at_finish.add(key)
+
+    def fork(self, key: str, new_key: str, reply_to: str) -> None:
+        """Copy a session's KV (from the pool, or back from disk) under a new key; the new
+        session's event answers the command."""
+        engine = self.s.engine
+        found, back = self.bring_back(key)
+        if back is not None:
+            engine.adopt_session(key, back)
+        if found == "disk":
+            self.s.outbox.events.append(
+                self.s.event(EventKind.WARM, key, engine.sessions.peek(key))
+            )
+        cache = engine.sessions.peek(key)
+        if cache is None:  # running or gone: the new session recomputes what it needs
+            event = self.s.event(EventKind.GONE, new_key, None, reason=GoneReason.DROPPED,
+                                 reply_to=reply_to)  # fmt: skip
+        else:
+            m = engine.model
+            copy = KVCache.from_state(m.config, m.xp, *cache.state())
+            engine.adopt_session(new_key, copy)
+            self.last_used[new_key] = time.time()
+            event = self.s.event(EventKind.WARM, new_key, copy, reply_to=reply_to)
+        self.s.outbox.events.append(event)
+
+    # ---- reports -------------------------------------------------------------------
+
+    def session_ended(self, key: str) -> None:
+        """A request of `key` ended: its KV is idle in the pool now (or deleted)."""
+        if key in self._drop_at_finish:
+            self._drop_at_finish.discard(key)
+            self.s.engine.sessions.take(key)
+            return
+        self.last_used[key] = time.time()
+        self.s.outbox.events.append(
+            self.s.event(EventKind.WARM, key, self.s.engine.sessions.peek(key))
+        )
+
+    def inventory(self) -> SessionEvent:
+        now = time.time()
+        pooled = self.s.engine.sessions.items()
+        self.last_used = {k: self.last_used.get(k, now) for k, _ in pooled}
+        held = [Held(k, "warm", c.offset, c.nbytes, self.last_used[k]) for k, c in pooled]
+        held += [
+            Held(f.cache_key, "hot", 0, 0, now) for f in self.s.inflight.values() if f.cache_key
+        ]
+        return SessionEvent(EventKind.INVENTORY, self.s.config.worker_id, last_used=now,
+                            held=tuple(held))  # fmt: skip
+
+    def flush(self, kvstore_alive: bool) -> None:
+        """Evict what the pool pushed out, and report the writes that finished."""
+        engine = self.s.engine
+        if engine.evicted_sessions:
+            pool = engine.sessions
+            why = (
+                "past its ceiling though the kvstore runs (its spill orders fell behind)"
+                if kvstore_alive
+                else "over the warm budget and no kvstore is running to order spills"
+            )
+            log.warning(
+                "evicting %d session(s) by the worker's own LRU: the pool (%d bytes with "
+                "them) was %s; limit %d bytes", len(engine.evicted_sessions),
+                pool.nbytes + sum(c.nbytes for _, c in engine.evicted_sessions), why,
+                pool.budget_bytes,
+            )  # fmt: skip
+        for key, cache in engine.evicted_sessions:
+            self.evict(key, cache)
+        engine.evicted_sessions.clear()
+        if self.s.spiller is None:
+            return
+        for done in self.s.spiller.completed():
+            if done.file is None:
+                event = self.s.event(EventKind.GONE, done.key, None, reason=GoneReason.WRITE_FAILED)
+            else:
+                f = done.file
+                event = SessionEvent(
+                    EventKind.DISK, self.s.config.worker_id, done.key, f.num_tokens, f.size,
+                    time.time(), file_mtime_ns=f.mtime_ns,
+                )  # fmt: skip
+            self.s.outbox.events.append(event)
