@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from bench.agent_prompts import system_prompt
 from bench.table import print_table
-from engine.chat import render_chat
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
 from warmfleet.client import Client
@@ -32,8 +32,6 @@ from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
 
-TOPICS = ["a parser", "a cache", "a scheduler", "a file system", "a compiler", "a database",
-          "a network stack", "a renderer", "a shell", "an allocator"]  # fmt: skip
 CONFIGS = {
     "full": [],
     "serialized": ["--max-running", "1"],
@@ -43,24 +41,6 @@ CONFIGS = {
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def system_prompt(tokenizer: Tokenizer, template: str, agent: int, target: int) -> str:
-    """An agent's own instructions, about `target` tokens once rendered."""
-    topic = TOPICS[agent % len(TOPICS)]
-    lines = [f"You are coding agent {agent}. You work on {topic}. Rules follow."]
-    i = 0
-    while True:
-        rule = (
-            f"Rule {i}: keep function f{(i * 13 + agent) % 97} under {(i * 7) % 50 + 10} lines "
-            f"and log event e{(i * 31 + agent * 7) % 211} at level {i % 5}."
-        )
-        text = "\n".join([*lines, rule])
-        size = len(tokenizer.encode(render_chat(template, [{"role": "system", "content": text}])))
-        if size > target:
-            return "\n".join(lines)
-        lines.append(rule)
-        i += 1
 
 
 @dataclass

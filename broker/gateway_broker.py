@@ -1,11 +1,12 @@
-"""The gateway's side of the Redis protocol: route and enqueue, read results, sessions."""
+"""The gateway's side of the Redis protocol, on an event loop: route and enqueue, sessions.
+A job's results come through broker/results_hub.py."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
 
-import redis
+import redis.asyncio as aioredis
 
 from broker import codec, fair_queue, keys, kv_commands
 from broker.fair_queue import Admission
@@ -28,20 +29,20 @@ class Bounds:
 
 
 class GatewayBroker:
-    def __init__(self, r: redis.Redis) -> None:
+    def __init__(self, r: aioredis.Redis) -> None:
         self.r = r
         self._enqueue = r.register_script(fair_queue.ENQUEUE)
         self._unqueue = r.register_script(fair_queue.UNQUEUE)
         self._live = r.register_script(fair_queue.LIVE_WORKERS)
 
-    def enqueue(self, job: Job, bounds: Bounds) -> Admission:
+    async def enqueue(self, job: Job, bounds: Bounds) -> Admission:
         """Route and enqueue in one step (see broker/fair_queue.py): onto the pinned stream
         of the live worker that holds the session, else into the tenant's fair queue of its
         class, unless no worker is alive or the tenant's queue or all queues are full."""
         sid, tenant, rid = job.session_id, job.tenant, job.request_id
         cost = len(job.prompt_ids) + job.sampling.max_tokens
         ttl_s = max(1, int(job.deadline_at - time.time()) + 1)
-        kind, detail = self._enqueue(
+        kind, detail = await self._enqueue(
             keys=[
                 keys.session_key(tenant, sid) if sid else keys.NO_KEY,
                 keys.tenant_queued(tenant),
@@ -64,9 +65,9 @@ class GatewayBroker:
             return Admission(kind, worker_id=detail)
         return Admission(kind, queued=int(detail or 0))
 
-    def unqueue(self, job: Job) -> bool:
+    async def unqueue(self, job: Job) -> bool:
         """Take a job out of its fair queue; False if a worker has it already."""
-        removed = self._unqueue(
+        removed = await self._unqueue(
             keys=[
                 keys.fair_queue(job.priority, job.tenant),
                 keys.queued_request(job.request_id),
@@ -78,56 +79,50 @@ class GatewayBroker:
         )
         return bool(removed)
 
-    def read_results(self, request_id: str, after: str, block_ms: int) -> list[tuple[str, Result]]:
-        """The job's results after entry `after` ("0" for all), waiting up to block_ms for
-        the first. Raises ProtocolError on one this version cannot read."""
-        reply = self.r.xread({keys.out_stream(request_id): after}, block=block_ms, count=64)
-        return [
-            (eid, codec.decode_fields(f, TokenChunk, Completion, JobError))
-            for _, entries in reply or []
-            for eid, f in entries
-        ]
+    async def cancel(self, request_id: str) -> None:
+        await self.r.set(keys.cancel_key(request_id), "1", ex=CANCEL_TTL_S)
 
-    def cancel(self, request_id: str) -> None:
-        self.r.set(keys.cancel_key(request_id), "1", ex=CANCEL_TTL_S)
-
-    def live_workers(self) -> list[str]:
+    async def live_workers(self) -> list[str]:
         """The workers that take requests now: registered, heartbeat fresh, not draining."""
-        return sorted(self._live(args=fair_queue.live_workers_args()))
+        return sorted(await self._live(args=fair_queue.live_workers_args()))
 
-    def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
-        fields = self.r.hgetall(keys.session_key(tenant, session_id))
-        return self._alive(SessionRecord.from_fields(fields)) if fields else None
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
+        fields = await self.r.hgetall(keys.session_key(tenant, session_id))
+        return await self._alive(SessionRecord.from_fields(fields)) if fields else None
 
-    def list_sessions(
+    async def list_sessions(
         self, tenant: str, offset: int, limit: int
     ) -> list[tuple[str, SessionRecord]]:
         """(session id, record), most recently used first."""
-        ids = self.r.zrevrange(keys.session_index(tenant), offset, offset + limit - 1)
+        ids = await self.r.zrevrange(keys.session_index(tenant), offset, offset + limit - 1)
         pipe = self.r.pipeline(transaction=False)
         for sid in ids:
             pipe.hgetall(keys.session_key(tenant, sid))
+        found = await pipe.execute()
         return [
-            (sid, self._alive(SessionRecord.from_fields(f)))
-            for sid, f in zip(ids, pipe.execute(), strict=True)
+            (sid, await self._alive(SessionRecord.from_fields(f)))
+            for sid, f in zip(ids, found, strict=True)
             if f
         ]
 
-    def delete_session(self, tenant: str, session_id: str) -> bool:
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
         """Forget the session everywhere (index, worker memory, spill file); False if there
         was no such session. The kvstore carries it out; raises ServiceError when it does
         not answer in time."""
-        answer = kv_commands.call(self.r, CommandOp.DELETE, keys.cache_key(tenant, session_id))
+        key = keys.cache_key(tenant, session_id)
+        answer = await kv_commands.call_async(self.r, CommandOp.DELETE, key)
         return answer.status != answer.status.NOT_FOUND
 
-    def fork_session(self, tenant: str, session_id: str, new_session_id: str) -> CommandAnswer:
+    async def fork_session(
+        self, tenant: str, session_id: str, new_session_id: str
+    ) -> CommandAnswer:
         """A new session starting from a copy of another's KV (NOT_FOUND: no such source;
         EXISTS: the new id is taken). Raises ServiceError as delete does."""
         source, new = keys.cache_key(tenant, session_id), keys.cache_key(tenant, new_session_id)
-        return kv_commands.call(self.r, CommandOp.FORK, source, new)
+        return await kv_commands.call_async(self.r, CommandOp.FORK, source, new)
 
-    def _alive(self, record: SessionRecord) -> SessionRecord:
+    async def _alive(self, record: SessionRecord) -> SessionRecord:
         """A record whose worker has no heartbeat is gone (its index entry lags)."""
-        if record.worker and not self.r.exists(keys.heartbeat_key(record.worker)):
+        if record.worker and not await self.r.exists(keys.heartbeat_key(record.worker)):
             return replace(record, worker="", tier=Tier.GONE)
         return record

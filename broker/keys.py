@@ -54,6 +54,11 @@ def out_stream(request_id: str) -> str:
     return f"wf:out:{request_id}"
 
 
+def hub_wake(hub_id: str) -> str:
+    """Stream: an entry when a gateway's results reader has a new stream to read."""
+    return f"wf:hub:{hub_id}:wake"
+
+
 def cancel_key(request_id: str) -> str:
     """Present while a client has cancelled the request."""
     return f"wf:cancel:{request_id}"

@@ -70,6 +70,7 @@ class Completion:
     worker_id: str
     kv_source: KVSource
     seed: int
+    stop_sequence: str = ""  # the stop string that ended it ("" for anything else)
 
 
 @dataclass(frozen=True, slots=True)

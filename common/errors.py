@@ -91,6 +91,10 @@ class FailedPreconditionError(WarmfleetError):
     """The target is not in a state that allows the call (Evict of a session in use)."""
 
 
+class PayloadTooLargeError(WarmfleetError):
+    """A request body over the gateway's limit (--max-body-bytes)."""
+
+
 class QueueFullError(WarmfleetError):
     """A bound on queued requests is reached; retry after `retry_after_ms`."""
 

@@ -39,6 +39,29 @@ def serve(
     return server, port, health_servicer
 
 
+async def serve_async(
+    services: list[Service], address: str
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """`serve` for servicers written with grpc.aio: on the caller's event loop, no thread
+    per call. Starts NOT_SERVING; returns the server, its port and its health servicer."""
+    server = grpc.aio.server()
+    for add, servicer, _ in services:
+        add(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [name for _, _, name in services]
+    reflection.enable_server_reflection(
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
+    return server, port, health_servicer
+
+
 def set_health(servicer: health.HealthServicer, names: list[str], serving: bool) -> None:
     status = health_pb2.HealthCheckResponse
     for name in names:

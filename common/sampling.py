@@ -24,6 +24,8 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default=())
+    ignore_eos: bool = False  # the end-of-turn tokens are never sampled: max_tokens are made
+    min_tokens: int = 0  # the end-of-turn tokens are not sampled before this many tokens
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -39,6 +41,10 @@ class SamplingParams:
             raise InvalidRequestError("seed", f"must be in [0, 2^63), got {self.seed}")
         if self.max_tokens < 1:
             raise InvalidRequestError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
         for s in self.stop:

@@ -160,7 +160,11 @@ class Engine:
         return cached, reuse
 
     def _postprocess(self, seq: Sequence, logits: np.ndarray) -> StepOutput:
-        token = sample(logits, seq.request.sampling, seq.rng)
+        params = seq.request.sampling
+        if params.ignore_eos or len(seq.output_ids) < params.min_tokens:
+            logits = logits.copy()
+            logits[list(self.model.tokenizer.eot_ids)] = -np.inf
+        token = sample(logits, params, seq.rng)
         seq.output_ids.append(token)
         if seq.t_first_token is None:
             seq.t_first_token = time.perf_counter()

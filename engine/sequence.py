@@ -41,6 +41,7 @@ class Completion:
     ttft_s: float  # added -> first token
     total_s: float
     decode_tok_s: float  # tokens after the first, per second
+    stop_sequence: str = ""  # the stop string that ended it ("" for anything else)
 
 
 class Sequence:
@@ -126,4 +127,5 @@ class Sequence:
             ttft_s=first - self.t_added,
             total_s=self.t_finished - self.t_added,
             decode_tok_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
+            stop_sequence=self.text.matched,
         )

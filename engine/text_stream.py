@@ -9,11 +9,12 @@ class TextStream:
     """Turns new token ids into text to emit, holding back a tail that could begin a stop
     string, and reports when a stop string appears (the text before it is all that is sent)."""
 
-    __slots__ = ("_decoder", "_hold", "_pending", "_stop")
+    __slots__ = ("_decoder", "_hold", "_pending", "_stop", "matched")
 
     def __init__(self, decoder: StreamDecoder, stop: tuple[str, ...] = ()) -> None:
         self._decoder = decoder
         self._stop = stop
+        self.matched = ""  # the stop string that ended the text, once one has
         self._hold = max((len(s) for s in stop), default=1) - 1
         self._pending = ""
 
@@ -31,9 +32,10 @@ class TextStream:
         return text, stopped
 
     def _release(self) -> tuple[str, bool]:
-        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        hits = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
         if hits:
-            text, self._pending = self._pending[: min(hits)], ""
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            text, self._pending = self._pending[:at], ""
             return text, True
         cut = len(self._pending) - self._hold
         if cut <= 0:

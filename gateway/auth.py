@@ -100,15 +100,24 @@ class KeyRing:
 
     def tenant(self, metadata: Sequence[tuple[str, str | bytes]]) -> Tenant:
         """The caller's tenant from its `authorization` metadata (UnauthenticatedError)."""
+        values = [v for k, v in metadata if k == "authorization"]
+        value = values[0] if values else None
+        return self.tenant_of(value.decode() if isinstance(value, bytes) else value)
+
+    def tenant_of(self, authorization: str | None, api_key: str | None = None) -> Tenant:
+        """The caller's tenant from 'Bearer KEY' (OpenAI clients, gRPC) or a bare key
+        (Anthropic clients' x-api-key); UnauthenticatedError without a known key."""
         if not self._by_hash:
             return LOCAL
-        values = [v for k, v in metadata if k == "authorization"]
-        if not values:
-            raise UnauthenticatedError("missing 'authorization: Bearer KEY' metadata")
-        value = values[0] if isinstance(values[0], str) else values[0].decode("latin-1")
-        if not value.lower().startswith(BEARER) or not value[len(BEARER) :].strip():
-            raise UnauthenticatedError("authorization metadata must be 'Bearer KEY'")
-        tenant = self._by_hash.get(hash_key(value[len(BEARER) :].strip()))
+        if api_key is None:
+            if authorization is None:
+                raise UnauthenticatedError(
+                    "missing 'authorization: Bearer KEY' (or 'x-api-key: KEY')"
+                )
+            if not authorization.lower().startswith(BEARER) or not authorization[7:].strip():
+                raise UnauthenticatedError("authorization must be 'Bearer KEY'")
+            api_key = authorization[len(BEARER) :]
+        tenant = self._by_hash.get(hash_key(api_key.strip())) if api_key.strip() else None
         if tenant is None:
             raise UnauthenticatedError("unknown API key")
         return tenant

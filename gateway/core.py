@@ -1,21 +1,24 @@
 """What the gateway does for a request, whatever face it came in by: admit it (route and
 enqueue, waiting for a worker when none is live), then follow its results, and the session
-calls. Outcomes other than a result are the named errors of common/errors.py."""
+calls. Outcomes other than a result are the named errors of common/errors.py. All of it runs
+on the gateway's one event loop: a client that goes away cancels its task."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
 
 from broker.fair_queue import Admission
-from broker.gateway_broker import Bounds, GatewayBroker, Result
+from broker.gateway_broker import Bounds, GatewayBroker
 from broker.messages import AnswerStatus, Completion, Job, JobError, TokenChunk
 from broker.records import SessionRecord
+from broker.results_hub import ResultsHub
 from common.errors import (
     AlreadyExistsError,
     DeadlineExceededError,
@@ -23,7 +26,6 @@ from common.errors import (
     JobFailedError,
     NotFoundError,
     PermissionDeniedError,
-    ProtocolError,
     QueueFullError,
     ServiceError,
     UnavailableError,
@@ -32,9 +34,8 @@ from gateway.auth import Tenant
 from gateway.worker_watch import WorkerWatch
 
 log = logging.getLogger("warmfleet.gateway")
-POLL_MS = 1000  # longest single wait on a request's out stream
+POLL_S = 1.0  # longest single wait for a job's next result
 MAX_PAGE_SIZE = 1000
-Active = Callable[[], bool]  # whether the client still waits
 T = TypeVar("T")
 
 
@@ -59,12 +60,15 @@ def retry_after_ms(queued: int) -> int:
 
 
 class GatewayCore:
-    def __init__(self, broker: GatewayBroker, config: GatewayConfig, watch: WorkerWatch) -> None:
+    def __init__(
+        self, broker: GatewayBroker, hub: ResultsHub, config: GatewayConfig, watch: WorkerWatch
+    ) -> None:
         self.broker = broker
+        self.hub = hub
         self.config = config
         self.watch = watch
 
-    def admit(self, job: Job, tenant: Tenant, active: Active) -> Admission:
+    async def admit(self, job: Job, tenant: Tenant) -> Admission:
         """Route and enqueue; while no worker takes requests, wait for one (up to the
         deadline and worker_wait_s). Raises PermissionDeniedError, QueueFullError,
         UnavailableError."""
@@ -77,8 +81,7 @@ class GatewayCore:
         t0 = time.time()
         give_up = min(job.deadline_at, t0 + self.config.worker_wait_s)
         while True:
-            admission = self._redis(lambda: self.broker.enqueue(job, bounds))
-            left = give_up - time.time()
+            admission = await self._redis(self.broker.enqueue(job, bounds))
             if admission.kind in ("tenant_full", "full"):
                 whose = "this tenant's" if admission.kind == "tenant_full" else "the"
                 retry = retry_after_ms(admission.queued)
@@ -88,28 +91,23 @@ class GatewayCore:
                 )  # fmt: skip
             if admission.kind != "no_worker":
                 return admission
-            if left <= 0 or not active():
+            left = give_up - time.time()
+            if left <= 0:
                 raise UnavailableError(f"no worker is running (waited {time.time() - t0:.0f} s)")
-            self.watch.wait_for_worker(min(left, 1.0))
+            await self.watch.wait_for_worker(min(left, POLL_S))
 
-    def results(self, job: Job, active: Active) -> Iterator[TokenChunk | Completion]:
+    async def results(self, job: Job) -> AsyncGenerator[TokenChunk | Completion, None]:
         """The job's chunks, each token index once (a job retried elsewhere replays its
-        tokens), then its completion. Raises JobFailedError, DeadlineExceededError (the
-        job is taken out of the queue or cancelled first), UnavailableError."""
-        after, next_index = "0", 0
-        while True:
-            left_ms = int((job.deadline_at - time.time()) * 1000)
-            if left_ms <= 0:
-                queued = self._redis(lambda: self._withdraw(job))
-                where = "while queued (removed from the queue)" if queued else "while running"
-                raise DeadlineExceededError(f"deadline exceeded {where}")
-            if not active():
-                return
-            for entry_id, message in self._read(job, after, min(POLL_MS, left_ms)):
-                after = entry_id
-                if isinstance(message, JobError):
-                    raise JobFailedError(message.code, message.message)
+        tokens), then its completion. Raises JobFailedError, DeadlineExceededError (the job
+        is taken out of the queue or cancelled first), UnavailableError. Closing it early
+        (the client went away) cancels the job."""
+        sub = await self._redis(self.hub.open(job.request_id))
+        next_index, ended = 0, False
+        try:
+            while True:
+                message = await self._next(job, sub.queue)
                 if isinstance(message, Completion):
+                    ended = True
                     yield message
                     return
                 skip = max(0, next_index - message.index)
@@ -117,67 +115,85 @@ class GatewayCore:
                     continue
                 next_index = message.index + len(message.token_ids)
                 yield TokenChunk(message.index + skip, message.token_ids[skip:], message.text)
+        finally:
+            self.hub.close(job.request_id)
+            if not ended:
+                await asyncio.shield(self.give_up(job))
 
-    def give_up(self, job: Job) -> None:
+    async def _next(
+        self, job: Job, queue: asyncio.Queue[TokenChunk | Completion | JobError | Exception]
+    ) -> TokenChunk | Completion:
+        while True:
+            left = job.deadline_at - time.time()
+            if left <= 0:
+                queued = await self._redis(self._withdraw(job))
+                where = "while queued (removed from the queue)" if queued else "while running"
+                raise DeadlineExceededError(f"deadline exceeded {where}")
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout=min(POLL_S, left))
+            except TimeoutError:
+                continue
+            if isinstance(item, redis.RedisError):
+                raise UnavailableError(f"queue unavailable: {item}")
+            if isinstance(item, Exception):
+                raise UnavailableError(f"unreadable result: {item}")
+            if isinstance(item, JobError):
+                raise JobFailedError(item.code, item.message)
+            return item
+
+    async def give_up(self, job: Job) -> None:
         """The client went away: free its place in the queue, or its sequence."""
         try:
-            self._withdraw(job)
+            await self._withdraw(job)
         except redis.RedisError as e:
             log.warning("could not cancel %s: %s", job.request_id, e)
 
-    def _withdraw(self, job: Job) -> bool:
+    async def _withdraw(self, job: Job) -> bool:
         """Out of the queue if it is still there (True), else cancelled on its worker."""
-        if self.broker.unqueue(job):
+        if await self.broker.unqueue(job):
             return True
-        self.broker.cancel(job.request_id)
+        await self.broker.cancel(job.request_id)
         return False
-
-    def _read(self, job: Job, after: str, block_ms: int) -> list[tuple[str, Result]]:
-        try:
-            return self._redis(lambda: self.broker.read_results(job.request_id, after, block_ms))
-        except ProtocolError as e:
-            raise UnavailableError(f"unreadable result: {e}") from e
 
     # ---- sessions ------------------------------------------------------------------
 
-    def get_session(self, tenant: str, session_id: str) -> SessionRecord:
-        record = self._redis(lambda: self.broker.get_session(tenant, session_id))
+    async def get_session(self, tenant: str, session_id: str) -> SessionRecord:
+        record = await self._redis(self.broker.get_session(tenant, session_id))
         if record is None:
             raise NotFoundError(f"no session {session_id!r}")
         return record
 
-    def list_sessions(
+    async def list_sessions(
         self, tenant: str, page_token: str, page_size: int
     ) -> tuple[list[tuple[str, SessionRecord]], str]:
         """A page of (session id, record), most recent first, and the next page's token."""
         size = page_size or 100
-        if size > MAX_PAGE_SIZE:
-            raise InvalidRequestError("page_size", f"at most {MAX_PAGE_SIZE}, got {size}")
-        offset = int(page_token) if page_token.isdigit() and len(page_token) < 10 else -1
-        if offset < 0 and page_token:
+        if not 0 < size <= MAX_PAGE_SIZE:
+            raise InvalidRequestError("page_size", f"in [1, {MAX_PAGE_SIZE}], got {size}")
+        if page_token and not (page_token.isdigit() and len(page_token) < 10):
             raise InvalidRequestError("page_token", "not a token we issued")
-        offset = max(0, offset)
-        records = self._redis(lambda: self.broker.list_sessions(tenant, offset, size + 1))
+        offset = int(page_token or "0")
+        records = await self._redis(self.broker.list_sessions(tenant, offset, size + 1))
         more = len(records) > size
         return records[:size], str(offset + size) if more else ""
 
-    def delete_session(self, tenant: str, session_id: str) -> bool:
-        return bool(self._redis(lambda: self.broker.delete_session(tenant, session_id)))
+    async def delete_session(self, tenant: str, session_id: str) -> bool:
+        return await self._redis(self.broker.delete_session(tenant, session_id))
 
-    def fork_session(self, tenant: str, source: str, new: str) -> SessionRecord:
-        answer = self._redis(lambda: self.broker.fork_session(tenant, source, new))
+    async def fork_session(self, tenant: str, source: str, new: str) -> SessionRecord:
+        answer = await self._redis(self.broker.fork_session(tenant, source, new))
         if answer.status == AnswerStatus.NOT_FOUND:
             raise NotFoundError(f"no session {source!r}")
         if answer.status == AnswerStatus.EXISTS:
             raise AlreadyExistsError(f"session {new!r} already exists")
         if answer.status == AnswerStatus.ERROR:
             raise UnavailableError(answer.message)
-        return self.get_session(tenant, new)  # NotFoundError if deleted again in between
+        return await self.get_session(tenant, new)  # NotFoundError if deleted in between
 
     @staticmethod
-    def _redis(call: Callable[[], T]) -> T:
+    async def _redis(call: Awaitable[T]) -> T:
         try:
-            return call()
+            return await call
         except redis.RedisError as e:
             raise UnavailableError(f"queue unavailable: {e}") from e
         except ServiceError as e:

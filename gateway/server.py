@@ -1,40 +1,113 @@
-"""Build and run the gateway's gRPC server: Inference, health and reflection."""
+"""The gateway process: one event loop, two faces. grpc.aio serves `warmfleet.v1.Inference`
+(with health and reflection), uvicorn serves the HTTP APIs, and both run over one
+GatewayCore. No thread per stream: an open stream is a task and a queue."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import grpc
+import redis.asyncio as aioredis
+import uvicorn
 
 from broker.gateway_broker import GatewayBroker
-from common.grpc_serve import serve, set_health
+from broker.results_hub import ResultsHub
+from common.grpc_serve import serve_async
 from common.v1 import inference_pb2, inference_pb2_grpc
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyRing
 from gateway.core import GatewayConfig, GatewayCore
-from gateway.service import InferenceService
+from gateway.grpc_api import InferenceService
+from gateway.http_app import build_app
+from gateway.http_jobs import HttpContext
+from gateway.validate import JobBuilder
 from gateway.worker_watch import WorkerWatch
 
+log = logging.getLogger("warmfleet.gateway")
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
 
-def build_server(
-    broker: GatewayBroker,
-    tokenizer: Tokenizer,
-    model_config: ModelConfig,
-    config: GatewayConfig,
-    address: str,
-    max_streams: int,
-    keys: KeyRing | None = None,
-) -> tuple[grpc.Server, int, WorkerWatch]:
-    """A started server bound to `address` ("host:port", port 0 picks one); returns it, the
-    port, and the watch of live workers that its health follows (NOT_SERVING while no
-    worker takes requests). Stop the watch after the server."""
-    watch = WorkerWatch(broker, lambda serving: None)
-    core = GatewayCore(broker, config, watch)
-    service = InferenceService(core, tokenizer, model_config, keys or KeyRing.open())
-    add = inference_pb2_grpc.add_InferenceServicer_to_server
-    server, port, health = serve([(add, service, SERVICE_NAME)], address, max_streams,
-                                 serving=False)  # fmt: skip
-    watch.on_change = lambda serving: set_health(health, ["", SERVICE_NAME], serving)
-    watch.start()
-    return server, port, watch
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str
+    grpc_port: int
+    http_port: int
+    max_body_bytes: int = 4 << 20
+    max_streams: int = 4096  # open calls and connections at most, each face
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway stops both faces itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Gateway:
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        tokenizer: Tokenizer,
+        model_config: ModelConfig,
+        config: GatewayConfig,
+        keys: KeyRing,
+        model_names: tuple[str, ...],
+    ) -> None:
+        broker = GatewayBroker(r)
+        self.watch = WorkerWatch(broker)
+        self.hub = ResultsHub(r)
+        self.core = GatewayCore(broker, self.hub, config, self.watch)
+        self.jobs = JobBuilder(tokenizer, model_config, config.default_timeout_s)
+        self.keys = keys
+        self.model_names = model_names
+        self._grpc: grpc.aio.Server | None = None
+        self._http: _Uvicorn | None = None
+        self._http_task: asyncio.Task[None] | None = None
+
+    async def start(self, listen: Listen) -> tuple[int, int]:
+        """Both faces listening (OSError if a port is taken); their ports. Health says
+        SERVING once a worker takes requests."""
+        service = InferenceService(self.core, self.jobs, self.keys)
+        add = inference_pb2_grpc.add_InferenceServicer_to_server
+        address = f"{listen.host}:{listen.grpc_port}"
+        self._grpc, grpc_port, health = await serve_async([(add, service, SERVICE_NAME)], address)
+
+        async def set_health(serving: bool) -> None:
+            status = 1 if serving else 2  # SERVING, NOT_SERVING
+            for name in ("", SERVICE_NAME):
+                await health.set(name, status)
+
+        self.watch.on_change = lambda serving: asyncio.ensure_future(set_health(serving))
+        await self.watch.start()
+        self.hub.start()
+        sock = socket.create_server((listen.host, listen.http_port), reuse_port=False)
+        ctx = HttpContext(self.core, self.jobs, self.keys, self.model_names, listen.max_body_bytes)
+        config = uvicorn.Config(
+            build_app(ctx),
+            log_level="warning",
+            lifespan="off",
+            limit_concurrency=listen.max_streams,
+            timeout_graceful_shutdown=10,
+        )
+        self._http = _Uvicorn(config)
+        self._http_task = asyncio.ensure_future(self._http.serve(sockets=[sock]))
+        return grpc_port, sock.getsockname()[1]
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop taking calls, let open streams finish for up to `grace_s`, then close."""
+        if self._http is not None:
+            self._http.should_exit = True
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        if self._http_task is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._http_task, grace_s + 1)
+        await self.watch.stop()
+        await self.hub.stop()

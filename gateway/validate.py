@@ -1,19 +1,19 @@
-"""Turn a GenerateRequest into the Job a worker runs, or a precise error naming the field.
-Everything a request can get wrong is found here, once."""
+"""A Generate request, as any face reads it, checked into the Job a worker runs, or a precise
+error naming the field. Everything a request can get wrong is found here, once."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from broker.messages import Job
 from common.enums import Priority
 from common.errors import InvalidRequestError
 from common.ids import check_session_id
-from common.pb_maps import PRIORITY_FROM_PB
 from common.sampling import SamplingParams
-from common.v1 import inference_pb2 as pb
 from engine.chat import render_chat, validate_messages
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
@@ -21,69 +21,96 @@ from engine.tokenizer import Tokenizer
 DEFAULT_MAX_TOKENS = 256
 
 
-def prompt_ids(request: pb.GenerateRequest, tokenizer: Tokenizer) -> list[int]:
-    kind = request.WhichOneof("input")
-    if kind == "messages":
-        messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
-        validate_messages(messages)
+@dataclass(frozen=True, slots=True)
+class GenerateInput:
+    """What a client asked for, whatever API it spoke; exactly one of messages, prompt and
+    token_ids. Sampling fields left None take their defaults."""
+
+    session_id: str = ""
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+    token_ids: list[int] | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = field(default=())
+    priority: Priority = Priority.NORMAL
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
+    given = [n for n in ("messages", "prompt", "token_ids") if getattr(inp, n) is not None]
+    if len(given) != 1:
+        raise InvalidRequestError("input", "exactly one of messages, prompt or token_ids")
+    if inp.messages is not None:
+        validate_messages(inp.messages)
         if tokenizer.chat_template is None:
             raise InvalidRequestError("messages", "the model has no chat template; send prompt")
-        return tokenizer.encode(render_chat(tokenizer.chat_template, messages))
-    if kind == "prompt":
-        if not request.prompt:
+        return tokenizer.encode(render_chat(tokenizer.chat_template, inp.messages))
+    if inp.prompt is not None:
+        if not inp.prompt:
             raise InvalidRequestError("prompt", "is empty")
-        return tokenizer.encode(request.prompt)
-    if kind == "token_ids":
-        if not request.token_ids.ids:
-            raise InvalidRequestError("token_ids", "is empty")
-        return list(request.token_ids.ids)
-    raise InvalidRequestError("input", "one of messages, prompt or token_ids is required")
+        return tokenizer.encode(inp.prompt)
+    assert inp.token_ids is not None
+    if not inp.token_ids:
+        raise InvalidRequestError("token_ids", "is empty")
+    return list(inp.token_ids)
 
 
-def sampling_of(request: pb.GenerateRequest) -> SamplingParams:
-    def opt(name: str, default: float | int | None) -> float | int | None:
-        return getattr(request, name) if request.HasField(name) else default
-
+def sampling_of(inp: GenerateInput) -> SamplingParams:
     return SamplingParams(
-        temperature=float(opt("temperature", 0.0) or 0.0),
-        top_k=int(opt("top_k", 0) or 0),
-        top_p=float(opt("top_p", 1.0)),  # type: ignore[arg-type]
-        min_p=float(opt("min_p", 0.0) or 0.0),
+        temperature=0.0 if inp.temperature is None else inp.temperature,
+        top_k=inp.top_k or 0,
+        top_p=1.0 if inp.top_p is None else inp.top_p,
+        min_p=inp.min_p or 0.0,
         # fixed here when absent, so that a retry on another worker draws the same tokens
-        seed=int(request.seed) if request.HasField("seed") else secrets.randbits(63),
-        max_tokens=int(opt("max_tokens", DEFAULT_MAX_TOKENS)),  # type: ignore[arg-type]
-        stop=tuple(request.stop),
+        seed=secrets.randbits(63) if inp.seed is None else inp.seed,
+        max_tokens=DEFAULT_MAX_TOKENS if inp.max_tokens is None else inp.max_tokens,
+        stop=inp.stop,
+        ignore_eos=inp.ignore_eos,
+        min_tokens=inp.min_tokens,
     )
 
 
-def priority_of(request: pb.GenerateRequest) -> Priority:
-    if request.priority not in PRIORITY_FROM_PB:
-        raise InvalidRequestError("priority", f"unknown value {request.priority}")
-    return PRIORITY_FROM_PB[request.priority]
-
-
 def build_job(
-    request: pb.GenerateRequest,
-    session_id: str,
-    tenant: str,
-    tokenizer: Tokenizer,
-    config: ModelConfig,
-    timeout_s: float,
+    inp: GenerateInput, tenant: str, tokenizer: Tokenizer, config: ModelConfig, timeout_s: float
 ) -> Job:
     """Everything checked that can be checked here; raises InvalidRequestError subclasses."""
-    check_session_id(session_id)
-    priority = priority_of(request)
-    sampling = sampling_of(request)
-    ids = prompt_ids(request, tokenizer)
+    check_session_id(inp.session_id)
+    sampling = sampling_of(inp)
+    ids = prompt_ids(inp, tokenizer)
     config.check_prompt(ids)
     now = time.time()
     return Job(
         request_id=uuid.uuid4().hex,
         tenant=tenant,
-        session_id=session_id,
+        session_id=inp.session_id,
         prompt_ids=tuple(ids),
         sampling=sampling,
-        priority=priority,
+        priority=inp.priority,
         accepted_at=now,
         deadline_at=now + timeout_s,
     )
+
+
+class JobBuilder:
+    """Builds jobs off the event loop: tokenizing a long prompt takes a while, and the
+    loop serves every other stream meanwhile (a bounded pool of threads does the work)."""
+
+    def __init__(self, tokenizer: Tokenizer, config: ModelConfig, default_timeout_s: float) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.default_timeout_s = default_timeout_s
+
+    async def build(self, inp: GenerateInput, tenant: str, time_left_s: float | None) -> Job:
+        """The job, with the client's deadline when it sent one (else the default)."""
+        timeout_s = self.default_timeout_s
+        if time_left_s is not None:
+            timeout_s = min(time_left_s, timeout_s)
+        return await asyncio.to_thread(
+            build_job, inp, tenant, self.tokenizer, self.config, timeout_s
+        )

@@ -1,11 +1,12 @@
-"""Which workers take requests, watched from a thread: the gateway's health follows it, and
-a request that finds no worker waits on it for one to come."""
+"""Which workers take requests, read every quarter second on the gateway's event loop: the
+gateway's health follows it, and a request that finds no worker waits on it for one."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -18,7 +19,7 @@ class WorkerWatch:
     def __init__(
         self,
         broker: GatewayBroker,
-        on_change: Callable[[bool], None],
+        on_change: Callable[[bool], Any] = lambda serving: None,
         interval_s: float = 0.25,
     ) -> None:
         self.broker = broker
@@ -26,36 +27,40 @@ class WorkerWatch:
         self.interval_s = interval_s
         self.live: list[str] = []
         self._serving: bool | None = None
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="worker-watch", daemon=True)
+        self._live_event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> WorkerWatch:
-        self.poll()
-        self._thread.start()
+    async def start(self) -> WorkerWatch:
+        await self.poll()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="worker-watch")
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self.interval_s + 5.0)
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
-    def wait_for_worker(self, timeout_s: float) -> bool:
+    async def wait_for_worker(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` until some worker takes requests; whether one does."""
-        with self._cond:
-            return self._cond.wait_for(lambda: bool(self.live), timeout=max(0.0, timeout_s))
+        try:
+            await asyncio.wait_for(self._live_event.wait(), timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            return False
+        return True
 
-    def poll(self) -> None:
+    async def poll(self) -> None:
         """Read the live workers once (Redis unreachable: none)."""
         try:
-            live = self.broker.live_workers()
+            live = await self.broker.live_workers()
         except redis.RedisError as e:
             if self._serving is not False:
                 log.warning("cannot read the workers' state: %s", e)
             live = []
-        with self._cond:
-            self.live = live
-            if live:
-                self._cond.notify_all()
+        self.live = live
+        if live:
+            self._live_event.set()
+        else:
+            self._live_event.clear()
         serving = bool(live)
         if serving != self._serving:
             log.info(
@@ -65,6 +70,7 @@ class WorkerWatch:
             self._serving = serving
             self.on_change(serving)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.poll()
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.poll()

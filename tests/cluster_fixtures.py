@@ -4,11 +4,15 @@ the module's `cluster` fixture (`client`, `r`). Import the ones a module uses fr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis as redis_lib
+import redis.asyncio as aioredis
 
+from broker.gateway_broker import GatewayBroker
 from warmfleet.client import Client
 from warmfleet.launcher import Cluster
 from warmfleet.redis_server import RedisServer
@@ -59,3 +63,29 @@ def cluster_redis(cluster: Cluster) -> Iterator[redis_lib.Redis]:
     client = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+class SyncGatewayBroker:
+    """The gateway's broker (async) driven from a plain test, each call run to its end."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.r = aioredis.Redis.from_url(url, decode_responses=True)
+        self.broker = GatewayBroker(self.r)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.broker, name)
+        return lambda *args, **kwargs: self.loop.run_until_complete(method(*args, **kwargs))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.r.aclose())
+        self.loop.close()
+
+
+@pytest.fixture(name="gateway")
+def sync_gateway(redis: redis_lib.Redis, redis_server: RedisServer) -> Iterator[Any]:
+    """The gateway's broker on the emptied session Redis (typed Any: its calls are the async
+    broker's, run to completion)."""
+    g = SyncGatewayBroker(redis_server.url)
+    yield g
+    g.close()

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis as redis_lib
@@ -21,6 +22,7 @@ from engine.chat import render_chat
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from gateway.auth import hash_key
 from warmfleet.client import Client, KVStoreClient, Reply
 
 NEW_TOKENS = 10  # what a Conversation's turns generate
@@ -165,3 +167,16 @@ def assert_turns_exact_and_warm(model: Model, sid: str, turns: Turns, max_tokens
             assert c.worker_id == turns[turn - 1][1].completion.worker_id, (sid, turn)
         previous = prompt + reply.token_ids
     return len(previous) - 1
+
+
+def write_keys(path: Path, settings: dict[str, str]) -> dict[str, str]:
+    """A key file with one key per tenant (and its extra TOML lines); the keys by tenant."""
+    keys = {t: f"{t}-secret" for t in settings}
+    path.write_text(
+        "".join(
+            f'[[keys]]\nsha256 = "{hash_key(keys[t])}"\ntenant = "{t}"\n{extra}\n'
+            for t, extra in settings.items()
+        ),
+        encoding="utf-8",
+    )
+    return keys

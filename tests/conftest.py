@@ -4,11 +4,13 @@ the default two-worker cluster that the general cluster tests share (started on 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from engine.model import Model
+from tests.cluster_helpers import write_keys
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import pull_default_model
@@ -41,3 +43,35 @@ def default_cluster(
     )
     with Cluster(config) as c:
         yield c
+
+
+TENANTS = {"alice": "", "bob": "", "low": 'max_priority = "batch"',
+           "tiny": "max_queued = 1\nmax_concurrent = 1"}  # fmt: skip
+MAX_BODY_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class KeyedCluster:
+    cluster: Cluster
+    path: Path  # the key file
+    keys: dict[str, str]  # the API key of each tenant in TENANTS
+
+
+@pytest.fixture(scope="session")
+def keyed_cluster(
+    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KeyedCluster]:
+    """Two workers behind a gateway with API keys (TENANTS) and a small body limit, shared
+    by the HTTP tests."""
+    path = tmp_path_factory.mktemp("keys") / "keys.toml"
+    keys = write_keys(path, TENANTS)
+    config = ClusterConfig(
+        num_workers=2,
+        model=default_model_path,
+        keys_file=path,
+        spill_dir=tmp_path_factory.mktemp("spill"),
+        gateway_args=["--max-body-bytes", str(MAX_BODY_BYTES)],
+        log_dir=tmp_path_factory.mktemp("keyed-logs"),
+    )
+    with Cluster(config) as c:
+        yield KeyedCluster(c, path, keys)

@@ -215,6 +215,7 @@ def main() -> None:
     gateway = sub.add_parser("gateway")
     gateway.add_argument("--redis-url", required=True)
     gateway.add_argument("--port", type=int, required=True)
+    gateway.add_argument("--http-port", type=int, required=True)  # taken, not served
     gateway.add_argument("--model")
     kvstore = sub.add_parser("kvstore")
     kvstore.add_argument("--redis-url", required=True)

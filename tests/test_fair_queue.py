@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 import redis as redis_lib
 
 from broker import keys
-from broker.gateway_broker import Bounds, GatewayBroker
+from broker.gateway_broker import Bounds
 from broker.messages import Job
 from broker.worker_broker import Outbox, WorkerBroker
 from common.enums import Priority
 from common.sampling import SamplingParams
-from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
+from tests.cluster_fixtures import (  # noqa: F401
+    decoded_client,
+    redis_client,
+    redis_server,
+    sync_gateway,
+)
 
 BIG = 10_000
 
@@ -24,11 +30,6 @@ BIG = 10_000
 @pytest.fixture
 def client(decoded: redis_lib.Redis) -> redis_lib.Redis:
     return decoded
-
-
-@pytest.fixture
-def gateway(client: redis_lib.Redis) -> GatewayBroker:
-    return GatewayBroker(client)
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def request(rid: str, tenant: str, priority: str = "normal", tokens: int = 10) -
 
 
 def put(
-    gateway: GatewayBroker, rid: str, tenant: str, *, weight: int = 1, max_queued: int = BIG,
+    gateway: Any, rid: str, tenant: str, *, weight: int = 1, max_queued: int = BIG,
     max_total: int = BIG, priority: str = "normal", tokens: int = 10, max_running: int = BIG,
 ) -> str:  # fmt: skip
     job = request(rid, tenant, priority, tokens)
@@ -62,9 +63,7 @@ def take(worker: WorkerBroker, n: int = 1) -> list[str]:
     return out
 
 
-def test_a_flooding_tenant_does_not_starve_a_quiet_one(
-    gateway: GatewayBroker, worker: WorkerBroker
-) -> None:
+def test_a_flooding_tenant_does_not_starve_a_quiet_one(gateway: Any, worker: WorkerBroker) -> None:
     for i in range(40):
         assert put(gateway, f"flood-{i}", "flooder") == "queued"
     order = take(worker, 3)  # the flooder alone for a while
@@ -79,7 +78,7 @@ def test_a_flooding_tenant_does_not_starve_a_quiet_one(
     assert flood == [f"flood-{i}" for i in range(40)]  # each tenant's own order is kept
 
 
-def test_weights_share_tokens_in_proportion(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+def test_weights_share_tokens_in_proportion(gateway: Any, worker: WorkerBroker) -> None:
     for i in range(60):
         put(gateway, f"heavy-{i}", "heavy", weight=3, tokens=10)
         put(gateway, f"light-{i}", "light", weight=1, tokens=10)
@@ -88,7 +87,7 @@ def test_weights_share_tokens_in_proportion(gateway: GatewayBroker, worker: Work
     assert share["heavy"] == 30 and share["light"] == 10
 
 
-def test_costs_count_tokens_not_requests(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+def test_costs_count_tokens_not_requests(gateway: Any, worker: WorkerBroker) -> None:
     for i in range(20):
         put(gateway, f"big-{i}", "big", tokens=100)
         put(gateway, f"small-{i}", "small", tokens=10)
@@ -99,7 +98,7 @@ def test_costs_count_tokens_not_requests(gateway: GatewayBroker, worker: WorkerB
     assert abs(tokens["big"] - tokens["small"]) <= 100  # within one request's cost
 
 
-def test_classes_are_served_strictly_in_order(gateway: GatewayBroker, worker: WorkerBroker) -> None:
+def test_classes_are_served_strictly_in_order(gateway: Any, worker: WorkerBroker) -> None:
     put(gateway, "b1", "t", priority="batch")
     put(gateway, "n1", "t", priority="normal")
     put(gateway, "i1", "u", priority="interactive")
@@ -108,7 +107,7 @@ def test_classes_are_served_strictly_in_order(gateway: GatewayBroker, worker: Wo
 
 
 def test_bounds_refuse_at_once_and_removal_frees_the_place(
-    gateway: GatewayBroker, worker: WorkerBroker, redis: redis_lib.Redis
+    gateway: Any, worker: WorkerBroker, redis: redis_lib.Redis
 ) -> None:
     assert put(gateway, "a1", "a", max_queued=2) == "queued"
     assert put(gateway, "a2", "a", max_queued=2) == "queued"
@@ -127,7 +126,7 @@ def test_bounds_refuse_at_once_and_removal_frees_the_place(
 
 
 def test_a_request_whose_deadline_passed_in_the_queue_is_skipped(
-    gateway: GatewayBroker, worker: WorkerBroker, redis: redis_lib.Redis
+    gateway: Any, worker: WorkerBroker, redis: redis_lib.Redis
 ) -> None:
     put(gateway, "old", "a")
     put(gateway, "new", "a")
@@ -136,16 +135,14 @@ def test_a_request_whose_deadline_passed_in_the_queue_is_skipped(
     assert int(redis.get(keys.QUEUED)) == 0
 
 
-def test_nothing_queued_without_a_live_worker(
-    gateway: GatewayBroker, redis: redis_lib.Redis
-) -> None:
+def test_nothing_queued_without_a_live_worker(gateway: Any, redis: redis_lib.Redis) -> None:
     redis.sadd(keys.WORKERS, "w9")  # registered, but its heartbeat is gone
     assert put(gateway, "r", "a") == "no_worker"
     assert not redis.exists(keys.fair_queue("normal", "a"))
 
 
 def test_the_dispatched_job_is_the_one_enqueued(
-    gateway: GatewayBroker, worker: WorkerBroker, client: redis_lib.Redis
+    gateway: Any, worker: WorkerBroker, client: redis_lib.Redis
 ) -> None:
     job = request("r1", "a", tokens=7)
     gateway.enqueue(job, Bounds(1, BIG, BIG, BIG))
@@ -157,7 +154,7 @@ def test_the_dispatched_job_is_the_one_enqueued(
 
 
 def test_room_by_class_lets_interactive_requests_in_first(
-    gateway: GatewayBroker, worker: WorkerBroker
+    gateway: Any, worker: WorkerBroker
 ) -> None:
     put(gateway, "n1", "t", priority="normal")
     put(gateway, "i1", "t", priority="interactive")
@@ -170,7 +167,7 @@ def test_room_by_class_lets_interactive_requests_in_first(
 
 
 def test_a_tenant_at_its_running_bound_waits_and_others_go(
-    gateway: GatewayBroker, worker: WorkerBroker, client: redis_lib.Redis
+    gateway: Any, worker: WorkerBroker, client: redis_lib.Redis
 ) -> None:
     put(gateway, "a1", "a", max_running=1)
     put(gateway, "a2", "a", max_running=1)

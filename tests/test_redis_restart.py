@@ -158,7 +158,8 @@ def check_rebuilt(
 ) -> None:
     """Workers registered again, the kvstore's group back, the index rebuilt from the
     workers' inventories (the first two sessions, warm) and the spill directory (the last)."""
-    assert r.smembers(keys.WORKERS) == set(cluster.worker_ids)
+    every = set(cluster.worker_ids)  # each rejoins after its own back-off (2 s at most)
+    wait_for(lambda: r.smembers(keys.WORKERS) == every, "every worker to register again")
     assert keys.KV_GROUP in {g["name"] for g in r.xinfo_groups(keys.KV_EVENTS)}
 
     def rebuilt() -> bool:

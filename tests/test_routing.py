@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import redis as redis_lib
 
 from broker import keys
-from broker.gateway_broker import Bounds, GatewayBroker
+from broker.gateway_broker import Bounds
 from broker.messages import EventKind, Job, SessionEvent
 from broker.worker_broker import Outbox, WorkerBroker
 from common.enums import Priority
 from common.sampling import SamplingParams
-from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
+from tests.cluster_fixtures import (  # noqa: F401
+    decoded_client,
+    redis_client,
+    redis_server,
+    sync_gateway,
+)
 from tests.cluster_helpers import wait_for
 from worker.liveness import Liveness
 
@@ -35,15 +41,15 @@ def worker(r: redis_lib.Redis, worker_id: str) -> WorkerBroker:
     return broker
 
 
-def send(gateway: GatewayBroker, rid: str, session: str = "s") -> tuple[str, str]:
+def send(gateway: Any, rid: str, session: str = "s") -> tuple[str, str]:
     now = time.time()
     job = Job(rid, "t", session, (1, 2), SamplingParams(seed=0), Priority.NORMAL, now, now + 60)
     admission = gateway.enqueue(job, Bounds(1, BIG, BIG, BIG))
     return admission.kind, admission.worker_id
 
 
-def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis) -> None:
-    gateway, w0, w1 = GatewayBroker(r), worker(r, "w0"), worker(r, "w1")
+def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis, gateway: Any) -> None:
+    w0, w1 = worker(r, "w0"), worker(r, "w1")
     assert send(gateway, "a") == ("queued", "")  # a new session: any worker
     # w1 starts it: its session event also leaves the affinity, before the kvstore acts
     w1.publish(Outbox(events=[SessionEvent(EventKind.HOT, "w1", keys.cache_key("t", "s"))]), [])
@@ -60,9 +66,9 @@ def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis) -> 
 
 
 def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
-    r: redis_lib.Redis,
+    r: redis_lib.Redis, gateway: Any
 ) -> None:
-    gateway, w0, w1, w2 = GatewayBroker(r), worker(r, "w0"), worker(r, "w1"), worker(r, "w2")
+    w0, w1, w2 = worker(r, "w0"), worker(r, "w1"), worker(r, "w2")
     r.hset(keys.session_key("t", "s"), mapping={"worker": "w0", "tier": "warm"})
     for rid in ("x", "y", "z"):
         assert send(gateway, rid) == ("pinned", "w0")

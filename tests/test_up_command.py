@@ -76,10 +76,14 @@ def test_up_demo_then_sigterm_stops_cleanly(
     model.write_bytes(b"GGUF")
     port = free_port()
     signal_when(lambda: stdout.getvalue().count("[demo-") >= 8)  # 4 turns, 2 lines each
-    code = run_up(["--workers", "2", "--port", str(port), "--model", str(model), "--demo"])
+    http_port = free_port()
+    argv = ["--workers", "2", "--port", str(port), "--http-port", str(http_port), "--demo"]
+    code = run_up([*argv, "--model", str(model)])
     assert code == 0
     out = stdout.getvalue()
-    assert f"warmfleet is up: gRPC 127.0.0.1:{port} · workers w0, w1 · kvstore 127.0.0.1:" in out
+    addresses = f"gRPC 127.0.0.1:{port} · HTTP http://127.0.0.1:{http_port} · workers w0, w1"
+    assert f"warmfleet is up: {addresses}" in out
+    assert "· kvstore 127.0.0.1:" in out
     assert f"try: warmfleet chat --session demo --target 127.0.0.1:{port}" in out
     assert "[demo-a] user: What is the capital of France?" in out
     assert "[demo-b · fake · cached 0/" in out  # the stand-in's worker id, first turn cold
@@ -102,7 +106,8 @@ def test_a_signal_during_start_stops_everything(
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     signal_when(lambda: bool(made) and "w0" in made[0].processes)
-    code = run_up(["--workers", "1", "--port", str(free_port()), "--model", str(model)])
+    ports = ["--port", str(free_port()), "--http-port", str(free_port())]
+    code = run_up(["--workers", "1", *ports, "--model", str(model)])
     assert code == 130
     assert all(p.poll() is not None for p in made[0].processes.values())
 
@@ -170,6 +175,7 @@ def test_up_killed_with_sigkill_leaves_no_process_behind(
     out = tmp_path / "up.out"
     argv = [sys.executable, "-m", "warmfleet.cli", "up", "--workers", "1"]
     argv += ["--port", str(free_port()), "--kvstore-port", str(free_port())]
+    argv += ["--http-port", str(free_port())]
     argv += ["--model", str(default_model_path), "--spill-dir", str(tmp_path / "spill")]
     with out.open("wb") as f:
         up_process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)

@@ -69,6 +69,8 @@ def build_request(
     seed: int | None = None,
     stop: Sequence[str] = (),
     priority: int | str | None = None,
+    ignore_eos: bool | None = None,
+    min_tokens: int | None = None,
 ) -> pb.GenerateRequest:
     """The GenerateRequest for these arguments; unset (None) fields keep the server's default.
 
@@ -96,6 +98,8 @@ def build_request(
         "top_k": top_k,
         "min_p": min_p,
         "seed": seed,
+        "ignore_eos": ignore_eos,
+        "min_tokens": min_tokens,
     }
     for name, value in optional.items():
         if value is not None:

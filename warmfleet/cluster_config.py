@@ -22,7 +22,8 @@ def print_progress(message: str) -> None:
 @dataclass(frozen=True)
 class ClusterConfig:
     num_workers: int = 2
-    port: int = 0  # the gateway's; 0 picks a free one
+    port: int = 0  # the gateway's gRPC port; 0 picks a free one
+    http_port: int = 0  # the gateway's HTTP port; 0 picks a free one
     kvstore_port: int = 0
     redis_url: str | None = None  # None: a private redis-server
     model: PathLike | None = None  # None: the default model (fetched once, by the launcher)
@@ -42,7 +43,9 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise InvalidRequestError("--workers", f"must be at least 1, got {self.num_workers}")
-        for name, port in (("--port", self.port), ("--kvstore-port", self.kvstore_port)):
+        ports = (("--port", self.port), ("--http-port", self.http_port),
+                 ("--kvstore-port", self.kvstore_port))  # fmt: skip
+        for name, port in ports:
             if not 0 <= port <= 65535:
                 raise InvalidRequestError(name, f"must be in [0, 65535], got {port}")
         if self.threads_per_worker is not None and self.threads_per_worker < 1:
@@ -69,8 +72,9 @@ class ClusterConfig:
         argv = [*self._base("kvstore", redis_url), "--port", str(port)]
         return argv + _options(spill_dir=self.spill_dir, disk_budget=self.disk_budget)
 
-    def gateway_argv(self, port: int, redis_url: str) -> list[str]:
+    def gateway_argv(self, port: int, http_port: int, redis_url: str) -> list[str]:
         argv = [*self._base("gateway", redis_url), "--port", str(port)]
+        argv += ["--http-port", str(http_port)]
         argv += _options(model=self.model, keys=self.keys_file)
         return argv + list(self.gateway_args)
 

@@ -9,7 +9,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -43,6 +43,7 @@ class Cluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.port = config.port or free_port()
+        self.http_port = config.http_port or free_port()
         self.kvstore_port = config.kvstore_port or free_port()
         self.spill_dir = Path(config.spill_dir) if config.spill_dir is not None else None
         self._env = {
@@ -58,6 +59,7 @@ class Cluster:
         self._redis_server: RedisServer | None = None
         self._redis: redis.Redis | None = None
         self._workers: list[Child] = []
+        self._should_stop: Callable[[], bool] = lambda: False
         self._gateway: Child | None = None
         self._kvstore: Child | None = None
 
@@ -73,6 +75,11 @@ class Cluster:
     def target(self) -> str:
         """Where clients connect: "127.0.0.1:PORT"."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        """Where HTTP clients connect: "http://127.0.0.1:PORT" (the APIs are under /v1)."""
+        return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def kvstore_target(self) -> str:
@@ -112,7 +119,9 @@ class Cluster:
         "gateway")."""
         return self.log_dir / f"{name}.log"
 
-    def start(self, deadline_s: float = 180.0) -> Cluster:
+    def start(
+        self, deadline_s: float = 180.0, should_stop: Callable[[], bool] = lambda: False
+    ) -> Cluster:
         """Start Redis (unless a URL was given), the kvstore, the workers, then the gateway;
         wait until ready.
 
@@ -121,6 +130,7 @@ class Cluster:
         (naming it, with the end of its log) or when `deadline_s` passes; everything started
         is stopped again then.
         """
+        self._should_stop = should_stop  # polled while waiting: a stop request ends the wait
         if self._redis is not None:
             raise RuntimeError("Cluster.start() called twice")
         deadline = time.monotonic() + deadline_s
@@ -132,12 +142,10 @@ class Cluster:
         return self
 
     def _start(self, deadline: float) -> None:
-        if not port_is_free(self.port):
-            raise ServiceError(f"port {self.port} is in use; choose another one (--port)")
-        if not port_is_free(self.kvstore_port):
-            raise ServiceError(
-                f"port {self.kvstore_port} is in use; choose another one (--kvstore-port)"
-            )
+        for port, option in ((self.port, "--port"), (self.http_port, "--http-port"),
+                             (self.kvstore_port, "--kvstore-port")):  # fmt: skip
+            if not port_is_free(port):
+                raise ServiceError(f"port {port} is in use; choose another one ({option})")
         model = resolve_model(
             self.config.model, progress=lambda m: self._progress(m.removeprefix("warmfleet: "))
         )
@@ -166,7 +174,8 @@ class Cluster:
         )
         for child in self._workers:
             self._spawn(child)
-        self._gateway = Child("gateway", c.gateway_argv(self.port, url), self.target)
+        gateway_argv = c.gateway_argv(self.port, self.http_port, url)
+        self._gateway = Child("gateway", gateway_argv, self.target)
         self._progress(f"starting the gateway on {self.target}")
         self._spawn(self._gateway)
         self._wait_ready(self._children(), deadline)
@@ -174,7 +183,8 @@ class Cluster:
     def _wait_ready(self, children: list[Child], deadline: float) -> None:
         assert self._redis is not None
         server = self._redis_server.process if self._redis_server else None
-        wait_ready(children, deadline, self._redis, self.log_path, self._progress, server)
+        wait_ready(children, deadline, self._redis, self.log_path, self._progress, server,
+                   self._should_stop)  # fmt: skip
 
     def _check_redis(self) -> None:
         assert self._redis is not None

@@ -14,6 +14,7 @@ import redis
 from common.errors import ServiceError
 from warmfleet.probes import HealthProbe, HeartbeatMark, heartbeat_is_fresh
 from warmfleet.processes import Process, describe_exit, format_tail
+from warmfleet.stop_signals import StopRequested
 
 POLL_S = 0.1
 
@@ -34,8 +35,10 @@ def wait_ready(
     log_path: Callable[[str], Path],
     progress: Callable[[str], None],
     also_alive: Process | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Poll until every child is ready; `also_alive` (the private Redis) must not exit."""
+    """Poll until every child is ready; `also_alive` (the private Redis) must not exit.
+    Raises StopRequested as soon as `should_stop()` says so."""
     t0 = time.monotonic()
     pending = {c.name: c for c in children}
     reasons: dict[str, str] = {}
@@ -43,6 +46,8 @@ def wait_ready(
     probes = {c.name: HealthProbe(c.grpc_target) for c in children if c.grpc_target}
     try:
         while pending:
+            if should_stop():
+                raise StopRequested
             _raise_if_exited(pending.values(), also_alive, log_path)
             for name, child in list(pending.items()):
                 reason = _not_ready_reason(child, probes.get(name), redis_client)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 import redis
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 CONNECT_TIMEOUT_S = 1.0
@@ -25,3 +28,17 @@ def connect(url: str, *, block_ms: int, max_connections: int | None = None) -> r
         max_connections=max_connections,
     )
     return redis.Redis(connection_pool=pool)
+
+
+def connect_async(url: str, *, block_ms: int, max_connections: int | None = None) -> aioredis.Redis:
+    """`connect` for an event loop. A call that fails is not retried here: the caller sees
+    the failure at once (a stream in flight when Redis dies ends UNAVAILABLE at once)."""
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=block_ms / 1000 + 5.0,
+        health_check_interval=15,
+        max_connections=max_connections,
+        retry=Retry(NoBackoff(), 0),
+    )

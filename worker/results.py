@@ -30,4 +30,5 @@ def completion(f: InFlight, c: sequence.Completion, worker_id: str) -> Completio
         worker_id=worker_id,
         kv_source=source,
         seed=c.seed,
+        stop_sequence=c.stop_sequence,
     )

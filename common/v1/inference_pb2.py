@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ommon/v1/inference.proto\x12\x0cwarmfleet.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\";\n\x0c\x43hatMessages\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.warmfleet.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x9d\x03\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12.\n\x08messages\x18\x02 \x01(\x0b\x32\x1a.warmfleet.v1.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x16.warmfleet.v1.TokenIdsH\x00\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x08 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x05\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x05H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12(\n\x08priority\x18\x0c \x01(\x0e\x32\x16.warmfleet.v1.PriorityB\x07\n\x05inputB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_max_tokens\"7\n\x05\x43hunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\"l\n\x07Timings\x12\x14\n\x0cqueue_wait_s\x18\x01 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x02 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\"\xeb\x01\n\nCompletion\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.warmfleet.v1.FinishReason\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.warmfleet.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.warmfleet.v1.Timings\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12)\n\tkv_source\x18\x06 \x01(\x0e\x32\x16.warmfleet.v1.KVSource\x12\x0c\n\x04seed\x18\x07 \x01(\x04\"p\n\x10GenerateResponse\x12$\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x13.warmfleet.v1.ChunkH\x00\x12.\n\ncompletion\x18\x02 \x01(\x0b\x32\x18.warmfleet.v1.CompletionH\x00\x42\x06\n\x04kind\"\x92\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12 \n\x04tier\x18\x02 \x01(\x0e\x32\x12.warmfleet.v1.Tier\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x10\n\x08kv_bytes\x18\x05 \x01(\x04\x12\x18\n\x10last_used_unix_s\x18\x06 \x01(\x01\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"X\n\x14ListSessionsResponse\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.warmfleet.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteSessionResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"@\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0enew_session_id\x18\x02 \x01(\t*g\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x13\n\x0fPRIORITY_NORMAL\x10\x02\x12\x12\n\x0ePRIORITY_BATCH\x10\x03*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03*w\n\x08KVSource\x12\x19\n\x15KV_SOURCE_UNSPECIFIED\x10\x00\x12\x12\n\x0eKV_SOURCE_COLD\x10\x01\x12\x12\n\x0eKV_SOURCE_WARM\x10\x02\x12\x12\n\x0eKV_SOURCE_DISK\x10\x03\x12\x14\n\x10KV_SOURCE_PREFIX\x10\x04*j\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_HOT\x10\x01\x12\r\n\tTIER_WARM\x10\x02\x12\r\n\tTIER_DISK\x10\x03\x12\r\n\tTIER_GONE\x10\x04\x12\x11\n\rTIER_SPILLING\x10\x05\x32\x97\x03\n\tInference\x12K\n\x08Generate\x12\x1d.warmfleet.v1.GenerateRequest\x1a\x1e.warmfleet.v1.GenerateResponse0\x01\x12\x44\n\nGetSession\x12\x1f.warmfleet.v1.GetSessionRequest\x1a\x15.warmfleet.v1.Session\x12U\n\x0cListSessions\x12!.warmfleet.v1.ListSessionsRequest\x1a\".warmfleet.v1.ListSessionsResponse\x12X\n\rDeleteSession\x12\".warmfleet.v1.DeleteSessionRequest\x1a#.warmfleet.v1.DeleteSessionResponse\x12\x46\n\x0b\x46orkSession\x12 .warmfleet.v1.ForkSessionRequest\x1a\x15.warmfleet.v1.Sessionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ommon/v1/inference.proto\x12\x0cwarmfleet.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\";\n\x0c\x43hatMessages\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.warmfleet.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xed\x03\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12.\n\x08messages\x18\x02 \x01(\x0b\x32\x1a.warmfleet.v1.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x16.warmfleet.v1.TokenIdsH\x00\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x08 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x05\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x05H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12(\n\x08priority\x18\x0c \x01(\x0e\x32\x16.warmfleet.v1.Priority\x12\x17\n\nignore_eos\x18\r \x01(\x08H\x07\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0e \x01(\rH\x08\x88\x01\x01\x42\x07\n\x05inputB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_ignore_eosB\r\n\x0b_min_tokens\"7\n\x05\x43hunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\"l\n\x07Timings\x12\x14\n\x0cqueue_wait_s\x18\x01 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x02 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\"\x82\x02\n\nCompletion\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.warmfleet.v1.FinishReason\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.warmfleet.v1.Usage\x12&\n\x07timings\x18\x04 \x01(\x0b\x32\x15.warmfleet.v1.Timings\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12)\n\tkv_source\x18\x06 \x01(\x0e\x32\x16.warmfleet.v1.KVSource\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x15\n\rstop_sequence\x18\x08 \x01(\t\"p\n\x10GenerateResponse\x12$\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x13.warmfleet.v1.ChunkH\x00\x12.\n\ncompletion\x18\x02 \x01(\x0b\x32\x18.warmfleet.v1.CompletionH\x00\x42\x06\n\x04kind\"\x92\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12 \n\x04tier\x18\x02 \x01(\x0e\x32\x12.warmfleet.v1.Tier\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x10\n\x08kv_bytes\x18\x05 \x01(\x04\x12\x18\n\x10last_used_unix_s\x18\x06 \x01(\x01\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"X\n\x14ListSessionsResponse\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.warmfleet.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteSessionResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"@\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0enew_session_id\x18\x02 \x01(\t*g\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x13\n\x0fPRIORITY_NORMAL\x10\x02\x12\x12\n\x0ePRIORITY_BATCH\x10\x03*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03*w\n\x08KVSource\x12\x19\n\x15KV_SOURCE_UNSPECIFIED\x10\x00\x12\x12\n\x0eKV_SOURCE_COLD\x10\x01\x12\x12\n\x0eKV_SOURCE_WARM\x10\x02\x12\x12\n\x0eKV_SOURCE_DISK\x10\x03\x12\x14\n\x10KV_SOURCE_PREFIX\x10\x04*j\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_HOT\x10\x01\x12\r\n\tTIER_WARM\x10\x02\x12\r\n\tTIER_DISK\x10\x03\x12\r\n\tTIER_GONE\x10\x04\x12\x11\n\rTIER_SPILLING\x10\x05\x32\x97\x03\n\tInference\x12K\n\x08Generate\x12\x1d.warmfleet.v1.GenerateRequest\x1a\x1e.warmfleet.v1.GenerateResponse0\x01\x12\x44\n\nGetSession\x12\x1f.warmfleet.v1.GetSessionRequest\x1a\x15.warmfleet.v1.Session\x12U\n\x0cListSessions\x12!.warmfleet.v1.ListSessionsRequest\x1a\".warmfleet.v1.ListSessionsResponse\x12X\n\rDeleteSession\x12\".warmfleet.v1.DeleteSessionRequest\x1a#.warmfleet.v1.DeleteSessionResponse\x12\x46\n\x0b\x46orkSession\x12 .warmfleet.v1.ForkSessionRequest\x1a\x15.warmfleet.v1.Sessionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRIORITY']._serialized_start=1686
-  _globals['_PRIORITY']._serialized_end=1789
-  _globals['_FINISHREASON']._serialized_start=1791
-  _globals['_FINISHREASON']._serialized_end=1915
-  _globals['_KVSOURCE']._serialized_start=1917
-  _globals['_KVSOURCE']._serialized_end=2036
-  _globals['_TIER']._serialized_start=2038
-  _globals['_TIER']._serialized_end=2144
+  _globals['_PRIORITY']._serialized_start=1789
+  _globals['_PRIORITY']._serialized_end=1892
+  _globals['_FINISHREASON']._serialized_start=1894
+  _globals['_FINISHREASON']._serialized_end=2018
+  _globals['_KVSOURCE']._serialized_start=2020
+  _globals['_KVSOURCE']._serialized_end=2139
+  _globals['_TIER']._serialized_start=2141
+  _globals['_TIER']._serialized_end=2247
   _globals['_CHATMESSAGE']._serialized_start=43
   _globals['_CHATMESSAGE']._serialized_end=87
   _globals['_CHATMESSAGES']._serialized_start=89
@@ -46,31 +46,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=150
   _globals['_TOKENIDS']._serialized_end=173
   _globals['_GENERATEREQUEST']._serialized_start=176
-  _globals['_GENERATEREQUEST']._serialized_end=589
-  _globals['_CHUNK']._serialized_start=591
-  _globals['_CHUNK']._serialized_end=646
-  _globals['_USAGE']._serialized_start=648
-  _globals['_USAGE']._serialized_end=728
-  _globals['_TIMINGS']._serialized_start=730
-  _globals['_TIMINGS']._serialized_end=838
-  _globals['_COMPLETION']._serialized_start=841
-  _globals['_COMPLETION']._serialized_end=1076
-  _globals['_GENERATERESPONSE']._serialized_start=1078
-  _globals['_GENERATERESPONSE']._serialized_end=1190
-  _globals['_SESSION']._serialized_start=1193
-  _globals['_SESSION']._serialized_end=1339
-  _globals['_GETSESSIONREQUEST']._serialized_start=1341
-  _globals['_GETSESSIONREQUEST']._serialized_end=1380
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1382
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1442
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1444
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1532
-  _globals['_DELETESESSIONREQUEST']._serialized_start=1534
-  _globals['_DELETESESSIONREQUEST']._serialized_end=1576
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=1578
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=1618
-  _globals['_FORKSESSIONREQUEST']._serialized_start=1620
-  _globals['_FORKSESSIONREQUEST']._serialized_end=1684
-  _globals['_INFERENCE']._serialized_start=2147
-  _globals['_INFERENCE']._serialized_end=2554
+  _globals['_GENERATEREQUEST']._serialized_end=669
+  _globals['_CHUNK']._serialized_start=671
+  _globals['_CHUNK']._serialized_end=726
+  _globals['_USAGE']._serialized_start=728
+  _globals['_USAGE']._serialized_end=808
+  _globals['_TIMINGS']._serialized_start=810
+  _globals['_TIMINGS']._serialized_end=918
+  _globals['_COMPLETION']._serialized_start=921
+  _globals['_COMPLETION']._serialized_end=1179
+  _globals['_GENERATERESPONSE']._serialized_start=1181
+  _globals['_GENERATERESPONSE']._serialized_end=1293
+  _globals['_SESSION']._serialized_start=1296
+  _globals['_SESSION']._serialized_end=1442
+  _globals['_GETSESSIONREQUEST']._serialized_start=1444
+  _globals['_GETSESSIONREQUEST']._serialized_end=1483
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1485
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1545
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1547
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1635
+  _globals['_DELETESESSIONREQUEST']._serialized_start=1637
+  _globals['_DELETESESSIONREQUEST']._serialized_end=1679
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=1681
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=1721
+  _globals['_FORKSESSIONREQUEST']._serialized_start=1723
+  _globals['_FORKSESSIONREQUEST']._serialized_end=1787
+  _globals['_INFERENCE']._serialized_start=2250
+  _globals['_INFERENCE']._serialized_end=2657
 # @@protoc_insertion_point(module_scope)

@@ -78,7 +78,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "prompt", "token_ids", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "priority")
+    __slots__ = ("session_id", "messages", "prompt", "token_ids", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "priority", "ignore_eos", "min_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,8 @@ class GenerateRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: ChatMessages
     prompt: str
@@ -103,7 +105,9 @@ class GenerateRequest(_message.Message):
     max_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     priority: Priority
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    ignore_eos: bool
+    min_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("index", "token_ids", "text")
@@ -138,7 +142,7 @@ class Timings(_message.Message):
     def __init__(self, queue_wait_s: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "usage", "timings", "worker_id", "kv_source", "seed")
+    __slots__ = ("request_id", "finish_reason", "usage", "timings", "worker_id", "kv_source", "seed", "stop_sequence")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +150,7 @@ class Completion(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KV_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     usage: Usage
@@ -153,7 +158,8 @@ class Completion(_message.Message):
     worker_id: str
     kv_source: KVSource
     seed: int
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., worker_id: _Optional[str] = ..., kv_source: _Optional[_Union[KVSource, str]] = ..., seed: _Optional[int] = ...) -> None: ...
+    stop_sequence: str
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., worker_id: _Optional[str] = ..., kv_source: _Optional[_Union[KVSource, str]] = ..., seed: _Optional[int] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk", "completion")

@@ -1,36 +1,51 @@
-"""`warmfleet gateway`: the gRPC front door; validates, routes and streams tokens back."""
+"""`warmfleet gateway`: the front door (gRPC and HTTP on one event loop); validates, routes
+and streams tokens back."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
+import resource
 import signal
 import sys
-import threading
-from types import FrameType
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from broker.gateway_broker import GatewayBroker
 from common.errors import ServiceError
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyRing
-from gateway.core import POLL_MS, GatewayConfig
-from gateway.server import build_server
+from gateway.core import GatewayConfig
+from gateway.server import Gateway, Listen
 from warmfleet.commands.common import add_redis_url
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
-from warmfleet.redis_conn import connect
+from warmfleet.redis_conn import connect_async
+from warmfleet.sizes import size_arg
+
+DEFAULT_PORT = 50051
+TOKENIZER_THREADS = 4
+DEFAULT_HTTP_PORT = 8000
 
 DRAIN_S = 10.0
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("gateway", help="run the gRPC gateway")
+    p = sub.add_parser(
+        "gateway", help="run the gateway (gRPC, and the OpenAI and Anthropic HTTP APIs)"
+    )
     add_redis_url(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port ({DEFAULT_PORT})")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        help=f"HTTP port: OpenAI and Anthropic APIs, sessions ({DEFAULT_HTTP_PORT})",
+    )
     p.add_argument(
         "--model",
         metavar="PATH",
@@ -38,11 +53,38 @@ def register(sub: Any) -> None:
         "template the gateway uses (default: the default model)",
     )
     p.add_argument(
+        "--model-name",
+        action="append",
+        metavar="NAME",
+        help="the model id the HTTP APIs report and accept (repeatable: the first is reported, "
+        "any is accepted; default: the model file's name without .gguf)",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="API keys (TOML, hashed; see `warmfleet keys add`): each caller must send "
+        "'authorization: Bearer KEY' (or 'x-api-key: KEY') and gets its key's tenant; "
+        "without it every caller is the single local tenant",
+    )
+    _add_limits(p)
+    p.set_defaults(run=run)
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-body-bytes",
+        type=size_arg,
+        default=4 << 20,
+        metavar="SIZE",
+        help="largest HTTP request body; larger ones get 413 (4M)",
+    )
+    p.add_argument(
         "--max-streams",
         type=int,
-        default=256,
+        default=4096,
         metavar="N",
-        help="concurrent RPCs (one thread each)",
+        help="open calls at most on each face (gRPC calls, HTTP connections); an open stream "
+        "costs a task and a queue, not a thread (4096)",
     )
     p.add_argument(
         "--default-timeout-s",
@@ -57,7 +99,7 @@ def register(sub: Any) -> None:
         default=1024,
         metavar="N",
         help="requests waiting in the fair queues, all tenants together; beyond it a request "
-        "fails at once with RESOURCE_EXHAUSTED and a retry-after-ms hint (1024)",
+        "fails at once with RESOURCE_EXHAUSTED (HTTP 429) and a retry hint (1024)",
     )
     p.add_argument(
         "--worker-wait-s",
@@ -67,14 +109,6 @@ def register(sub: Any) -> None:
         help="a request that finds no live worker waits this long for one (at most until "
         "its deadline), then fails with UNAVAILABLE (30)",
     )
-    p.add_argument(
-        "--keys",
-        metavar="FILE",
-        help="API keys (TOML, hashed; see `warmfleet keys add`): each caller must send "
-        "'authorization: Bearer KEY' and gets its key's tenant; without it every caller "
-        "is the single local tenant",
-    )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,36 +125,63 @@ def run(args: argparse.Namespace) -> int:
         logging.info("API keys from %s: tenants %s", args.keys, ", ".join(keys.tenants))
     else:
         logging.info("no key file (--keys): every caller is the single local tenant")
-    meta = read_metadata(open_gguf(resolve_model(args.model)))
+    path = resolve_model(args.model)
+    meta = read_metadata(open_gguf(path))
     model_config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
-    r = connect(args.redis_url, block_ms=POLL_MS, max_connections=args.max_streams + 8)
+    names = tuple(args.model_name or [path.name.removesuffix(".gguf")])
+    listen = Listen(args.host, args.port, args.http_port, args.max_body_bytes, args.max_streams)
+    raise_open_files_limit()
+    return asyncio.run(_serve(args.redis_url, (tokenizer, model_config), config, keys, names,
+                              listen))  # fmt: skip
+
+
+async def _serve(
+    redis_url: str,
+    model: tuple[Tokenizer, ModelConfig],
+    config: GatewayConfig,
+    keys: KeyRing,
+    names: tuple[str, ...],
+    listen: Listen,
+) -> int:
+    # tokenizing runs off the loop, on a fixed pool: threads do not grow with the streams
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenize")
+    )
+    r = connect_async(redis_url, block_ms=1000, max_connections=listen.max_streams + 64)
+    gateway = Gateway(r, *model, config, keys, names)
     try:
-        server, port, watch = build_server(
-            GatewayBroker(r),
-            tokenizer,
-            model_config,
-            config,
-            f"{args.host}:{args.port}",
-            args.max_streams,
-            keys,
-        )
-    except (OSError, RuntimeError) as e:
-        raise ServiceError(f"cannot listen on {args.host}:{args.port}: {e}") from e
-    logging.info("listening on %s:%d (redis %s)", args.host, port, args.redis_url)
-    stopped = threading.Event()
+        grpc_port, http_port = await gateway.start(listen)
+    except OSError as e:
+        raise ServiceError(f"cannot listen on {listen.host}: {e}") from e
+    logging.info("listening: gRPC %s:%d, HTTP %s:%d (model %s; redis %s)", listen.host,
+                 grpc_port, listen.host, http_port, names[0], redis_url)  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _on_signal, gateway, stop)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stopped.is_set():
-            server.stop(0)
-        else:
-            logging.info("stopping: draining streams for up to %.0f s", DRAIN_S)
-            stopped.set()
-            server.stop(DRAIN_S)
+    def launcher_gone() -> None:  # on the parent-watch thread
+        loop.call_soon_threadsafe(_on_signal, gateway, stop)
 
-    watch_parent(lambda: on_signal(signal.SIGTERM, None))
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.wait_for_termination()
-    watch.stop()
+    watch_parent(launcher_gone)
+    await stop.wait()
+    logging.info("stopping: draining streams for up to %.0f s", DRAIN_S)
+    await gateway.stop(DRAIN_S)
+    await r.aclose()
     logging.info("stopped")
     return 0
+
+
+def _on_signal(gateway: Gateway, stop: asyncio.Event) -> None:
+    """The first signal drains; a second one stops now."""
+    if stop.is_set():
+        logging.info("second signal: stopping now")
+        os._exit(0)
+    stop.set()
+
+
+def raise_open_files_limit() -> None:
+    """Every open stream holds a socket: allow as many as the hard limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

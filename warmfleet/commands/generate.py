@@ -47,6 +47,11 @@ def register(sub: Any) -> None:
         metavar="TEXT",
         help="stop before this text (repeatable)",
     )
+    p.add_argument("--ignore-eos", action="store_true", help="never end at the end-of-turn token")
+    p.add_argument(
+        "--min-tokens", type=int, default=0, metavar="N",
+        help="no end-of-turn token before N tokens",
+    )  # fmt: skip
     add_compute(p)
     p.add_argument(
         "--json",
@@ -80,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+        min_tokens=args.min_tokens,
     )
     messages = parse_messages(args.messages) if args.messages is not None else None
     set_threads(args.threads)

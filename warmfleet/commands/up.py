@@ -13,14 +13,14 @@ from common.errors import InvalidRequestError
 from warmfleet.client import KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.commands.common import add_spill_dir
+from warmfleet.commands.gateway import DEFAULT_HTTP_PORT, DEFAULT_PORT
+from warmfleet.commands.kvstore import DEFAULT_PORT as DEFAULT_KVSTORE_PORT
 from warmfleet.demo import run_demo
 from warmfleet.launcher import Cluster
 from warmfleet.processes import describe_exit, format_tail
 from warmfleet.sizes import format_size, size_arg
 from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
 
-DEFAULT_PORT = 50051
-DEFAULT_KVSTORE_PORT = 50052
 STOP_TIMEOUT_S = 15.0
 _POLL_S = 0.2
 
@@ -34,6 +34,13 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=2, metavar="N", help="worker processes (2)")
     p.add_argument(
         "--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"gRPC port ({DEFAULT_PORT})"
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        metavar="P",
+        help=f"HTTP port: the OpenAI and Anthropic APIs ({DEFAULT_HTTP_PORT})",
     )
     p.add_argument(
         "--kvstore-port",
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     config = ClusterConfig(
         num_workers=args.workers,
         port=args.port,
+        http_port=args.http_port,
         redis_url=args.redis_url,
         model=args.model,
         threads_per_worker=args.threads,
@@ -104,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     signals = StopSignals().install()
     try:
         with signals.interruptible():
-            cluster.start()
+            cluster.start(should_stop=lambda: signals.requested)
         print(_banner(cluster), flush=True)
         if args.demo:
             if run_demo(cluster.target, lambda: signals.requested):
@@ -137,10 +145,12 @@ def kv_summary(kvstore_target: str) -> str:
 def _banner(cluster: Cluster) -> str:
     target = "" if cluster.target == f"127.0.0.1:{DEFAULT_PORT}" else f" --target {cluster.target}"
     return (
-        f"warmfleet is up: gRPC {cluster.target} · workers {', '.join(cluster.worker_ids)} · "
-        f"kvstore {cluster.kvstore_target} · redis {cluster.redis_url} · "
-        f"logs {cluster.log_dir}\n"
-        f"try: warmfleet chat --session demo{target}    (Ctrl-C stops everything)"
+        f"warmfleet is up: gRPC {cluster.target} · HTTP {cluster.http_url} · workers "
+        f"{', '.join(cluster.worker_ids)} · kvstore {cluster.kvstore_target} · redis "
+        f"{cluster.redis_url} · logs {cluster.log_dir}\n"
+        f"try: warmfleet chat --session demo{target}    (Ctrl-C stops everything)\n"
+        f"  or: curl {cluster.http_url}/v1/chat/completions -H 'X-Session-Id: demo' "
+        """-d '{"messages": [{"role": "user", "content": "Hi!"}]}'"""
     )
 
 

@@ -1,0 +1,123 @@
+"""The multi-agent workload over the OpenAI API, against any OpenAI-compatible server, so the
+same client times warmfleet and llama-server in one run:
+
+    .venv/bin/python -m bench.agents --target http://127.0.0.1:8000 [--target URL ...]
+
+8 agents, each with its own system prompt of about 600 tokens, user turns of about 50 tokens,
+4 turns of 64 new tokens each (`ignore_eos`, temperature 0), all agents at once; every turn
+resends the whole conversation, and each agent names its session with X-Session-Id (servers
+that do not know the header ignore it). Reports wall time, tokens per second, time to first
+token on turn 1 and on later turns, and the fraction of prompt tokens the server reports as
+cached; with several targets, each one's wall time against the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from bench.agent_prompts import system_prompts, user_turn
+from bench.table import print_table
+
+
+@dataclass
+class Turn:
+    ttft_s: float
+    tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
+async def one_turn(
+    client: httpx.AsyncClient, sid: str, messages: list[dict[str, str]], tokens: int
+) -> tuple[Turn, str]:
+    body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    start = time.perf_counter()
+    first, pieces = 0.0, []
+    usage: dict[str, Any] = {}
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"X-Session-Id": sid}) as r:  # fmt: skip
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[len("data: ") :])
+            for choice in data.get("choices") or []:
+                if choice.get("delta", {}).get("content"):
+                    first = first or time.perf_counter()
+                    pieces.append(choice["delta"]["content"])
+            usage = data.get("usage") or usage
+    details = usage.get("prompt_tokens_details") or {}
+    turn = Turn((first or time.perf_counter()) - start, usage.get("completion_tokens", 0),
+                usage.get("prompt_tokens", 0), details.get("cached_tokens", 0) or 0)  # fmt: skip
+    return turn, "".join(pieces)
+
+
+async def agent(
+    client: httpx.AsyncClient, n: int, system: str, turns: int, tokens: int
+) -> list[Turn]:
+    messages = [{"role": "system", "content": system}]
+    done = []
+    for t in range(turns):
+        messages.append({"role": "user", "content": user_turn(n, t)})
+        turn, text = await one_turn(client, f"agent-{n}-{time.time_ns()}", messages, tokens)
+        done.append(turn)
+        messages.append({"role": "assistant", "content": text})
+    return done
+
+
+async def workload(url: str, args: argparse.Namespace, systems: list[str]) -> dict[str, float]:
+    limits = httpx.Limits(max_connections=args.agents * 2)
+    async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
+        t0 = time.perf_counter()
+        runs = await asyncio.gather(
+            *(agent(client, i, systems[i], args.turns, args.tokens) for i in range(args.agents))
+        )
+        wall = time.perf_counter() - t0
+    turns = [t for run in runs for t in run]
+    later = [t for run in runs for t in run[1:]]
+    prompt = sum(t.prompt_tokens for t in later)
+    return {
+        "wall_s": wall,
+        "tok_s": sum(t.tokens for t in turns) / wall,
+        "tokens": sum(t.tokens for t in turns),
+        "ttft1_s": statistics.median(run[0].ttft_s for run in runs),
+        "ttft_later_s": statistics.median(t.ttft_s for t in later) if later else 0.0,
+        "cached": sum(t.cached_tokens for t in later) / prompt if prompt else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--target", action="append", required=True, metavar="URL",
+                   help="an OpenAI-compatible server's base URL (repeatable)")  # fmt: skip
+    p.add_argument("--agents", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--system-tokens", type=int, default=600)
+    args = p.parse_args(argv)
+    systems = system_prompts(args.agents, args.system_tokens)
+    results = {}
+    for url in args.target:
+        print(f"agents: {url}", file=sys.stderr, flush=True)
+        results[url] = asyncio.run(workload(url, args, systems))
+    first = results[args.target[0]]["wall_s"]
+    rows = [[url, f"{r['wall_s']:.1f}", f"{r['tok_s']:.1f}", str(int(r["tokens"])),
+             f"{r['ttft1_s']:.2f}", f"{r['ttft_later_s']:.2f}", f"{r['cached']:.0%}",
+             f"{r['wall_s'] / first:.2f}x"] for url, r in results.items()]  # fmt: skip
+    print_table(["target", "wall (s)", "tok/s", "tokens", "TTFT turn 1 (s)",
+                 "TTFT later (s)", "cached", "wall / first"], rows)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Reading an HTTP request: the body (bounded), its JSON fields with their types checked,
+the caller's tenant, the session and the deadline from the headers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+
+from common.errors import InvalidRequestError, PayloadTooLargeError
+from common.ids import check_session_id
+from gateway.auth import KeyRing, Tenant
+
+SESSION_HEADER = "x-session-id"
+TIMEOUT_HEADER = "x-request-timeout"  # seconds: the request's deadline (like gRPC's)
+Body = dict[str, Any]
+
+
+async def read_json(request: Request, max_bytes: int) -> Body:
+    """The body as a JSON object; PayloadTooLargeError past `max_bytes` (read no further),
+    InvalidRequestError when it is not a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLargeError(f"the body has {declared} bytes; the limit is {max_bytes}")
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > max_bytes:
+            raise PayloadTooLargeError(f"the body is over the limit of {max_bytes} bytes")
+    try:
+        body = json.loads(data)
+    except ValueError as e:
+        raise InvalidRequestError("body", f"not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise InvalidRequestError("body", "must be a JSON object")
+    return body
+
+
+def get(body: Body, name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    """body[name] if present and not null, checked to be of `kind` (bool is not a number)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise InvalidRequestError(name, f"must be {_names(kinds)}, not a boolean")
+    if not isinstance(value, kinds):
+        raise InvalidRequestError(name, f"must be {_names(kinds)}, not {_json_type(value)}")
+    return value
+
+
+def number(body: Body, name: str) -> float | None:
+    value = get(body, name, (int, float))
+    return None if value is None else float(value)
+
+
+def string_list(body: Body, name: str) -> tuple[str, ...]:
+    """A string or a list of strings, as a tuple."""
+    value = get(body, name, (str, list), ())
+    if isinstance(value, str):
+        return (value,)
+    if not all(isinstance(v, str) for v in value):
+        raise InvalidRequestError(name, "must be a string or a list of strings")
+    return tuple(value)
+
+
+def tenant_of(request: Request, keys: KeyRing) -> Tenant:
+    h = request.headers
+    return keys.tenant_of(h.get("authorization"), h.get("x-api-key"))
+
+
+def session_of(request: Request) -> str:
+    """The X-Session-Id header's session, or a fresh one of its own."""
+    given = request.headers.get(SESSION_HEADER)
+    if given is None or not given:
+        return f"s-{uuid.uuid4().hex}"
+    return check_session_id(given, "X-Session-Id")
+
+
+def time_left_of(request: Request) -> float | None:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError as e:
+        raise InvalidRequestError("X-Request-Timeout", f"not a number of seconds: {raw!r}") from e
+    if not seconds > 0:
+        raise InvalidRequestError("X-Request-Timeout", "must be > 0")
+    return seconds
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    words = {int: "an integer", float: "a number", str: "a string", bool: "a boolean",
+             list: "a list", dict: "an object"}  # fmt: skip
+    return " or ".join(dict.fromkeys(words.get(k, k.__name__) for k in kinds))
+
+
+def _json_type(value: object) -> str:
+    names: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+    return names.get(type(value), type(value).__name__)

@@ -1,0 +1,141 @@
+"""The HTTP face against the whole system (real Redis, two workers, the real model), driven
+by the official `openai` and `anthropic` clients and by raw HTTP: the same tokens as gRPC,
+sessions by X-Session-Id, tenants by key, errors in each API's shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from common.v1 import inference_pb2 as pb
+from tests.conftest import KeyedCluster
+from warmfleet.client import Client
+from warmfleet.launcher import Cluster
+
+pytestmark = pytest.mark.slow
+CHAT = [{"role": "user", "content": "Name a large animal."}]
+
+
+@pytest.fixture(scope="module")
+def cluster(keyed_cluster: KeyedCluster) -> Cluster:
+    return keyed_cluster.cluster
+
+
+@pytest.fixture(scope="module")
+def keys(keyed_cluster: KeyedCluster) -> tuple[Path, dict[str, str]]:
+    return keyed_cluster.path, keyed_cluster.keys
+
+
+@pytest.fixture(scope="module")
+def model_id(cluster: Cluster) -> str:
+    return "SmolLM2-135M-Instruct.Q4_1"
+
+
+def any_(messages: list[dict[str, str]]) -> Any:
+    """Chat messages as the clients' typed parameters (plain dicts are what they send)."""
+    return messages
+
+
+def oai(cluster: Cluster, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.http_url}/v1", api_key=key, timeout=120)
+
+
+def grpc_text(cluster: Cluster, key: str, messages: list[dict[str, str]], n: int) -> str:
+    """The gRPC path's greedy reply to the same conversation, in a session of its own."""
+    with Client(cluster.target, api_key=key, timeout_s=120) as c:
+        reply = c.complete("", messages=messages, max_tokens=n, temperature=0.0)
+    return reply.text
+
+
+def test_openai_client_gets_the_grpc_tokens_and_reuses_its_session(
+    cluster: Cluster, keys: tuple[Path, dict[str, str]], model_id: str
+) -> None:
+    key = keys[1]["alice"]
+    client = oai(cluster, key)
+    sid = {"X-Session-Id": "oai-1"}
+    first = client.chat.completions.create(model=model_id, messages=any_(CHAT), max_tokens=16,
+                                           temperature=0, extra_headers=sid)  # fmt: skip
+    text = first.choices[0].message.content
+    assert text == grpc_text(cluster, key, CHAT, 16)
+    assert first.usage is not None and first.usage.prompt_tokens > 0
+    chat2 = [*CHAT, {"role": "assistant", "content": text or ""},
+             {"role": "user", "content": "Where does it live?"}]  # fmt: skip
+    stream = client.chat.completions.create(
+        model=model_id, messages=any_(chat2), max_tokens=16, temperature=0, extra_headers=sid,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == grpc_text(cluster, key, chat2, 16)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert (usage.prompt_tokens_details.cached_tokens or 0) >= first.usage.prompt_tokens
+
+
+def test_anthropic_client_gets_the_grpc_tokens_and_reuses_its_session(
+    cluster: Cluster, keys: tuple[Path, dict[str, str]], model_id: str
+) -> None:
+    key = keys[1]["alice"]
+    client = anthropic.Anthropic(base_url=cluster.http_url, api_key=key, timeout=120)
+    sid = {"X-Session-Id": "ant-1"}
+    system = "You are brief."
+    first = client.messages.create(model=model_id, max_tokens=16, system=system,
+                                   messages=any_(CHAT), extra_headers=sid)  # fmt: skip
+    text = "".join(b.text for b in first.content if b.type == "text")
+    with_system = [{"role": "system", "content": system}, *CHAT]
+    assert text == grpc_text(cluster, key, with_system, 16)
+    assert first.stop_reason in ("end_turn", "max_tokens")
+    chat2 = [*CHAT, {"role": "assistant", "content": text},
+             {"role": "user", "content": "Where does it live?"}]  # fmt: skip
+    with client.messages.stream(model=model_id, max_tokens=16, system=system,
+                                messages=any_(chat2), extra_headers=sid) as stream:  # fmt: skip
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == grpc_text(cluster, key, [with_system[0], *chat2], 16)
+    assert (final.usage.cache_read_input_tokens or 0) >= first.usage.input_tokens
+
+
+def test_sessions_never_share_kv_and_a_tenant_reaches_only_its_own(
+    cluster: Cluster, keys: tuple[Path, dict[str, str]], model_id: str
+) -> None:
+    alice, bob = oai(cluster, keys[1]["alice"]), oai(cluster, keys[1]["bob"])
+    for sid in ("own-1", "own-2"):  # the same conversation in two sessions: nothing shared
+        reply = alice.chat.completions.create(model=model_id, messages=any_(CHAT), max_tokens=4,
+                                              extra_headers={"X-Session-Id": sid})  # fmt: skip
+        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0
+    again = bob.chat.completions.create(model=model_id, messages=any_(CHAT), max_tokens=4,
+                                        extra_headers={"X-Session-Id": "own-1"})  # fmt: skip
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == 0  # bob's own "own-1"
+    with pytest.raises(openai.NotFoundError):
+        bob.with_options(max_retries=0).get("/sessions/own-2", cast_to=dict)  # alice's only
+    listed = alice.get("/sessions", cast_to=dict)
+    assert {"own-1", "own-2"} <= {s["id"] for s in listed["data"]}
+
+
+def test_ignore_eos_and_min_tokens_fix_the_length_on_both_faces(
+    cluster: Cluster, keys: tuple[Path, dict[str, str]], model_id: str
+) -> None:
+    key = keys[1]["alice"]
+    short = [{"role": "user", "content": "What is the capital of France?"}]  # 8 tokens
+    with Client(cluster.target, api_key=key, timeout_s=120) as c:
+        natural = c.complete("", messages=any_(short), max_tokens=40)
+        assert natural.completion.finish_reason == pb.FINISH_REASON_STOP  # it stops early
+        fixed = c.complete("", messages=any_(short), max_tokens=40, ignore_eos=True)
+        assert (
+            len(fixed.token_ids) == 40 and fixed.completion.finish_reason == pb.FINISH_REASON_LENGTH
+        )
+        floor = c.complete(
+            "", messages=any_(short), max_tokens=40, min_tokens=len(natural.token_ids) + 5
+        )
+        assert len(floor.token_ids) >= len(natural.token_ids) + 5
+    reply = oai(cluster, key).chat.completions.create(
+        model=model_id, messages=any_(short), max_tokens=30, extra_body={"ignore_eos": True}
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens == 30
+    assert reply.choices[0].finish_reason == "length"
