@@ -30,15 +30,19 @@ def connect(url: str, *, block_ms: int, max_connections: int | None = None) -> r
     return redis.Redis(connection_pool=pool)
 
 
-def connect_async(url: str, *, block_ms: int, max_connections: int | None = None) -> aioredis.Redis:
-    """`connect` for an event loop. A call that fails is not retried here: the caller sees
-    the failure at once (a stream in flight when Redis dies ends UNAVAILABLE at once)."""
-    return aioredis.Redis.from_url(
+def connect_async(url: str, *, block_ms: int, pool_size: int, wait_s: float) -> aioredis.Redis:
+    """`connect` for an event loop, over a fixed pool of `pool_size` connections: a caller
+    finding them all busy waits for one up to `wait_s` (then redis.ConnectionError), so a
+    thousand concurrent calls share the pool instead of opening a socket each. A call that
+    fails is not retried here: the caller sees the failure at once (a stream in flight when
+    Redis dies ends UNAVAILABLE at once)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=block_ms / 1000 + 5.0,
         health_check_interval=15,
-        max_connections=max_connections,
-        retry=Retry(NoBackoff(), 0),
+        max_connections=pool_size,
+        timeout=wait_s,
     )
+    return aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))

@@ -31,6 +31,9 @@ TOKENIZER_THREADS = 4
 DEFAULT_HTTP_PORT = 8000
 
 DRAIN_S = 10.0
+REDIS_CONNECTIONS = 64  # shared by every open call; one of them is the results reader's
+REDIS_WAIT_S = 5.0  # a call finding them all busy waits this long, then gets UNAVAILABLE
+SPARE_FILES = 256  # files the gateway needs besides its clients' sockets
 
 
 def register(sub: Any) -> None:
@@ -130,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     model_config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
     names = tuple(args.model_name or [path.name.removesuffix(".gguf")])
     listen = Listen(args.host, args.port, args.http_port, args.max_body_bytes, args.max_streams)
-    raise_open_files_limit()
+    raise_open_files_limit(2 * args.max_streams + REDIS_CONNECTIONS + SPARE_FILES)
     return asyncio.run(_serve(args.redis_url, (tokenizer, model_config), config, keys, names,
                               listen))  # fmt: skip
 
@@ -147,7 +150,7 @@ async def _serve(
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenize")
     )
-    r = connect_async(redis_url, block_ms=1000, max_connections=listen.max_streams + 64)
+    r = connect_async(redis_url, block_ms=1000, pool_size=REDIS_CONNECTIONS, wait_s=REDIS_WAIT_S)
     gateway = Gateway(r, *model, config, keys, names)
     try:
         grpc_port, http_port = await gateway.start(listen)
@@ -180,8 +183,17 @@ def _on_signal(gateway: Gateway, stop: asyncio.Event) -> None:
     stop.set()
 
 
-def raise_open_files_limit() -> None:
-    """Every open stream holds a socket: allow as many as the hard limit does."""
+def raise_open_files_limit(wanted: int) -> None:
+    """Every open call holds a socket: allow as many files as the hard limit does, and say
+    so when that is fewer than both faces' --max-streams need (a connection beyond the
+    limit is not accepted until another closes)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    unlimited = resource.RLIM_INFINITY
+    if soft == unlimited or soft >= wanted:
+        return
+    raised = wanted if hard == unlimited else min(hard, wanted)
+    if raised > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < wanted:
+        logging.warning("open files limited to %d (ulimit -n hard limit): fewer open calls "
+                        "than --max-streams fit; raise the limit", raised)  # fmt: skip
