@@ -205,7 +205,7 @@ def floor_rows(model: Model, figures: Figures) -> list[Row]:
 
 def memory_rows(model: Model, figures: Figures, lc: dict[str, float]) -> list[Row]:
     """KV bytes per token (llama.cpp's from its saved state) and peak RSS."""
-    kv = model.new_cache().bytes_per_token
+    kv = model.bytes_per_token
     lc_kv = lc.get("state_bytes", 0) / PROMPT_TOKENS if lc else None
     return [
         ("KV bytes per token", f"{kv}", f"{lc_kv:.0f} (f16)" if lc_kv else "-", "-"),

@@ -34,7 +34,7 @@ from bench.kv_tiers_session import (
 from bench.table import print_table
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf, read_metadata
-from engine.kv_cache import GROW_TOKENS
+from engine.kv_pool import BLOCK_TOKENS
 from engine.tokenizer import Tokenizer
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
@@ -80,7 +80,7 @@ def main() -> None:
 def warm_budget(config: ModelConfig, context: int) -> int:
     """A warm budget that holds one session of `context` tokens (plus the reply) but not two."""
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * DTYPE_BYTES
-    capacity = -(-(context + MAX_TOKENS) // GROW_TOKENS) * GROW_TOKENS
+    capacity = -(-(context + MAX_TOKENS) // BLOCK_TOKENS) * BLOCK_TOKENS
     session_bytes = capacity * per_token
     budget = 3 * session_bytes // 2  # one session fits, two do not
     log(

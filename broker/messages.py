@@ -126,6 +126,9 @@ class SessionEvent:
     reason: GoneReason | None = None  # GONE
     held: tuple[Held, ...] = ()  # INVENTORY
     reply_to: str = ""  # the command this event completes: answered once it is applied
+    # the worker's idle sessions' bytes once this change is made, each shared block once
+    # (-1: not said); the kvstore keeps the worker's warm budget on this figure
+    warm_bytes: int = -1
 
 
 class OrderOp(enum.StrEnum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -10,17 +11,21 @@ import numpy as np
 from common.enums import FinishReason
 from common.errors import InvalidRequestError
 from common.sampling import SamplingParams
+from engine.blocks import PoolExhaustedError
 from engine.config import EngineConfig
 from engine.detokenizer import StreamDecoder
-from engine.kv_cache import KVCache, common_prefix_len
+from engine.kv_pool import KVPool, PagedKV, common_prefix_len, detach
 from engine.model import Model
 from engine.runner import ModelRunner
 from engine.sampling import make_rng, sample
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Completion, Request, Sequence, SequenceStatus
 from engine.session_pool import SessionPool
+from engine.spill_file import SpilledKV
 from engine.step_cost import StepCost
 from engine.text_stream import TextStream
+
+log = logging.getLogger("warmfleet.engine")
 
 
 @dataclass(slots=True)
@@ -52,24 +57,32 @@ class Engine:
         self.model = model
         self.config = config or EngineConfig()
         self.scheduler = Scheduler(self.config)
-        self.runner = ModelRunner(model)
-        self.sessions: SessionPool[KVCache] = SessionPool(self.config.session_budget_bytes)
+        c = model.config
+        self.pool = KVPool.sized(
+            c, self.config.pool_bytes(model.bytes_per_token, c.context_length), model.dtype,
+            model.xp, model.fingerprint,
+        )  # fmt: skip
+        self.runner = ModelRunner(model, self.pool)
+        self.sessions: SessionPool[PagedKV] = SessionPool(
+            self.config.session_budget_bytes, self.pool.held_bytes
+        )
         self.sequences: dict[str, Sequence] = {}
         self.paused: dict[str, Sequence] = {}  # preempted: active but not stepped
         self.stats = EngineStats()
-        # sessions pushed out of the pool by its budget; the owner spills or forgets them
-        self.evicted_sessions: list[tuple[str, KVCache]] = []
+        # sessions pushed out of the pool (its budget, or room for running sequences),
+        # copied out of it: the owner spills or forgets them
+        self.evicted_sessions: list[tuple[str, SpilledKV]] = []
 
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def add(self, request: Request, restored: KVCache | None = None) -> Sequence:
+    def add(self, request: Request, restored: PagedKV | None = None) -> Sequence:
         """Queue a request; raises InvalidRequestError / PromptTooLongError, changing nothing.
 
-        `restored`: the session's KV brought back from elsewhere (a spill file), used by
-        this request instead of the pool's entry; it never sits in the pool, so nothing
-        can evict it before the request runs."""
+        `restored`: the session's KV brought back from elsewhere (a spill file, see
+        load_kv), used by this request instead of the pool's entry; it never sits in the
+        session pool, so nothing can evict it before the request runs."""
         self._check(request)
         cache, num_cached = self._attach_cache(request, restored)
         rng, seed = make_rng(request.sampling.seed)
@@ -83,12 +96,51 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        batch, ended = self._make_room(batch)
+        if not batch:
+            return ended
         prefill = sum(n for seq, n in batch if not seq.output_ids)
         t0 = time.perf_counter()
         logits, due = self.runner.run(batch)
         self.scheduler.cost.observe(prefill, time.perf_counter() - t0)
         self._count(batch)
-        return [self._postprocess(seq, row) for seq, row in zip(due, logits, strict=True)]
+        return ended + [self._postprocess(seq, row) for seq, row in zip(due, logits, strict=True)]
+
+    def _make_room(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[StepOutput]]:
+        """Make each scheduled sequence's blocks its own for the positions it writes. When
+        the pool is full, idle sessions are evicted (least recently used first); a sequence
+        that still finds no room ends (LENGTH), with a warning."""
+        kept: ScheduledBatch = []
+        ended: list[StepOutput] = []
+        for seq, n in batch:
+            while True:
+                try:
+                    seq.cache.prepare_write(seq.num_computed, n)
+                    kept.append((seq, n))
+                    break
+                except PoolExhaustedError:
+                    oldest = self.sessions.pop_oldest()
+                    if oldest is None:
+                        log.warning("KV pool full (%d blocks): ending %s",
+                                    self.pool.alloc.num_blocks, seq.request_id)  # fmt: skip
+                        ended.append(self._finish(seq, FinishReason.LENGTH, ""))
+                        break
+                    self._evict([oldest])
+        return kept, ended
+
+    def set_session_budget(self, budget_bytes: int) -> None:
+        """Idle sessions may hold this much now; the oldest beyond it are evicted."""
+        self.sessions.budget_bytes = budget_bytes
+        self._evict(self.sessions.shrink())
+
+    def _evict(self, entries: list[tuple[str, PagedKV]]) -> None:
+        for key, kv in entries:
+            self.evicted_sessions.append((key, detach(kv)))
+
+    def load_kv(self, scope: str, k: np.ndarray, v: np.ndarray, token_ids: list[int]) -> PagedKV:
+        """A session's keys and values ([layers, kv_heads, n, head_dim], e.g. read from
+        disk) put into the pool, sharing the blocks it holds already."""
+        return self.pool.load(scope, k, v, token_ids)
 
     def _count(self, batch: ScheduledBatch) -> None:
         self.stats.num_steps += 1
@@ -135,28 +187,33 @@ class Engine:
         self.stats = EngineStats()
         self.scheduler.cost = StepCost()
 
-    def adopt_session(self, key: str, cache: KVCache) -> None:
-        """Put a session's KV (restored from elsewhere) into the pool as the most recent."""
-        self.evicted_sessions += self.sessions.put(key, cache)
+    def adopt_session(self, key: str, cache: PagedKV) -> None:
+        """Put a session's KV (restored from elsewhere) into the pool as the most recent;
+        an older entry of the same key is released."""
+        old = self.sessions.take(key)
+        if old is not None and old is not cache:
+            old.release()
+        self._evict(self.sessions.put(key, cache))
 
     def _check(self, request: Request) -> None:
         if request.request_id in self.sequences:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already active")
         self.model.config.check_prompt(request.prompt_ids)
 
-    def _attach_cache(self, request: Request, restored: KVCache | None) -> tuple[KVCache, int]:
-        """The session's KV trimmed to the prompt's common prefix, or a fresh cache; room
-        for the whole prompt is made at once (growing chunk by chunk copies it each time)."""
+    def _attach_cache(self, request: Request, restored: PagedKV | None) -> tuple[PagedKV, int]:
+        """The session's KV trimmed to the prompt's common prefix, or an empty block table
+        of the request's scope (it takes shared prefix blocks when it is scheduled)."""
         pooled = self.sessions.take(request.cache_key) if request.cache_key else None
+        if restored is not None and pooled is not None:
+            pooled.release()  # the KV brought back is the session's newest
         cached = restored if restored is not None else pooled
         if cached is None:
-            cached = self.model.new_cache()
+            return self.pool.new_kv(request.scope), 0
         # at least the prompt's last token is recomputed: its logits give the first token
         reuse = min(
             common_prefix_len(cached.token_ids, request.prompt_ids), len(request.prompt_ids) - 1
         )
         cached.trim(reuse)
-        cached.reserve(len(request.prompt_ids))
         return cached, reuse
 
     def _postprocess(self, seq: Sequence, logits: np.ndarray) -> StepOutput:
@@ -199,7 +256,9 @@ class Engine:
         del self.sequences[seq.request_id]
         if seq.request.cache_key:
             seq.cache.compact()  # idle: it holds, and is counted as, its tokens only
-            self.evicted_sessions += self.sessions.put(seq.request.cache_key, seq.cache)
+            self.adopt_session(seq.request.cache_key, seq.cache)
+        else:
+            seq.cache.release()  # its full blocks stay known for prompts that start alike
         return StepOutput(seq.request_id, token_ids or [], text, seq.completion())
 
     def generate(self, requests: list[Request]) -> dict[str, list[StepOutput]]:

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
+from engine.attention import AttentionPlan, paged_attention
 from engine.config import ModelConfig
-from engine.kernels import RowRuns, matmul_t, plan_rows
-from engine.kv_cache import KVCache
+from engine.kernels import SMALL_ROWS, RowRuns, matmul_t, plan_rows
+from engine.kv_pool import KVPool, PagedKV
 from engine.weights import LayerWeights, Weights
 
 Array = Any
@@ -23,8 +26,8 @@ Array = Any
 class Segment:
     """A run of consecutive tokens of one sequence inside the flat batch."""
 
-    cache: KVCache
-    start: int  # position of the segment's first token; the cache holds [0, start)
+    kv: PagedKV
+    start: int  # position of the segment's first token; the KV holds [0, start)
     length: int
     want_logits: bool  # logits of the segment's last token are needed
 
@@ -57,31 +60,33 @@ def apply_rope(x: Array, cos: Array, sin: Array, xp: ModuleType) -> Array:
     return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
-def softmax_inplace(scores: Array, xp: ModuleType) -> Array:
-    scores -= scores.max(axis=-1, keepdims=True)
-    xp.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return scores
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """Where a step's rows go, worked out once for all layers: the matrix kernels' row
+    runs, the pool slot of each token's keys and values, and the attention plan."""
 
+    pool: KVPool
+    runs: RowRuns
+    blocks: Array  # [N] block id of each token
+    slots: Array  # [N] position inside its block
+    attention: AttentionPlan
 
-def attend(q: Array, cache: KVCache, layer: int, start: int, xp: ModuleType) -> Array:
-    """Causal attention of one segment's queries over its cache; returns [n, H * D]."""
-    n, num_heads, d = q.shape
-    hkv = cache.config.num_kv_heads
-    g = num_heads // hkv
-    t = start + n
-    keys = cache.k[layer, :, :t]  # [Hkv, T, D]
-    values = cache.v[layer, :, :t]
-    qg = q.reshape(n, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, n * g, d)
-    scores = qg @ keys.transpose(0, 2, 1)  # [Hkv, n*G, T]
-    scores *= d**-0.5
-    if n > 1:
-        # query i sits at position start + i and sees keys 0..start + i
-        future = xp.arange(t)[None, :] > (start + xp.arange(n))[:, None]  # [n, T]
-        bias = xp.where(future, -xp.inf, 0.0).astype(scores.dtype)
-        scores.reshape(hkv, n, g, t)[...] += bias[None, :, None, :]
-    out = softmax_inplace(scores, xp) @ values  # [Hkv, n*G, D]
-    return out.reshape(hkv, n, g, d).transpose(1, 0, 2, 3).reshape(n, num_heads * d)
+    @classmethod
+    def build(cls, pool: KVPool, segments: list[Segment]) -> StepLayout:
+        where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
+        plan = AttentionPlan.build(
+            [(seg.kv.blocks, seg.start, seg.length) for seg in segments],
+            SMALL_ROWS,
+            compiled=pool.xp is np and pool.dtype == np.float32,
+        )
+        xp = pool.xp
+        return cls(
+            pool,
+            plan_rows([seg.length for seg in segments]),
+            xp.asarray(np.concatenate([b for b, _ in where])),
+            xp.asarray(np.concatenate([s for _, s in where])),
+            plan,
+        )
 
 
 def attention_block(
@@ -91,24 +96,21 @@ def attention_block(
     config: ModelConfig,
     cos: Array,
     sin: Array,
-    segments: list[Segment],
-    runs: RowRuns,
+    step: StepLayout,
     xp: ModuleType,
 ) -> Array:
     n_tok = x.shape[0]
+    runs = step.runs
     h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
     qkv = matmul_t(h, lw.wqkv, runs)  # [N, dim + 2 * kv_dim]
     hd, kvd = config.head_dim, config.kv_dim
     q = apply_rope(qkv[:, : config.dim].reshape(n_tok, config.num_heads, hd), cos, sin, xp)
     k = apply_rope(qkv[:, config.dim : config.dim + kvd].reshape(n_tok, -1, hd), cos, sin, xp)
     v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
-    out = xp.empty((n_tok, config.dim), dtype=x.dtype)
-    row = 0
-    for seg in segments:
-        rows = slice(row, row + seg.length)
-        seg.cache.write(layer, seg.start, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))
-        out[rows] = attend(q[rows], seg.cache, layer, seg.start, xp)
-        row += seg.length
+    pool = step.pool
+    pool.k[layer, step.blocks, :, step.slots] = k  # this step's keys and values first
+    pool.v[layer, step.blocks, :, step.slots] = v
+    out = paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp)
     return matmul_t(out, lw.wo, runs)
 
 
@@ -127,24 +129,28 @@ def forward(
     weights: Weights,
     config: ModelConfig,
     rope: RopeTables,
+    pool: KVPool,
     tokens: Array,
     positions: Array,
     segments: list[Segment],
     xp: ModuleType,
 ) -> Array:
-    """Run the batch, write its keys and values into each segment's cache, and return the
-    logits [num segments wanting logits, vocab] of each such segment's last token.
+    """Run the batch, write its keys and values into the pool where each segment's block
+    table says, and return the logits [num segments wanting logits, vocab] of each such
+    segment's last token.
 
     tokens, positions: [N] integer arrays, segments in the order their tokens appear.
-    The caches must have capacity for their segments; the caller commits the token ids.
-    A segment's rows are computed the same way whatever else is in the batch (see kernels).
+    Each segment's blocks must be its own for the positions it writes (PagedKV.prepare_write);
+    the caller commits the token ids. A segment's rows are computed the same way whatever
+    else is in the batch (see kernels and attention).
     """
-    runs = plan_rows([seg.length for seg in segments])
+    step = StepLayout.build(pool, segments)
+    runs = step.runs
     x = weights.embed[tokens]  # [N, dim]
     cos = rope.cos[positions][:, None, :]  # [N, 1, D/2]
     sin = rope.sin[positions][:, None, :]
     for i, lw in enumerate(weights.layers):
-        x = x + attention_block(x, lw, i, config, cos, sin, segments, runs, xp)
+        x = x + attention_block(x, lw, i, config, cos, sin, step, xp)
         x = x + mlp_block(x, lw, config, runs, xp)
     last_rows, row = [], 0
     for seg in segments:

@@ -13,7 +13,6 @@ from engine.config import ModelConfig
 from engine.device import array_module, compute_dtype
 from engine.forward import RopeTables
 from engine.gguf_file import open_gguf, read_metadata
-from engine.kv_cache import KVCache
 from engine.tokenizer import Tokenizer
 from engine.weights import Weights, fingerprint, load_weights
 
@@ -52,5 +51,7 @@ class Model:
     def device(self) -> str:
         return "cpu" if self.xp is np else "cuda"
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.config, self.dtype, self.xp)
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes of one position (keys and values of every layer)."""
+        return 2 * self.config.num_layers * self.config.kv_dim * self.dtype.itemsize

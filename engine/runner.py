@@ -6,17 +6,20 @@ import numpy as np
 
 from engine.device import threads_for_step, to_host
 from engine.forward import Segment, forward
+from engine.kv_pool import KVPool
 from engine.model import Model
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, pool: KVPool) -> None:
         self.model = model
+        self.pool = pool
 
     def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, list[Sequence]]:
-        """Logits [M, vocab] (host float32) for the M sequences whose next token is due."""
+        """Logits [M, vocab] (host float32) for the M sequences whose next token is due.
+        Each sequence's blocks are its own for the positions it writes (prepare_write)."""
         m, xp = self.model, self.model.xp
         tokens: list[int] = []
         positions: list[int] = []
@@ -26,7 +29,6 @@ class ModelRunner:
         for seq, n in batch:
             start = seq.num_computed
             ids = seq.token_slice(start, start + n)
-            seq.cache.reserve(start + n)
             want = start + n == seq.num_tokens
             segments.append(Segment(seq.cache, start, n, want))
             tokens += ids
@@ -40,6 +42,7 @@ class ModelRunner:
             m.weights,
             m.config,
             m.rope,
+            self.pool,
             xp.asarray(tokens, dtype=xp.int64),
             xp.asarray(positions, dtype=xp.int64),
             segments,

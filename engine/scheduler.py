@@ -60,6 +60,7 @@ class Scheduler:
         return batch
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        seq.take_shared_prefix()  # what another sequence computed is not computed again
         n = min(self.config.prefill_chunk_tokens, budget, seq.num_prompt - seq.num_computed)
         batch.append((seq, n))
         return n

@@ -10,7 +10,7 @@ import numpy as np
 
 from common.enums import FinishReason
 from common.sampling import SamplingParams
-from engine.kv_cache import KVCache
+from engine.kv_pool import PagedKV
 from engine.text_stream import TextStream
 
 
@@ -26,6 +26,7 @@ class Request:
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_key: str | None = None  # the session whose KV this request may reuse and extend
+    scope: str = ""  # who may share KV blocks with it (the tenant); never across scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class Completion:
     finish_reason: FinishReason
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose KV was reused
+    prefix_tokens: int  # of which taken from blocks shared with other sequences
     completion_tokens: int
     seed: int
     queue_s: float  # added -> first scheduled
@@ -49,6 +51,7 @@ class Sequence:
         "cache",
         "finish_reason",
         "num_cached",
+        "num_prefix",
         "output_ids",
         "request",
         "rng",
@@ -64,7 +67,7 @@ class Sequence:
     def __init__(
         self,
         request: Request,
-        cache: KVCache,
+        cache: PagedKV,
         num_cached: int,
         rng: np.random.Generator,
         seed: int,
@@ -74,6 +77,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.cache = cache
         self.num_cached = num_cached
+        self.num_prefix = 0  # of num_cached: tokens taken from shared blocks
         self.output_ids: list[int] = []
         self.rng = rng
         self.seed = seed
@@ -105,6 +109,13 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.num_computed < self.num_prompt
 
+    def take_shared_prefix(self) -> None:
+        """Before its next prefill chunk: take the blocks the pool already holds for the
+        next part of the prompt (another sequence of its scope computed them)."""
+        gained = self.cache.extend_prefix(self.request.prompt_ids, self.num_prompt - 1)
+        self.num_cached += gained
+        self.num_prefix += gained
+
     def token_slice(self, start: int, stop: int) -> list[int]:
         prompt = self.request.prompt_ids
         head = prompt[start:stop]
@@ -121,6 +132,7 @@ class Sequence:
             finish_reason=self.finish_reason,
             prompt_tokens=self.num_prompt,
             cached_tokens=self.num_cached,
+            prefix_tokens=self.num_prefix,
             completion_tokens=n_out,
             seed=self.seed,
             queue_s=(self.t_scheduled or self.t_finished) - self.t_added,

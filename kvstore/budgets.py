@@ -25,7 +25,7 @@ def enforce_warm_budget(index: ResidencyIndex, worker: str, fx: Effects) -> None
         for k in index.on_worker(worker)
         if (r := index.records[k]).tier == Tier.WARM
     )
-    total = sum(index.records[k].nbytes for _, k in warm)
+    total = index.warm_bytes(worker)
     for _, key in warm:
         if total <= budget:
             break
@@ -42,11 +42,11 @@ def order_spill(index: ResidencyIndex, key: str, fx: Effects) -> None:
 
 
 def enforce_disk_budget(index: ResidencyIndex, fx: Effects) -> None:
-    if index.disk_budget is None or index.disk_bytes <= index.disk_budget:
+    if index.disk_budget is None or index.disk_used <= index.disk_budget:
         return
     on_disk = sorted((r.last_used, k) for k, r in index.records.items() if r.tier == Tier.DISK)
     for _, key in on_disk:
-        if index.disk_bytes <= index.disk_budget:
+        if index.disk_used <= index.disk_budget:
             break
         record = index.records[key]
         fx.unlink.append((key, record.file_mtime_ns))

@@ -35,7 +35,7 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             tiers = index.tier_counts()
             disk = pb.DiskUsage(
                 spill_dir=str(store.spill_dir),
-                used_bytes=index.disk_bytes,
+                used_bytes=index.disk_used,
                 budget_bytes=index.disk_budget or 0,
                 num_files=tiers["disk"],
             )
@@ -59,7 +59,7 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             alive=worker in index.alive,
             pool_bytes=int(status.get("pool_bytes", 0)),
             warm_budget_bytes=index.budgets.get(worker, 0),
-            warm_bytes=sum(of(Tier.WARM)),
+            warm_bytes=index.warm_bytes(worker),
             spilling_bytes=sum(of(Tier.SPILLING)),
             num_hot=len(of(Tier.HOT)),
             num_warm=len(of(Tier.WARM)),

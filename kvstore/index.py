@@ -25,6 +25,7 @@ from broker.messages import (
 from broker.records import SessionRecord
 from common.enums import IN_MEMORY, Tier
 from kvstore import budgets, commands
+from kvstore.disk_usage import DiskUsage, FileBlocks
 from kvstore.effects import Effects, Order
 
 log = logging.getLogger("warmfleet.kvstore")
@@ -38,15 +39,25 @@ def gone(last_used: float) -> SessionRecord:
 
 
 class ResidencyIndex:
-    def __init__(self, disk_budget: int | None, file_info: FileInfo) -> None:
+    @property
+    def disk_used(self) -> int:
+        """Bytes the spill directory holds for the sessions on disk, shared blocks once."""
+        return self.disk.used
+
+    def __init__(
+        self, disk_budget: int | None, file_info: FileInfo, file_blocks: FileBlocks | None = None
+    ) -> None:
         self.disk_budget = disk_budget  # None: unbounded
         self.file_info = file_info
         self.records: dict[str, SessionRecord] = {}
         self.budgets: dict[str, int] = {}  # warm budget of each live worker
         self.alive: set[str] = set()
         self.tombstones: dict[str, float] = {}
-        self.disk_bytes = 0
+        # what the sessions on disk hold there (shared blocks once)
+        self.disk = DiskUsage(file_blocks or (lambda key: None))
         self._by_worker: dict[str, set[str]] = {}
+        # each worker's idle sessions' bytes as it counts them (shared blocks once)
+        self.warm_held: dict[str, int] = {}
 
     # ---- reading ------------------------------------------------------------------
 
@@ -54,9 +65,15 @@ class ResidencyIndex:
         return sorted(self._by_worker.get(worker, ()))
 
     def warm_bytes(self, worker: str) -> int:
-        return sum(
-            r.nbytes for k in self.on_worker(worker) if (r := self.records[k]).tier == Tier.WARM
-        )
+        """The worker's idle sessions' bytes: as it last counted them (shared blocks once),
+        less those of sessions ordered to disk since (each counted whole: at most what its
+        spill frees, so the next event corrects a shortfall); the records' sum for a worker
+        that does not count them."""
+        records = [self.records[k] for k in self.on_worker(worker)]
+        held = self.warm_held.get(worker)
+        if held is None:
+            return sum(r.nbytes for r in records if r.tier == Tier.WARM)
+        return max(0, held - sum(r.nbytes for r in records if r.tier == Tier.SPILLING))
 
     def tier_counts(self) -> dict[str, int]:
         counts = {str(t): 0 for t in Tier}
@@ -91,6 +108,7 @@ class ResidencyIndex:
         self.alive = set(budgets_by_worker)
         for worker in list(self._by_worker):
             if worker not in self.alive:
+                self.warm_held.pop(worker, None)
                 for key in self.on_worker(worker):
                     self._lost(key, fx)
         budgets.enforce_disk_budget(self, fx)
@@ -119,6 +137,8 @@ class ResidencyIndex:
     # ---- events -------------------------------------------------------------------
 
     def _apply_event(self, e: SessionEvent, fx: Effects) -> None:
+        if e.warm_bytes >= 0:
+            self.warm_held[e.worker] = e.warm_bytes
         if e.kind == EventKind.INVENTORY:
             self._inventory(e, fx)
         elif e.key in self.tombstones and e.kind != EventKind.HOT:
@@ -139,6 +159,8 @@ class ResidencyIndex:
         elif e.kind == EventKind.DISK:
             fx.count("spills")
             self._disk(e, fx)
+            # a spilled session frees only the blocks no other session holds
+            budgets.enforce_warm_budget(self, e.worker, fx)
         elif e.kind == EventKind.GONE:
             self._gone(e, fx)
 
@@ -235,7 +257,7 @@ class ResidencyIndex:
         if record.worker:
             self._by_worker.setdefault(record.worker, set()).add(key)
         if record.tier == Tier.DISK:
-            self.disk_bytes += record.nbytes
+            self.disk.add(key, record.nbytes)
 
     def _unset(self, key: str) -> None:
         old = self.records.pop(key, None)
@@ -248,4 +270,4 @@ class ResidencyIndex:
                 if not keys:
                     del self._by_worker[old.worker]
         if old.tier == Tier.DISK:
-            self.disk_bytes -= old.nbytes
+            self.disk.remove(key)

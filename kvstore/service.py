@@ -32,6 +32,7 @@ from broker.streams import ensure_group
 from common.backoff import Backoff
 from common.errors import ProtocolError
 from engine.spill_file import read_summary, spill_path
+from kvstore.disk_sweep import DiskSweep
 from kvstore.effects import Effects, Order
 from kvstore.index import ResidencyIndex
 
@@ -54,7 +55,8 @@ class KVStore:
         self.spill_dir = Path(spill_dir)
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         self.disk_budget = disk_budget
-        self.index = ResidencyIndex(disk_budget, self._file_info)
+        self.sweep = DiskSweep(self.spill_dir)
+        self.index = ResidencyIndex(disk_budget, self._file_info, self.sweep.file_blocks)
         self.lock = threading.Lock()  # the gRPC threads read the index the loop changes
         self.statuses: dict[str, dict[str, Any]] = {}  # live workers' heartbeats
         self.stopping = threading.Event()
@@ -111,18 +113,7 @@ class KVStore:
         return records
 
     def _scan_disk(self) -> dict[str, tuple[int, int, int]]:
-        """Spill files by session key: (size, mtime_ns, tokens). A file whose header cannot
-        be read is deleted and counted as rejected."""
-        files = {}
-        rejected = 0
-        for path in self.spill_dir.glob("*.wfkv"):
-            summary = read_summary(path)
-            if summary is None or spill_path(self.spill_dir, summary.key) != path:
-                log.warning("deleting %s: not a readable spill file of this version", path.name)
-                path.unlink(missing_ok=True)
-                rejected += 1
-                continue
-            files[summary.key] = (summary.size, summary.mtime_ns, summary.num_tokens)
+        files, rejected = self.sweep.scan()
         if rejected:
             self.r.hincrby(keys.KV_STATS, "rejected_files", rejected)
         return files
@@ -150,7 +141,7 @@ class KVStore:
         """Start over from what Redis, the spill directory and the workers' inventories say
         (after Redis lost its state, the index in memory describes a world that is gone)."""
         with self.lock:
-            self.index = ResidencyIndex(self.disk_budget, self._file_info)
+            self.index = ResidencyIndex(self.disk_budget, self._file_info, self.sweep.file_blocks)
         self._backlog = True
         self.start()
 
@@ -160,6 +151,8 @@ class KVStore:
         if time.monotonic() >= self._next_refresh:
             fx.merge(self._refresh())
             self._next_refresh = time.monotonic() + REFRESH_S
+        if self.sweep.due():
+            self.sweep.run()
         entries = self._read(block)
         ids = []
         with self.lock:
@@ -201,6 +194,8 @@ class KVStore:
         with self.lock:
             self.statuses = statuses
             budgets = {w: int(s.get("warm_budget", 0)) for w, s in statuses.items()}
+            for w, status in statuses.items():  # until its next event says it
+                self.index.warm_held.setdefault(w, int(status.get("pool_bytes", 0)))
             return self.index.set_workers(budgets)
 
     # ---- effects ------------------------------------------------------------------
@@ -247,14 +242,18 @@ class KVStore:
         return min(running, key=lambda w: (running[w], w), default="")
 
     def _unlink(self, key: str, mtime_ns: int) -> None:
-        """Delete the session's file, unless it is a newer one than the index knew."""
+        """Delete the session's file, unless it is a newer one than the index knew; the
+        blocks no other file lists go at the next sweep."""
         path = spill_path(self.spill_dir, key)
         try:
             if mtime_ns and path.stat().st_mtime_ns != mtime_ns:
                 return
+            summary = read_summary(path)
             path.unlink()
         except FileNotFoundError:
-            pass
+            return
+        if summary is not None:
+            self.sweep.soon(summary.blocks)
 
     def _file_info(self, key: str) -> tuple[int, int] | None:
         try:

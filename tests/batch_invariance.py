@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.forward import Segment, forward
-from engine.kv_cache import KVCache
 from engine.model import Model
+from tests.paged import new_kv, step
 
 
 @dataclass(frozen=True)
@@ -21,30 +20,6 @@ class Composition:
     order: tuple[int, ...]  # which decode rows, in this order
     prefill: int = 0  # tokens of a prefill chunk run in the same step (0: none)
     prefill_first: bool = False  # the chunk's rows before the decode rows
-
-
-def step(model: Model, parts: list[tuple[KVCache, list[int]]]) -> np.ndarray:
-    """One forward over the parts; the logits of each part's last token. The caches are
-    trimmed back afterwards, so the same state can be stepped again."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    segments: list[Segment] = []
-    for cache, ids in parts:
-        start = cache.offset
-        cache.reserve(start + len(ids))
-        segments.append(Segment(cache, start, len(ids), want_logits=True))
-        tokens += ids
-        positions += range(start, start + len(ids))
-    logits = forward(
-        model.weights,
-        model.config,
-        model.rope,
-        np.asarray(tokens, np.int64),
-        np.asarray(positions, np.int64),
-        segments,
-        np,
-    )
-    return np.asarray(logits)
 
 
 def compositions(num_rows: int, sizes: list[int], prefills: list[int]) -> list[Composition]:
@@ -62,20 +37,20 @@ def check(model: Model, prompts: list[list[int]], cases: list[Composition]) -> i
     """Assert every row of every case equals its run alone; returns the rows compared."""
     caches = []
     for ids in prompts:
-        cache = model.new_cache()
+        cache = new_kv(model)
         step(model, [(cache, ids[:-1])])
         cache.commit(ids[:-1])
         caches.append(cache)
     nexts = [ids[-1:] for ids in prompts]
     alone = [step(model, [(caches[i], nexts[i])])[0] for i in range(len(prompts))]
     chunk_ids = [3 + (7 * i) % (model.config.vocab_size - 3) for i in range(64)]
-    chunk_alone = {n: step(model, [(model.new_cache(), chunk_ids[:n])])[0] for n in
+    chunk_alone = {n: step(model, [(new_kv(model), chunk_ids[:n])])[0] for n in
                    {c.prefill for c in cases if c.prefill}}  # fmt: skip
     compared = 0
     for case in cases:
         parts = [(caches[i], nexts[i]) for i in case.order]
         if case.prefill:
-            chunk = (model.new_cache(), chunk_ids[: case.prefill])
+            chunk = (new_kv(model), chunk_ids[: case.prefill])
             parts = [chunk, *parts] if case.prefill_first else [*parts, chunk]
         logits = step(model, parts)
         rows = list(case.order)

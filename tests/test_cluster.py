@@ -159,7 +159,7 @@ def test_kill_9_mid_generation_resumes_elsewhere_without_duplicates(
             completion = response.completion
             break
         chunks.append(response.chunk)
-        if len(chunks) == 6 and victim is None:
+        if len(chunks) >= 6 and victim is None:  # once a heartbeat shows it running
             for w in cluster.worker_ids:
                 status = worker_status(redis, w)
                 if status["running"]:

@@ -14,12 +14,14 @@ import redis as redis_lib
 from broker import keys
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
+from engine.spill_file import read_summary
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
 from tests.cluster_helpers import (
     TENANT,
     TOKEN_BYTES,
     Conversation,
     assert_exact,
+    recomputed,
     records,
     settle,
     wait_for,
@@ -88,7 +90,7 @@ def test_ten_sessions_take_turns_within_the_warm_budget(
             usage = settle(r, kv)
             assert_within_budget(r, usage, WARM_BUDGET)
             if round_ == 0:
-                assert reply.completion.kv_source == pb.KV_SOURCE_COLD
+                assert recomputed(reply.completion)
                 continue
             assert before in ("warm", "disk")
             assert reply.completion.usage.cached_tokens > 20
@@ -123,8 +125,7 @@ def test_rejected_spill_files_are_deleted_counted_and_recomputed(
     rewrite_with_fingerprint(foreign, model, "another-model")
     for agent in agents:
         reply = agent.turn(client, "And goodbye.")
-        assert reply.completion.kv_source == pb.KV_SOURCE_COLD
-        assert reply.completion.usage.cached_tokens == 0
+        assert recomputed(reply.completion)
     assert not any(p.exists() for p in (corrupted, truncated, foreign))
     settle(r, kv)
     assert kv.usage().counters.rejected_files == rejected + 3
@@ -237,9 +238,8 @@ def test_over_the_disk_budget_the_least_recently_used_files_go(
     on_disk = sorted(
         (float(rec["last_used"]), sid) for sid, rec in records(r).items() if rec["tier"] == "disk"
     )
-    sizes = {sid: int(records(r)[sid]["kv_bytes"]) for _, sid in on_disk}
     keep = [sid for _, sid in on_disk[-2:]]  # the two most recently used
-    budget = sum(sizes[sid] for sid in keep)
+    budget = unique_bytes(spill_dir, keep)  # their files and their blocks, each once
     deleted_before = kv.usage().counters.budget_deletions
     cluster.kill("kvstore")
     cluster.restart("kvstore", extra_args=["--disk-budget", str(budget)])
@@ -255,8 +255,20 @@ def test_over_the_disk_budget_the_least_recently_used_files_go(
         # a session whose file went is recomputed, with the right tokens
         agent = next(a for a in agents if a.session_id in gone)
         reply = agent.turn(client, "And its square?")
-        assert reply.completion.kv_source == pb.KV_SOURCE_COLD
+        assert recomputed(reply.completion)
         assert_exact(model, agent.turns)
     finally:
         cluster.kill("kvstore")
         cluster.restart("kvstore")
+
+
+def unique_bytes(spill_dir: Path, session_ids: list[str]) -> int:
+    """The bytes of these sessions' spill files and of the blocks they list, each once."""
+    files = [files_by_session(spill_dir)[sid] for sid in session_ids]
+    blocks: set[str] = set()
+    for path in files:
+        summary = read_summary(path)
+        assert summary is not None
+        blocks.update(summary.blocks)
+    block_files = [spill_dir / "blocks" / f"{h}.wfkb" for h in blocks]
+    return sum(p.stat().st_size for p in [*files, *block_files])

@@ -11,10 +11,10 @@ import pytest
 from common.sampling import SamplingParams
 from engine.chat import render_chat
 from engine.engine import Engine
-from engine.forward import Segment, forward
 from engine.model import Model
 from engine.sequence import Request
 from tests.conftest import FIXTURES
+from tests.paged import new_kv, run_segments
 from warmfleet.models import DEFAULT_MODEL_SHA256
 
 pytestmark = pytest.mark.slow
@@ -23,23 +23,13 @@ LOGIT_TOL = 2e-3
 
 def run_chunks(model: Model, ids: list[int], chunk: int) -> tuple[list[int], np.ndarray]:
     """Prefill `ids` in chunks; returns the positions whose logits came out, and the logits."""
-    cache = model.new_cache()
+    kv = new_kv(model)
     ends, rows = [], []
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
-        cache.reserve(start + len(part))
-        logits = forward(
-            model.weights,
-            model.config,
-            model.rope,
-            np.asarray(part),
-            np.arange(start, start + len(part)),
-            [Segment(cache, start, len(part), True)],
-            np,
-        )
-        cache.commit(part)
+        rows.append(run_segments(model, [(kv, part)])[0])
         ends.append(start + len(part) - 1)
-        rows.append(logits[0])
+    kv.release()
     return ends, np.stack(rows)
 
 

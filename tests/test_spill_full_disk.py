@@ -19,7 +19,7 @@ import redis as redis_lib
 
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
-from tests.cluster_helpers import TOKEN_BYTES, Conversation, assert_exact, settle
+from tests.cluster_helpers import TOKEN_BYTES, Conversation, assert_exact, recomputed, settle
 from warmfleet.client import Client, KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -85,11 +85,13 @@ def test_a_full_spill_directory_degrades_to_recompute(full_cluster: Cluster, mod
         assert usage.counters.failed_writes >= 2
         assert usage.counters.spills == 0 and usage.tiers.disk == 0
         assert full_cluster.spill_dir is not None
-        assert list(full_cluster.spill_dir.iterdir()) == []  # no partial file left behind
+        left = [p.name for p in full_cluster.spill_dir.rglob("*") if p.is_file()]
+        assert not [n for n in left if not n.endswith(".wfkb")]  # no partial file left behind
         for agent in agents:  # every session still answers, the evicted ones recomputed
             reply = agent.turn(client, "And of the sea?")
-            assert reply.completion.kv_source in (pb.KV_SOURCE_COLD, pb.KV_SOURCE_WARM)
-        assert sum(a.turns[-1][1].completion.kv_source == pb.KV_SOURCE_COLD for a in agents) >= 2
+            c = reply.completion
+            assert recomputed(c) or c.kv_source == pb.KV_SOURCE_WARM
+        assert sum(recomputed(a.turns[-1][1].completion) for a in agents) >= 2
     r.close()
     log = full_cluster.log_path("w0").read_text()
     assert "could not spill local/full-0" in log and "it will be recomputed" in log

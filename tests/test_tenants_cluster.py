@@ -87,14 +87,16 @@ def test_keys_are_required_and_priorities_capped(cluster: Cluster) -> None:
 
 def test_one_session_id_names_two_sessions_of_two_tenants(cluster: Cluster) -> None:
     with client(cluster, "alice") as alice, client(cluster, "bob") as bob:
-        first = alice.complete("shared-id", messages=MESSAGES, max_tokens=NEW_TOKENS)
+        # a system message of its own: no other request of either tenant starts like it
+        unique = [{"role": "system", "content": "Two tenants, one session id."}, *MESSAGES]
+        first = alice.complete("shared-id", messages=unique, max_tokens=NEW_TOKENS)
         assert first.completion.kv_source == pb.KV_SOURCE_COLD
         # bob's request with alice's session id gets bob's own, empty session
-        theirs = bob.complete("shared-id", messages=MESSAGES, max_tokens=NEW_TOKENS)
+        theirs = bob.complete("shared-id", messages=unique, max_tokens=NEW_TOKENS)
         assert theirs.completion.kv_source == pb.KV_SOURCE_COLD
         assert theirs.completion.usage.cached_tokens == 0
         assert theirs.token_ids == first.token_ids  # same prompt, same tokens: none of alice's KV
-        again = alice.complete("shared-id", messages=MESSAGES, max_tokens=NEW_TOKENS)
+        again = alice.complete("shared-id", messages=unique, max_tokens=NEW_TOKENS)
         assert again.completion.kv_source == pb.KV_SOURCE_WARM  # alice's KV was untouched
         # bob sees only his own sessions, and cannot reach alice's
         alice.complete("alice-only", messages=MESSAGES, max_tokens=2)

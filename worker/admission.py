@@ -13,7 +13,7 @@ from broker.leases import Delivery
 from broker.messages import EventKind, JobError
 from common.enums import Priority
 from common.errors import PromptTooLongError, WarmfleetError
-from engine.kv_cache import KVCache
+from engine.kv_pool import PagedKV
 from engine.sequence import Request
 from worker.residency import Ready, Residency
 from worker.state import InFlight, WorkerState
@@ -74,7 +74,7 @@ class Admission:
         d: Delivery,
         key: str | None,
         kv_from: str | None = None,
-        restored: KVCache | None = None,
+        restored: PagedKV | None = None,
     ) -> None:
         """Start the job in the engine, on `restored` (its session's KV read back) if given,
         else on what the pool or a write in flight holds."""
@@ -84,10 +84,12 @@ class Admission:
             self._preempt_for(job.request_id)
         if kv_from is None:
             kv_from, restored = self.residency.bring_back(key) if key else ("none", None)
-        request = Request(job.request_id, list(job.prompt_ids), job.sampling, key)
+        request = Request(job.request_id, list(job.prompt_ids), job.sampling, key, job.tenant)
         try:
             seq = self.s.engine.add(request, restored)
         except WarmfleetError as e:  # the engine's own guards (the gateway checked first)
+            if restored is not None:
+                restored.release()
             code = "RESOURCE_EXHAUSTED" if isinstance(e, PromptTooLongError) else "INVALID_ARGUMENT"
             self.s.outbox.results.append((job.request_id, JobError(code, str(e))))
             self.s.outbox.acks.append(d)

@@ -70,7 +70,8 @@ class Worker:
             "paused": sorted(engine.paused),
             "num_running": len(s.inflight),
             "num_sessions": len(engine.sessions),
-            "pool_bytes": engine.sessions.nbytes,
+            "pool_bytes": engine.sessions.nbytes,  # idle sessions' blocks, each once
+            "kv_blocks": self._blocks(),
             "warm_budget": s.config.warm_budget_bytes,
             "steps": engine.stats.num_steps,
             "stopping": s.stopping,
@@ -78,6 +79,12 @@ class Worker:
             "model_fingerprint": engine.model.fingerprint,
             "spill": asdict(s.spiller.stats) if s.spiller else None,
         }
+
+    def _blocks(self) -> dict[str, int]:
+        """The KV pool: its blocks, those held, and a block's bytes."""
+        pool = self.state.engine.pool
+        return {"size": pool.alloc.num_blocks, "held": pool.alloc.num_held,
+                "block_bytes": pool.block_bytes}  # fmt: skip
 
     def run(self, max_steps: int | None = None) -> None:
         """Serve until stopped (or until `max_steps` engine steps, for tests)."""
@@ -181,8 +188,7 @@ class Worker:
         c = s.config
         budget = c.pool_ceiling_bytes if self.liveness.kvstore_alive else c.warm_budget_bytes
         if pool.budget_bytes != budget:
-            pool.budget_bytes = budget
-            s.engine.evicted_sessions += pool.shrink()
+            s.engine.set_session_budget(budget)
         now = time.monotonic()
         if now >= self._next_reclaim and not s.stopping:
             for d in s.broker.reclaim(max(0, self.admission.capacity())):

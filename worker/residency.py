@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from broker.leases import Delivery
 from broker.messages import ControlOrder, EventKind, GoneReason, Held, OrderOp, SessionEvent
-from engine.kv_cache import KVCache
+from engine.kv_pool import PagedKV, detach
+from engine.spill_file import SpilledKV
 from worker.state import WorkerState, cache_key
 
 log = logging.getLogger("warmfleet.worker")
@@ -22,7 +23,7 @@ RESTORE_POLL_S = 0.02  # an idle worker's wait for a restore before it looks at 
 class Restore:
     """A session's KV being read back from disk on the spiller's I/O thread."""
 
-    future: Future[tuple[KVCache | None, str]]
+    future: Future[tuple[SpilledKV | None, str]]
     started: float  # monotonic seconds
 
 
@@ -33,7 +34,7 @@ class Ready:
     delivery: Delivery
     key: str
     kv_from: str
-    cache: KVCache | None
+    cache: PagedKV | None
 
 
 class Residency:
@@ -82,7 +83,8 @@ class Residency:
             if (only is not None and key != only) or (only is None and not restore.future.done()):
                 continue
             del self.restoring[key]
-            cache, found = self._read_result(key, restore)
+            kv, found = self._read_result(key, restore)
+            cache = self.s.load(key, kv) if kv is not None else None
             held = [d for d in self.held if cache_key(d) == key]
             self.held = [d for d in self.held if cache_key(d) != key]
             if not held and cache is not None:  # its requests were dropped meanwhile
@@ -91,9 +93,9 @@ class Residency:
                 ready.append(Ready(d, key, found if i == 0 else "pool", cache if i == 0 else None))
         return ready
 
-    def _read_result(self, key: str, restore: Restore) -> tuple[KVCache | None, str]:
+    def _read_result(self, key: str, restore: Restore) -> tuple[SpilledKV | None, str]:
         try:
-            cache, found = restore.future.result()
+            kv, found = restore.future.result()
         except OSError as e:  # unreadable for another reason: recompute
             log.warning("could not read back %s (%s); recomputing", key, e)
             return None, "none"
@@ -101,25 +103,25 @@ class Residency:
             self.s.outbox.events.append(
                 self.s.event(EventKind.GONE, key, None, reason=GoneReason.REJECTED)
             )
-        if cache is not None:
+        if kv is not None:
             took = time.monotonic() - restore.started
             log.info("read %s back from disk in %.0f ms (%d tokens)", key, took * 1e3,
-                     cache.offset)  # fmt: skip
-        return cache, found
+                     len(kv.token_ids))  # fmt: skip
+        return kv, found
 
-    def bring_back(self, key: str) -> tuple[str, KVCache | None]:
+    def bring_back(self, key: str) -> tuple[str, PagedKV | None]:
         """Where this worker finds the session's KV: ("pool", None) when it is in the pool,
         else the KV taken back from a write in flight or from its file, and where it was."""
         if key in self.s.engine.sessions:
             return "pool", None
         if self.s.spiller is None:
             return "none", None
-        cache, found = self.s.spiller.take_back(key)
+        kv, found = self.s.spiller.take_back(key)
         if found == "rejected":
             self.s.outbox.events.append(
                 self.s.event(EventKind.GONE, key, None, reason=GoneReason.REJECTED)
             )
-        return found, cache
+        return found, self.s.load(key, kv) if kv is not None else None
 
     # ---- orders --------------------------------------------------------------------
 
@@ -135,10 +137,20 @@ class Residency:
                 self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED)
             )
 
-    def evict(self, key: str, cache: KVCache) -> None:
+    def evict(self, key: str, cache: PagedKV) -> None:
+        """Out of memory: to disk, or forgotten without a spill directory (its blocks go
+        back to the pool either way)."""
+        if self.s.spiller is None:
+            cache.release()
+            self._evicted(key, None)
+        else:
+            self._evicted(key, detach(cache))
+
+    def _evicted(self, key: str, kv: SpilledKV | None) -> None:
+        """A session's KV copied out of the pool: to disk, or forgotten."""
         self.last_used.pop(key, None)
-        if self.s.spiller is not None:
-            self.s.spiller.spill(key, cache)  # reported when the write is done
+        if self.s.spiller is not None and kv is not None:
+            self.s.spiller.spill(key, kv)  # reported when the write is done
         else:
             self.s.outbox.events.append(
                 self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED)
@@ -156,7 +168,7 @@ class Residency:
     def forget(self, key: str) -> None:
         """Drop the session's KV from memory (a running request keeps using it and drops it
         when it ends)."""
-        self.s.engine.sessions.take(key)
+        self._release(key)
         self.last_used.pop(key, None)
         if self.s.running(key):
             self._drop_at_finish.add(key)
@@ -177,8 +189,7 @@ class Residency:
             event = self.s.event(EventKind.GONE, new_key, None, reason=GoneReason.DROPPED,
                                  reply_to=reply_to)  # fmt: skip
         else:
-            m = engine.model
-            copy = KVCache.from_state(m.config, m.xp, *cache.state())
+            copy = cache.fork()  # the same blocks, copied when either one writes
             engine.adopt_session(new_key, copy)
             self.last_used[new_key] = time.time()
             event = self.s.event(EventKind.WARM, new_key, copy, reply_to=reply_to)
@@ -190,12 +201,17 @@ class Residency:
         """A request of `key` ended: its KV is idle in the pool now (or deleted)."""
         if key in self._drop_at_finish:
             self._drop_at_finish.discard(key)
-            self.s.engine.sessions.take(key)
+            self._release(key)
             return
         self.last_used[key] = time.time()
         self.s.outbox.events.append(
             self.s.event(EventKind.WARM, key, self.s.engine.sessions.peek(key))
         )
+
+    def _release(self, key: str) -> None:
+        cache = self.s.engine.sessions.take(key)
+        if cache is not None:
+            cache.release()
 
     def inventory(self) -> SessionEvent:
         now = time.time()
@@ -206,7 +222,7 @@ class Residency:
             Held(f.cache_key, "hot", 0, 0, now) for f in self.s.inflight.values() if f.cache_key
         ]
         return SessionEvent(EventKind.INVENTORY, self.s.config.worker_id, last_used=now,
-                            held=tuple(held))  # fmt: skip
+                            held=tuple(held), warm_bytes=self.s.engine.sessions.nbytes)  # fmt: skip
 
     def flush(self, kvstore_alive: bool) -> None:
         """Evict what the pool pushed out, and report the writes that finished."""
@@ -219,13 +235,12 @@ class Residency:
                 else "over the warm budget and no kvstore is running to order spills"
             )
             log.warning(
-                "evicting %d session(s) by the worker's own LRU: the pool (%d bytes with "
-                "them) was %s; limit %d bytes", len(engine.evicted_sessions),
-                pool.nbytes + sum(c.nbytes for _, c in engine.evicted_sessions), why,
+                "evicting %d session(s) by the worker's own LRU: the pool (%d bytes without "
+                "them) was %s; limit %d bytes", len(engine.evicted_sessions), pool.nbytes, why,
                 pool.budget_bytes,
             )  # fmt: skip
-        for key, cache in engine.evicted_sessions:
-            self.evict(key, cache)
+        for key, kv in engine.evicted_sessions:
+            self._evicted(key, kv)
         engine.evicted_sessions.clear()
         if self.s.spiller is None:
             return
@@ -236,6 +251,6 @@ class Residency:
                 f = done.file
                 event = SessionEvent(
                     EventKind.DISK, self.s.config.worker_id, done.key, f.num_tokens, f.size,
-                    time.time(), file_mtime_ns=f.mtime_ns,
+                    time.time(), file_mtime_ns=f.mtime_ns, warm_bytes=self.s.engine.sessions.nbytes,
                 )  # fmt: skip
             self.s.outbox.events.append(event)

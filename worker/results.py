@@ -15,6 +15,8 @@ def completion(f: InFlight, c: sequence.Completion, worker_id: str) -> Completio
     waited = f.admitted_at - f.job.accepted_at
     if c.cached_tokens == 0:
         source = KVSource.COLD
+    elif c.prefix_tokens == c.cached_tokens:  # all from blocks other sessions computed
+        source = KVSource.PREFIX
     else:
         source = KVSource.DISK if f.kv_from == "disk" else KVSource.WARM
     return Completion(

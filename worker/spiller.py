@@ -7,7 +7,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.errors import SpillFileError
-from engine.kv_cache import KVCache
 from engine.model import Model
 from engine.spill_file import FileSummary, SpilledKV, SpillStore
 
@@ -18,7 +17,6 @@ RECLAIM_WAIT_S = 30.0  # longest wait for a write in flight when its session com
 @dataclass(frozen=True, slots=True)
 class SpillResult:
     key: str
-    cache: KVCache
     file: FileSummary | None  # None: the write failed
     error: str = ""
 
@@ -40,13 +38,11 @@ class Spiller:
         self.model = model
         self.stats = SpillStats()
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spill")
-        self._pending: dict[str, tuple[KVCache, Future[FileSummary]]] = {}
+        self._pending: dict[str, tuple[SpilledKV, Future[FileSummary]]] = {}
 
-    def spill(self, key: str, cache: KVCache) -> None:
-        """Write `cache` (no longer used by the engine) in the background."""
-        n = cache.offset
-        kv = SpilledKV(cache.k[:, :, :n], cache.v[:, :, :n], list(cache.token_ids))
-        self._pending[key] = (cache, self._io.submit(self.store.write, key, kv))
+    def spill(self, key: str, kv: SpilledKV) -> None:
+        """Write a session's KV (copied out of the pool) in the background."""
+        self._pending[key] = (kv, self._io.submit(self.store.write, key, kv))
 
     def is_writing(self, key: str) -> bool:
         return key in self._pending
@@ -54,41 +50,46 @@ class Spiller:
     def completed(self) -> list[SpillResult]:
         """The writes that finished since the last call."""
         done = []
-        for key, (cache, future) in list(self._pending.items()):
+        for key, (_, future) in list(self._pending.items()):
             if not future.done():
                 continue
             del self._pending[key]
             try:
-                done.append(SpillResult(key, cache, future.result()))
+                done.append(SpillResult(key, future.result()))
             except OSError as e:
                 self.stats.num_failed += 1
                 log.warning("could not spill %s (%s); it will be recomputed", key, e)
-                done.append(SpillResult(key, cache, None, str(e)))
+                done.append(SpillResult(key, None, str(e)))
+                continue
+            except Exception as e:  # a bug in the writer must not take the worker down
+                self.stats.num_failed += 1
+                log.exception("spilling %s failed; it will be recomputed", key)
+                done.append(SpillResult(key, None, repr(e)))
                 continue
             self.stats.num_spilled += 1
         return done
 
-    def take_back(self, key: str) -> tuple[KVCache | None, str]:
-        """The session's KV back in memory, and where it was: (cache, "pending") when its
-        write was still in flight, (cache, "disk"), (None, "rejected") when its file
-        failed a check (deleted), or (None, "none")."""
+    def take_back(self, key: str) -> tuple[SpilledKV | None, str]:
+        """The session's KV back in memory, and where it was: (kv, "pending") when its
+        write was still in flight, (kv, "disk"), (None, "rejected") when its file failed a
+        check (deleted), or (None, "none")."""
         pending = self._pending.pop(key, None)
         if pending is not None:  # evicted moments ago: the bytes are still here
-            cache, future = pending
+            kv, future = pending
             future.exception(timeout=RECLAIM_WAIT_S)
             self.store.delete(key)
-            return cache, "pending"
+            return kv, "pending"
         return self._read_back(key)
 
     def has_file(self, key: str) -> bool:
         """Whether the session is on disk only (not in a write still in flight)."""
         return key not in self._pending and self.store.path_for(key).exists()
 
-    def restore_async(self, key: str) -> Future[tuple[KVCache | None, str]]:
+    def restore_async(self, key: str) -> Future[tuple[SpilledKV | None, str]]:
         """take_back of a session on disk, on the I/O thread (decoding goes on meanwhile)."""
         return self._io.submit(self._read_back, key)
 
-    def _read_back(self, key: str) -> tuple[KVCache | None, str]:
+    def _read_back(self, key: str) -> tuple[SpilledKV | None, str]:
         try:
             kv = self.store.read(key, like=self._shape(), dtype=self.model.dtype)
         except SpillFileError as e:
@@ -98,9 +99,14 @@ class Spiller:
         if kv is None:
             return None, "none"
         self.store.delete(key)
+        if kv.incomplete:
+            self.stats.num_rejected += 1
+            log.warning("%s: only %d tokens read back, recomputing the rest: %s", key,
+                        len(kv.token_ids), kv.incomplete)  # fmt: skip
+            if not kv.token_ids:
+                return None, "rejected"
         self.stats.num_restored += 1
-        m = self.model
-        return KVCache.from_state(m.config, m.xp, kv.k, kv.v, kv.token_ids), "disk"
+        return kv, "disk"
 
     def drop(self, key: str) -> None:
         """Forget the session everywhere (DeleteSession)."""

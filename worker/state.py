@@ -11,7 +11,8 @@ from broker.leases import Delivery
 from broker.messages import EventKind, GoneReason, Job, SessionEvent
 from broker.worker_broker import Outbox, WorkerBroker
 from engine.engine import Engine
-from engine.kv_cache import KVCache
+from engine.kv_pool import PagedKV
+from engine.spill_file import SpilledKV
 from worker.config import WorkerConfig
 from worker.spiller import Spiller
 
@@ -42,7 +43,7 @@ class WorkerState:
         self,
         kind: EventKind,
         key: str,
-        cache: KVCache | None,
+        cache: PagedKV | None,
         *,
         source: str = "",
         reason: GoneReason | None = None,
@@ -52,8 +53,13 @@ class WorkerState:
         num_tokens, nbytes = (cache.offset, cache.nbytes) if cache is not None else (0, 0)
         return SessionEvent(
             kind, self.config.worker_id, key, num_tokens, nbytes, time.time(), source=source,
-            reason=reason, reply_to=reply_to,
+            reason=reason, reply_to=reply_to, warm_bytes=self.engine.sessions.nbytes,
         )  # fmt: skip
+
+    def load(self, key: str, kv: SpilledKV) -> PagedKV:
+        """A session's KV read back, put into the engine's pool (within its tenant)."""
+        tenant, _ = keys.split_cache_key(key)
+        return self.engine.load_kv(tenant, kv.k, kv.v, kv.token_ids)
 
     def running(self, key: str) -> bool:
         """Whether a request of session `key` runs here."""

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
-from engine.kv_cache import KVCache
 from engine.model import Model
 from engine.sequence import Request
 from engine.session_pool import SessionPool
@@ -49,17 +46,18 @@ def test_session_diverging_midway_reuses_only_the_common_prefix(tiny_model: Mode
     assert engine.sessions.take("s").token_ids == diverged + result.ids[:-1]  # type: ignore[union-attr]
 
 
-def test_sessions_are_evicted_by_bytes_they_hold(tiny_model: Model) -> None:
-    per_token = tiny_model.new_cache().bytes_per_token
-    # a + its 8 new tokens (all but the last fed back) hold 12 positions, b's 19: 31 > 24
-    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=24 * per_token))
+def test_sessions_are_evicted_by_the_blocks_they_hold(tiny_model: Model) -> None:
+    block = 16 * tiny_model.bytes_per_token
+    # a + its 8 new tokens (all but the last fed back) hold 12 positions: one block; b's 19
+    # two: 3 blocks > 2.5
+    engine = Engine(tiny_model, EngineConfig(session_budget_bytes=5 * block // 2))
     drive(engine, {0: [Request("1", PROMPTS["a"], GREEDY, cache_key="s1")]})
     held = engine.sessions.peek("s1")
     assert held is not None and held.offset == len(PROMPTS["a"]) + 7
-    assert held.capacity == held.offset and engine.sessions.nbytes == 12 * per_token
+    assert len(held.blocks) == 1 and engine.sessions.nbytes == block
     drive(engine, {0: [Request("2", PROMPTS["b"], GREEDY, cache_key="s2")]})
     assert engine.sessions.keys() == ["s2"] and engine.sessions.num_evicted == 1
-    assert engine.sessions.nbytes == 19 * per_token
+    assert engine.sessions.nbytes == 2 * block
     cold = drive(engine, {0: [Request("3", PROMPTS["a"], GREEDY, cache_key="s1")]})["3"]
     assert cold.completion.cached_tokens == 0
 
@@ -68,9 +66,9 @@ def test_a_restored_cache_is_used_by_its_request_not_the_pool(tiny_model: Model)
     engine = Engine(tiny_model, EngineConfig(session_budget_bytes=0))  # the pool keeps nothing
     first = drive(engine, {0: [Request("1", PROMPTS["c"], GREEDY, cache_key="s")]})["1"]
     assert engine.sessions.keys() == [] and len(engine.evicted_sessions) == 1
-    _, cache = engine.evicted_sessions.pop()
-    k, v, ids = cache.state()
-    restored = KVCache.from_state(tiny_model.config, np, k, v, ids)
+    _, kv = engine.evicted_sessions.pop()  # copied out, its blocks back in the pool
+    assert engine.pool.alloc.num_held == 0
+    restored = engine.load_kv("", kv.k, kv.v, kv.token_ids)
     again = [*PROMPTS["c"], *first.ids, *PROMPTS["a"]]
     seq = engine.add(Request("2", again, GREEDY, cache_key="s"), restored)
     assert seq.cache is restored and seq.num_cached == len(PROMPTS["c"]) + 7

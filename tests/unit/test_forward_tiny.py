@@ -15,9 +15,8 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.kv_cache import GROW_TOKENS, KVCache
 from engine.model import Model
-from tests.batch_invariance import step
+from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 
 ATOL = 1e-4
@@ -114,14 +113,6 @@ def reference_logits(ref: Reference, ids: list[int], *, pairs: bool = True) -> n
     return rms_norm(x, w["output_norm.weight"], ref.rms_eps) @ out.T
 
 
-def run_segments(model: Model, parts: list[tuple[KVCache, list[int]]]) -> np.ndarray:
-    """One forward over several sequences' new tokens; logits of each one's last token."""
-    logits = step(model, parts)
-    for cache, ids in parts:
-        cache.commit(ids)
-    return np.asarray(logits, dtype=np.float64)
-
-
 VARIANTS: dict[str, dict[str, Any]] = {
     "f32-untied": {},
     "q8-tied": {"quantize": True, "tie_embeddings": True},
@@ -140,7 +131,7 @@ def case(
 def test_decode_matches_reference_at_every_position(case: tuple[Model, Reference]) -> None:
     model, ref = case
     expected = reference_logits(ref, PROMPT)
-    cache = model.new_cache()
+    cache = new_kv(model)
     got = np.concatenate([run_segments(model, [(cache, [t])]) for t in PROMPT])
     assert got.shape == (len(PROMPT), model.config.vocab_size)
     assert np.abs(got - expected).max() < ATOL
@@ -154,7 +145,7 @@ def test_batched_prefill_of_every_prefix_matches_reference(
     causal mask and the segment bookkeeping give the reference's row at each position."""
     model, ref = case
     expected = reference_logits(ref, PROMPT)
-    parts = [(model.new_cache(), PROMPT[:n]) for n in range(1, len(PROMPT) + 1)]
+    parts = [(new_kv(model), PROMPT[:n]) for n in range(1, len(PROMPT) + 1)]
     got = run_segments(model, parts)
     assert np.abs(got - expected).max() < ATOL
 
@@ -163,14 +154,14 @@ def test_reference_would_catch_split_half_rope(case: tuple[Model, Reference]) ->
     """The tolerance is meaningful: rope on split halves of the file's layout is far off."""
     model, ref = case
     wrong = reference_logits(ref, PROMPT, pairs=False)
-    got = run_segments(model, [(model.new_cache(), PROMPT)])[0]
+    got = run_segments(model, [(new_kv(model), PROMPT)])[0]
     assert np.abs(got - wrong[-1]).max() > 100 * ATOL
 
 
 def test_chunked_prefill_equals_one_shot(case: tuple[Model, Reference]) -> None:
     model, ref = case
-    one_shot = run_segments(model, [(model.new_cache(), PROMPT)])[0]
-    cache = model.new_cache()
+    one_shot = run_segments(model, [(new_kv(model), PROMPT)])[0]
+    cache = new_kv(model)
     chunks = [PROMPT[i : i + 3] for i in range(0, len(PROMPT), 3)]
     last = [run_segments(model, [(cache, chunk)])[0] for chunk in chunks][-1]
     assert np.abs(last - one_shot).max() < 1e-5
@@ -183,74 +174,83 @@ def test_mixed_decode_and_prefill_batch_equals_separate_runs(
 ) -> None:
     model, _ = case
     a, b = PROMPT[:9], PROMPT[4:15]
-    solo_a, solo_b = model.new_cache(), model.new_cache()
+    solo_a, solo_b = new_kv(model), new_kv(model)
     run_segments(model, [(solo_a, a[:-1])])
     alone = [run_segments(model, [(solo_a, a[-1:])])[0], run_segments(model, [(solo_b, b)])[0]]
-    cache_a, cache_b = model.new_cache(), model.new_cache()
+    cache_a, cache_b = new_kv(model), new_kv(model)
     run_segments(model, [(cache_a, a[:-1])])
     together = run_segments(model, [(cache_a, a[-1:]), (cache_b, b)])
     assert np.array_equal(together, np.stack(alone))
     assert cache_a.token_ids == a and cache_b.token_ids == b
 
 
-def test_kv_cache_offset_ids_and_bytes(case: tuple[Model, Reference]) -> None:
+def test_block_table_offset_ids_and_bytes(case: tuple[Model, Reference]) -> None:
     model, _ = case
     cfg = model.config
-    cache = model.new_cache()
+    kv = new_kv(model)
     bytes_per_token = 2 * cfg.num_layers * cfg.kv_dim * 4
-    assert cache.bytes_per_token == bytes_per_token
-    assert (cache.offset, cache.token_ids, cache.nbytes) == (0, [], 0)
-    run_segments(model, [(cache, PROMPT[:10])])
-    assert cache.offset == 10 and cache.token_ids == PROMPT[:10]
-    assert cache.capacity == GROW_TOKENS == 256
-    assert cache.nbytes == 256 * bytes_per_token
-    cache.reserve(256)
-    assert cache.nbytes == 256 * bytes_per_token
-    cache.reserve(257)
-    assert cache.capacity == 512 and cache.nbytes == 512 * bytes_per_token
-    assert cache.offset == 10 and cache.token_ids == PROMPT[:10]
-    cache.reserve(769)
-    assert cache.capacity == 1024 and cache.nbytes == 1024 * bytes_per_token
+    block = kv.pool.block_size
+    assert kv.bytes_per_token == bytes_per_token and block == 16
+    assert (kv.offset, kv.token_ids, kv.nbytes) == (0, [], 0)
+    free = kv.pool.alloc.num_free
+    run_segments(model, [(kv, PROMPT[:10])])
+    assert kv.offset == 10 and kv.token_ids == PROMPT[:10]
+    assert kv.capacity == block and kv.nbytes == block * bytes_per_token
+    assert kv.pool.alloc.num_free == free - 1
+    kv.reserve(33)
+    assert kv.capacity == 48 and kv.nbytes == 3 * block * bytes_per_token
+    assert kv.offset == 10 and kv.token_ids == PROMPT[:10]
+    kv.compact()
+    assert kv.capacity == block and kv.pool.alloc.num_free == free - 1
+    kv.release()
+    assert (kv.offset, kv.nbytes, kv.pool.alloc.num_free) == (0, 0, free)
+    kv.pool.alloc.check()
 
 
-def test_kv_survives_growth_trim_and_state_roundtrip(case: tuple[Model, Reference]) -> None:
+def test_kv_survives_trim_state_roundtrip_and_fork(case: tuple[Model, Reference]) -> None:
     model, ref = case
     expected = reference_logits(ref, PROMPT)
-    cache = model.new_cache()
-    run_segments(model, [(cache, PROMPT[:10])])
-    cache.reserve(600)  # regrow: the first 10 positions must be copied over
-    got = run_segments(model, [(cache, PROMPT[10:12])])[0]
+    kv = new_kv(model)
+    run_segments(model, [(kv, PROMPT[:10])])
+    got = run_segments(model, [(kv, PROMPT[10:12])])[0]
     assert np.abs(got - expected[11]).max() < ATOL
 
-    nbytes = cache.nbytes
-    cache.trim(5)
-    assert cache.offset == 5 and cache.token_ids == PROMPT[:5] and cache.nbytes == nbytes
-    got = run_segments(model, [(cache, PROMPT[5:8])])[0]
+    nbytes = kv.nbytes
+    kv.trim(5)
+    assert kv.offset == 5 and kv.token_ids == PROMPT[:5] and kv.nbytes == nbytes
+    got = run_segments(model, [(kv, PROMPT[5:8])])[0]
     assert np.abs(got - expected[7]).max() < ATOL
 
-    k, v, ids = cache.state()
+    k, v, ids = kv.state()
     cfg = model.config
     assert k.shape == v.shape == (cfg.num_layers, cfg.num_kv_heads, 8, cfg.head_dim)
     assert ids == PROMPT[:8]
-    restored = KVCache.from_state(cfg, np, k, v, ids)
+    restored = pool_of(model).load("", k, v, ids)
     assert restored.offset == 8 and restored.token_ids == PROMPT[:8]
-    assert restored.nbytes == 8 * cache.bytes_per_token  # exactly what it holds
+    assert restored.blocks != kv.blocks  # a copy of its own
     got = run_segments(model, [(restored, PROMPT[8:])])[0]
     assert np.abs(got - expected[-1]).max() < ATOL
 
-    restored.trim(12)  # kept: 12 of 17; the rest of the capacity is given back
-    assert restored.capacity == GROW_TOKENS
-    restored.compact()
-    assert restored.capacity == restored.offset == 12
-    assert restored.nbytes == 12 * cache.bytes_per_token
-    got = run_segments(model, [(restored, PROMPT[12:])])[0]
+    before = restored.state()
+    fork = restored.fork()  # 17 tokens: a full block, shared, and one more
+    assert fork.blocks == restored.blocks and fork.token_ids == PROMPT
+    fork.trim(12)
+    # both shared blocks are copied before the writes; block 0, full again with the same
+    # tokens, is the same as the original's and gives its copy back; block 1 stays its own
+    got = run_segments(model, [(fork, PROMPT[12:])])[0]
+    assert fork.blocks[0] == restored.blocks[0] and fork.blocks[1] != restored.blocks[1]
     assert np.abs(got - expected[-1]).max() < ATOL
+    after = restored.state()  # the fork's writes went to its own copy
+    assert np.array_equal(after[0], before[0]) and np.array_equal(after[1], before[1])
+    for table in (kv, restored, fork):
+        table.release()
+    pool_of(model).alloc.check()
 
 
-def test_float16_cache_bytes(tmp_path: Path) -> None:
+def test_float16_pool_bytes(tmp_path: Path) -> None:
     model = Model.load(write_tiny_llama(tmp_path / "m.gguf"), device="cpu", dtype="float16")
-    cache = model.new_cache()
-    run_segments(model, [(cache, PROMPT[:4])])
-    assert cache.k.dtype == np.float16
-    assert cache.bytes_per_token == 2 * 2 * 32 * 2
-    assert cache.nbytes == 256 * 2 * 2 * 32 * 2
+    kv = new_kv(model)
+    run_segments(model, [(kv, PROMPT[:4])])
+    assert kv.pool.k.dtype == np.float16
+    assert kv.bytes_per_token == 2 * 2 * 32 * 2
+    assert kv.nbytes == 16 * 2 * 2 * 32 * 2

@@ -64,7 +64,7 @@ def test_delete_on_disk_unlinks_and_answers_ok() -> None:
         and fx.replies == [(REPLY, answer(AnswerStatus.OK))]
         and not fx.orders
     )
-    assert fx.removals == {S1} and index.disk_bytes == 0
+    assert fx.removals == {S1} and index.disk_used == 0
 
 
 def test_delete_on_a_worker_not_alive_unlinks_and_answers_ok() -> None:
@@ -100,7 +100,7 @@ def test_late_events_of_a_deleted_session_do_not_bring_it_back() -> None:
     ]
     assert not apply_all(index, *late).upserts and S1 not in index.records
     fx = index.apply(disk(S1, 80, mtime_ns=555))  # written before the drop arrived
-    assert fx.unlink == [(S1, 555)] and not fx.upserts and index.disk_bytes == 0
+    assert fx.unlink == [(S1, 555)] and not fx.upserts and index.disk_used == 0
     fx = index.apply(hot(S1, 3.0))  # a new request: the session lives again
     assert index.records[S1] == Record(Tier.HOT, W0, TOKENS, 100, 3.0) == fx.upserts[S1]
 
@@ -130,7 +130,7 @@ def test_fork_of_a_session_on_disk_goes_to_any_worker() -> None:
     fx = index.apply(command(CommandOp.FORK, S1, S2), NOW)
     assert fx.orders == [fork_order("")] and not fx.replies
     assert index.records[S2] == Record(Tier.GONE, "", 0, 0, NOW)
-    assert index.records[S1].tier == "disk" and index.disk_bytes == 80
+    assert index.records[S1].tier == "disk" and index.disk_used == 80
 
 
 def test_fork_of_a_gone_session_answers_at_once() -> None:

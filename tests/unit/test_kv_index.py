@@ -3,6 +3,8 @@ and reconciliation with the disk, with no Redis and no files."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from broker.messages import (
@@ -17,6 +19,7 @@ from broker.messages import (
 from broker.records import SessionRecord as Record
 from common.enums import Tier
 from kvstore.effects import Order
+from kvstore.index import ResidencyIndex
 from tests.unit.kv_index_helpers import (
     BIG_BUDGET,
     NOW,
@@ -90,7 +93,7 @@ def test_disk_event_from_the_holder_moves_the_session_to_disk() -> None:
     fx = index.apply(disk(S1, size=80, mtime_ns=555))
     assert index.records[S1] == Record(Tier.DISK, "", TOKENS, 80, 1.0, 555)  # keeps last_used
     assert fx.counters == {"spills": 1} and fx.upserts == {S1: index.records[S1]}
-    assert index.disk_bytes == 80 and index.on_worker(W0) == []
+    assert index.disk_used == 80 and index.on_worker(W0) == []
 
 
 def test_late_disk_event_from_the_previous_worker_leaves_the_record_and_drops_its_file() -> None:
@@ -100,7 +103,7 @@ def test_late_disk_event_from_the_previous_worker_leaves_the_record_and_drops_it
     assert index.records[S1] == Record(Tier.HOT, W1, TOKENS, 100, 2.0)
     assert fx.counters == {"spills": 1} and not fx.upserts
     assert fx.unlink == [(S1, 555)]  # that file only: a newer one has another mtime
-    assert index.disk_bytes == 0 and index.on_worker(W1) == [S1]
+    assert index.disk_used == 0 and index.on_worker(W1) == [S1]
 
 
 def test_a_second_copy_on_another_worker_is_forgotten() -> None:
@@ -128,7 +131,7 @@ def test_restore_from_disk_is_counted_and_frees_disk_bytes() -> None:
     index = on_disk(S1, 1.0, size=80, mtime_ns=555)
     fx = index.apply(hot(S1, 2.0, worker=W0, came_from="disk"))
     assert fx.counters == {"restores": 1}
-    assert index.records[S1] == Record(Tier.HOT, W0, TOKENS, 100, 2.0) and index.disk_bytes == 0
+    assert index.records[S1] == Record(Tier.HOT, W0, TOKENS, 100, 2.0) and index.disk_used == 0
     assert index.apply(hot(S1, 3.0, came_from="pool")).counters == {}
 
 
@@ -165,13 +168,13 @@ def test_disk_budget_unlinks_least_recently_used_files() -> None:
     index = make_index(disk_budget=250)
     apply_all(index, warm(S1, 3.0), warm(S2, 1.0), warm(S3, 2.0))
     fx = apply_all(index, disk(S1, 100, mtime_ns=11), disk(S2, 100, mtime_ns=12))
-    assert not fx.unlink and index.disk_bytes == 200
+    assert not fx.unlink and index.disk_used == 200
     fx = index.apply(disk(S3, 200, mtime_ns=13))  # 400 bytes: S2 then S3 are older than S1
     assert fx.unlink == [(S2, 12), (S3, 13)]
     assert fx.counters == {"spills": 1, "budget_deletions": 2}
     assert index.records[S2] == Record(Tier.GONE, "", 0, 0, 1.0)
     assert [index.records[k].tier for k in (S1, S2, S3)] == ["disk", "gone", "gone"]
-    assert index.disk_bytes == 100
+    assert index.disk_used == 100
 
 
 # ---- workers leaving, inventories ---------------------------------------------------
@@ -186,7 +189,7 @@ def test_sessions_of_a_departed_worker_move_to_their_file_or_gone() -> None:
         S2: Record(Tier.GONE, "", 0, 0, 2.0),
     }
     assert index.records[S3] == Record(Tier.WARM, W1, TOKENS, 100, 3.0)
-    assert index.on_worker(W0) == [] and index.disk_bytes == 70
+    assert index.on_worker(W0) == [] and index.disk_used == 70
 
 
 def test_files_of_a_departed_worker_count_against_the_disk_budget() -> None:
@@ -194,7 +197,7 @@ def test_files_of_a_departed_worker_count_against_the_disk_budget() -> None:
     index = make_index({W0: BIG_BUDGET}, files=files, disk_budget=150)
     apply_all(index, warm(S1, 1.0), warm(S2, 2.0))
     fx = index.set_workers({})
-    assert fx.unlink == [(S1, 1)] and index.disk_bytes <= 150
+    assert fx.unlink == [(S1, 1)] and index.disk_used <= 150
 
 
 def test_inventory_is_the_workers_whole_truth() -> None:
@@ -208,7 +211,7 @@ def test_inventory_is_the_workers_whole_truth() -> None:
         S3: Record(Tier.WARM, W0, 12, 90, 4.0),
         S4: Record(Tier.HOT, W0, 0, 0, 5.0),
     }
-    assert index.on_worker(W0) == [S3, S4] and index.disk_bytes == 70
+    assert index.on_worker(W0) == [S3, S4] and index.disk_used == 70
 
 
 # ---- disk reconciliation ------------------------------------------------------------
@@ -225,7 +228,7 @@ def test_reconcile_disk_matches_records_with_the_files_found() -> None:
         S4: Record(Tier.DISK, "", 9, 90, 9.0, 9_000_000_000),  # last_used from the file
     }
     assert index.records[S2].tier == "warm"  # in memory: its file is not the truth
-    assert index.disk_bytes == 160
+    assert index.disk_used == 160
 
 
 def test_inventory_copy_older_than_the_file_is_forgotten_and_a_newer_one_replaces_it() -> None:
@@ -237,7 +240,7 @@ def test_inventory_copy_older_than_the_file_is_forgotten_and_a_newer_one_replace
     newer = inventory(W0, [Held(S1, "warm", TOKENS, 100, 6.0)], 9.0)
     fx = index.apply(newer)
     assert fx.unlink == [(S1, 555)] and not fx.orders
-    assert index.records[S1] == Record(Tier.WARM, W0, TOKENS, 100, 6.0) and index.disk_bytes == 0
+    assert index.records[S1] == Record(Tier.WARM, W0, TOKENS, 100, 6.0) and index.disk_used == 0
 
 
 def test_the_event_that_completes_a_command_answers_it_once_applied() -> None:
@@ -257,3 +260,37 @@ def test_a_dropped_copy_does_not_forget_the_file_written_since() -> None:
     assert index.records[S1].tier == "disk"
     index.apply(SessionEvent(EventKind.GONE, W1, S1, last_used=3.0, reason=GoneReason.REJECTED))
     assert index.records[S1].tier == "gone"  # the file itself failed its checks
+
+
+def test_the_warm_budget_counts_the_blocks_the_worker_holds_shared_ones_once() -> None:
+    """Sessions sharing a prompt's blocks: their records say 100 bytes each, the worker
+    counts 200 in all; the budget keeps to the worker's count, and spilling one counts at
+    most its record until the worker says what it freed."""
+    index = make_index({W0: 250})
+    shared = [replace(warm(k, t), warm_bytes=w) for k, t, w in ((S1, 1.0, 100), (S2, 2.0, 150),
+                                                                (S3, 3.0, 200))]  # fmt: skip
+    for e in shared:
+        assert not index.apply(e).orders  # 300 in the records, 200 held
+    assert index.warm_bytes(W0) == 200
+    fx = index.apply(replace(warm(S4, 4.0), warm_bytes=300))
+    assert fx.orders == [spill_order(S1)] and index.warm_bytes(W0) == 200
+    # S1's spill freed only its own 40 bytes: over budget still, the next goes
+    fx = index.apply(replace(disk(S1, 500, 7), warm_bytes=260))
+    assert fx.orders == [spill_order(S2)] and index.warm_bytes(W0) == 160
+    index.apply(replace(disk(S2, 500, 8), warm_bytes=210))
+    assert index.warm_bytes(W0) == 210 and index.warm_held == {W0: 210}
+
+
+def test_disk_bytes_count_each_shared_block_once() -> None:
+    """Three sessions on disk list one shared block; deleting the oldest frees its own file
+    and nothing of the block the others still list."""
+    listed = {S1: (10, {"a": 100, "b1": 100}), S2: (20, {"a": 100, "b2": 100}),
+              S3: (30, {"a": 100})}  # fmt: skip
+    index = ResidencyIndex(None, lambda key: None, listed.get)
+    for i, key in enumerate((S1, S2, S3)):
+        index.apply(disk(key, 999, i + 1))
+    assert index.disk_used == 10 + 20 + 30 + 3 * 100  # a, b1, b2
+    index.disk_budget = 300
+    fx = index.apply(disk(S4, 5, 9))  # no file to read: its record's size stands
+    assert index.disk_used == 360 + 5 - 10 - 100  # S1 went: its file and b1, not a
+    assert fx.unlink == [(S1, 1)] and index.records[S1].tier == "gone"

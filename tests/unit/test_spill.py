@@ -34,7 +34,8 @@ def test_round_trip_is_exact_and_atomic(store: SpillStore, tmp_path: Path) -> No
     assert path.stat().st_size == written.size > kv.k.nbytes + kv.v.nbytes
     assert read_summary(path) == written
     assert written.key == "local/s1" and written.num_tokens == len(kv.token_ids)
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "blocks"])
+    assert list((tmp_path / "blocks").iterdir()) == []  # 5 tokens: no full block, no temporary
     back = store.read("local/s1", like=LIKE, dtype=np.dtype(np.float32))
     assert back is not None and back.token_ids == kv.token_ids
     assert np.array_equal(back.k, kv.k) and np.array_equal(back.v, kv.v)
@@ -113,4 +114,5 @@ def test_failed_write_leaves_no_file(
     monkeypatch.setattr(os, "fsync", no_space)
     with pytest.raises(OSError, match="No space"):
         store.write("local/s", sample_kv())
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["blocks"]
+    assert list((tmp_path / "blocks").iterdir()) == []

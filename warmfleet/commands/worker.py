@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(
         max_running=args.max_running,
         session_budget_bytes=budget,  # the worker moves it to its ceiling once a kvstore runs
+        session_ceiling_bytes=config.pool_ceiling_bytes,
         step_budget_s=args.step_budget_ms / 1000 if args.step_budget_ms else None,
     )
     worker = _build(args, config, engine_config)
@@ -123,12 +124,13 @@ def _build(args: argparse.Namespace, config: WorkerConfig, engine_config: Engine
     logging.info("loading %s (%d threads)", path.name, threads)
     model = Model.load(path, device=args.device, dtype=args.dtype)
     r = connect(args.redis_url, block_ms=config.idle_block_ms)
+    engine = Engine(model, engine_config)
     spiller = None
     if args.spill_dir != "none":
-        spiller = Spiller(SpillStore(args.spill_dir, model.fingerprint), model)
+        store = SpillStore(args.spill_dir, model.fingerprint, engine.pool.block_size)
+        spiller = Spiller(store, model)
         logging.info("spilling evicted sessions to %s (warm budget %s)", args.spill_dir,
                      format_size(config.warm_budget_bytes))  # fmt: skip
-    engine = Engine(model, engine_config)
     t0 = time.perf_counter()
     engine.warm_up()
     logging.info("kernels ready in %.1f s", time.perf_counter() - t0)

@@ -1,0 +1,97 @@
+"""Decode speed by batch size and context length, this checkout against another one (e.g.
+the commit before a change), measured alternately in one run.
+
+    .venv/bin/python -m bench.engine_context [--baseline DIR] [--batches 1 8 16 32]
+        [--contexts 128 2000] [--steps 32] [--threads N]
+
+Each configuration prefills `batch` distinct prompts of `context` tokens, then times
+`steps` decode steps of the whole batch (aggregate tokens/s). With --baseline (a checkout
+of another commit, e.g. `git worktree add /tmp/before HEAD~1`) each configuration runs
+there and here one after the other, each in a fresh process, and the table gives both and
+their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TEXT = (
+    "The history of computing is a story of layers: each generation of engineers builds on "
+    "the abstractions of the last, and the best of them remember what lies underneath. "
+)
+
+
+def measure(batch: int, context: int, steps: int) -> float:
+    """Aggregate decode tokens/s of `batch` sequences `context` tokens deep (this checkout)."""
+    from common.sampling import SamplingParams
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.model import Model
+    from engine.sequence import Request
+    from warmfleet.models import resolve_model
+
+    model = Model.load(resolve_model(None), device="cpu")
+    ids = model.tokenizer.encode(TEXT * (context // 20 + 40))
+    config = EngineConfig(max_running=batch, prefill_chunk_tokens=2048, step_prefill_tokens=2048)
+    engine = Engine(model, config)
+    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True, seed=1)
+    for i in range(batch):  # distinct prompts: shifted by one token each
+        engine.add(Request(f"d{i}", ids[i : i + context], params))
+    while any(s.prefilling for s in engine.sequences.values()) or engine.scheduler.waiting:
+        engine.step()
+    engine.step()  # every sequence decoding from here
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    return batch * steps / (time.perf_counter() - t)
+
+
+def run_in(checkout: Path, batch: int, context: int, steps: int, threads: int | None) -> float:
+    """measure() in a fresh process of `checkout`'s code."""
+    # this file's measure() (the other checkout may not have it) on that checkout's engine
+    env = dict(os.environ, PYTHONPATH=f"{Path(__file__).resolve().parent}:{checkout}")
+    if threads:
+        env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
+    call = f"measure({batch}, {context}, {steps})"
+    code = f"import json; from engine_context import measure; print(json.dumps({call}))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=checkout, env=env, check=True, capture_output=True,
+        text=True, timeout=1800,
+    )  # fmt: skip
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32])
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 2000])
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--threads", type=int)
+    args = p.parse_args(argv)
+    from bench.table import print_table
+
+    here = Path(__file__).resolve().parents[1]
+    rows = []
+    for context in args.contexts:
+        for batch in args.batches:
+            print(f"context {context}, batch {batch}", file=sys.stderr, flush=True)
+            base = run_in(args.baseline, batch, context, args.steps, args.threads) if (
+                args.baseline) else None  # fmt: skip
+            now = run_in(here, batch, context, args.steps, args.threads)
+            rows.append((
+                str(context), str(batch), f"{base:.1f}" if base else "-", f"{now:.1f}",
+                f"{now / base:.2f}x" if base else "-",
+            ))  # fmt: skip
+    print_table(("context", "batch", "baseline tok/s", "this tok/s", "ratio"), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Causal attention over the paged KV pool.
+
+Decode rows and short prefill chunks (the rows the matrix kernel computes one by one, see
+kernels.SMALL_ROWS) attend in one compiled call per layer for the whole step: each
+(row, KV head) is a task that walks the row's block table. A row is computed by the same
+loop whatever else is in the step, so the result is batch invariant. Longer prefill chunks
+gather their sequence's keys and values once per layer and attend with BLAS (one call per
+chunk, as their matrix products). Other array modules (CuPy) take the gather path for every
+segment.
+
+Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+Array = Any
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _paged_rows(
+    q: np.ndarray,  # [R, H, D]
+    k: np.ndarray,  # [num_blocks, Hkv, B, D] (one layer)
+    v: np.ndarray,
+    tables: np.ndarray,  # [R, max_blocks] int32: the block ids of each row's sequence
+    lengths: np.ndarray,  # [R] int32: how many keys each row sees (its position + 1)
+    scale: float,
+    out: np.ndarray,  # [R, H, D]
+) -> None:  # pragma: no cover
+    num_rows, num_heads, dim = q.shape
+    hkv, bs = k.shape[1], k.shape[2]
+    g = num_heads // hkv
+    for task in prange(num_rows * hkv):
+        r = task // hkv
+        kh = task - r * hkv
+        n = lengths[r]
+        p = np.empty((g, n), dtype=np.float32)
+        for t in range(n):
+            blk = tables[r, t // bs]
+            s = t - (t // bs) * bs
+            for j in range(g):
+                acc = np.float32(0.0)
+                for d in range(dim):
+                    acc += q[r, kh * g + j, d] * k[blk, kh, s, d]
+                p[j, t] = acc * scale
+        acc_v = np.zeros((g, dim), dtype=np.float32)
+        for j in range(g):
+            top = p[j, 0]
+            for t in range(1, n):
+                top = max(top, p[j, t])
+            total = np.float32(0.0)
+            for t in range(n):
+                e = np.exp(p[j, t] - top)
+                p[j, t] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for t in range(n):
+                p[j, t] *= inv
+        for t in range(n):
+            blk = tables[r, t // bs]
+            s = t - (t // bs) * bs
+            for j in range(g):
+                w = p[j, t]
+                for d in range(dim):
+                    acc_v[j, d] += w * v[blk, kh, s, d]
+        for j in range(g):
+            for d in range(dim):
+                out[r, kh * g + j, d] = acc_v[j, d]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPlan:
+    """Where a step's rows attend, worked out once for all layers.
+
+    kernel_rows: the rows computed by the compiled kernel, with their block tables and
+    key counts; chunks: (first row, rows, start position, block ids) of each chunk that
+    gathers and uses BLAS."""
+
+    kernel_rows: np.ndarray  # [R] int64
+    tables: np.ndarray  # [R, max_blocks] int32
+    lengths: np.ndarray  # [R] int32
+    chunks: tuple[tuple[int, int, int, np.ndarray], ...]
+
+    @classmethod
+    def build(
+        cls, segments: list[tuple[list[int], int, int]], small_rows: int, compiled: bool
+    ) -> AttentionPlan:
+        """segments: (block ids, start position, length) in row order; chunks longer than
+        `small_rows`, or every segment when there is no compiled kernel, gather."""
+        rows: list[int] = []
+        lengths: list[int] = []
+        row_tables: list[list[int]] = []
+        chunks = []
+        row = 0
+        for blocks, start, n in segments:
+            if compiled and n <= small_rows:
+                rows += range(row, row + n)
+                lengths += range(start + 1, start + n + 1)
+                row_tables += [blocks] * n
+            else:
+                chunks.append((row, n, start, np.asarray(blocks, dtype=np.int64)))
+            row += n
+        width = max((len(b) for b in row_tables), default=0)
+        tables = np.zeros((len(row_tables), width), dtype=np.int32)
+        for i, b in enumerate(row_tables):
+            tables[i, : len(b)] = b
+        return cls(
+            np.asarray(rows, dtype=np.int64), tables, np.asarray(lengths, dtype=np.int32),
+            tuple(chunks),
+        )  # fmt: skip
+
+
+def softmax_inplace(scores: Array, xp: ModuleType) -> Array:
+    scores -= scores.max(axis=-1, keepdims=True)
+    xp.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def attend_dense(q: Array, keys: Array, values: Array, start: int, xp: ModuleType) -> Array:
+    """Causal attention of one chunk's queries [n, H, D] (at positions start...) over its
+    sequence's keys and values [Hkv, T, D], T = start + n; returns [n, H * D]."""
+    n, num_heads, d = q.shape
+    hkv, t = keys.shape[0], keys.shape[1]
+    g = num_heads // hkv
+    qg = q.reshape(n, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, n * g, d)
+    scores = qg @ keys.transpose(0, 2, 1)  # [Hkv, n*G, T]
+    scores *= d**-0.5
+    if n > 1:
+        # query i sits at position start + i and sees keys 0..start + i
+        future = xp.arange(t)[None, :] > (start + xp.arange(n))[:, None]  # [n, T]
+        bias = xp.where(future, -xp.inf, 0.0).astype(scores.dtype)
+        scores.reshape(hkv, n, g, t)[...] += bias[None, :, None, :]
+    out = softmax_inplace(scores, xp) @ values  # [Hkv, n*G, D]
+    return out.reshape(hkv, n, g, d).transpose(1, 0, 2, 3).reshape(n, num_heads * d)
+
+
+def gather(pool_layer: Array, blocks: Array, num_keys: int) -> Array:
+    """A sequence's keys (or values) of one layer as [Hkv, num_keys, D] (a copy)."""
+    held = pool_layer[blocks]  # [nb, Hkv, B, D]
+    nb, hkv, bs, d = held.shape
+    return held.transpose(1, 0, 2, 3).reshape(hkv, nb * bs, d)[:, :num_keys]
+
+
+def paged_attention(
+    q: Array, k_layer: Array, v_layer: Array, plan: AttentionPlan, xp: ModuleType
+) -> Array:
+    """Every row's attention over its sequence's keys in the pool (this step's keys and
+    values written already); q: [N, H, D], k_layer, v_layer: [num_blocks, Hkv, B, D].
+    Returns [N, H * D]."""
+    n_tok, num_heads, d = q.shape
+    out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
+    if len(plan.kernel_rows):
+        rows = plan.kernel_rows
+        got = np.empty((len(rows), num_heads, d), dtype=np.float32)
+        qr = np.ascontiguousarray(q[rows])
+        _paged_rows(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got)
+        out[rows] = got
+    for row, n, start, blocks in plan.chunks:
+        b = xp.asarray(blocks)
+        keys = gather(k_layer, b, start + n)
+        values = gather(v_layer, b, start + n)
+        out[row : row + n] = attend_dense(q[row : row + n], keys, values, start, xp).reshape(
+            n, num_heads, d
+        )
+    return out.reshape(n_tok, num_heads * d)

@@ -1,0 +1,242 @@
+"""The worker's KV memory: one pool of fixed-size blocks for every layer, preallocated, and
+the handle each sequence or idle session holds on it (a block table).
+
+Full blocks are known by the hash of their tokens and of every token before them (scoped by
+model and tenant), so a prompt that starts like another one takes the same blocks instead of
+computing them again; a block is copied before a holder writes into it while others hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine.blocks import BlockAllocator, chain_hash, scope_hash
+from engine.config import ModelConfig
+from engine.spill_file import SpilledKV
+
+Array = Any
+BLOCK_TOKENS = 16  # positions per block (see bench/RESULTS.md for the choice)
+
+
+class KVPool:
+    """k, v: [layers, num_blocks, kv_heads, block, head_dim]; positions of a block are its
+    slots. The allocator says who holds which block."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        dtype: np.dtype[Any],
+        xp: ModuleType,
+        fingerprint: str = "",
+        block_size: int = BLOCK_TOKENS,
+    ) -> None:
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        self.xp = xp
+        self.fingerprint = fingerprint
+        self.block_size = block_size
+        shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+        self.k = xp.zeros(shape, dtype=self.dtype)  # zero pages: memory is taken as written
+        self.v = xp.zeros(shape, dtype=self.dtype)
+        self.alloc = BlockAllocator(num_blocks)
+
+    @classmethod
+    def sized(
+        cls, config: ModelConfig, pool_bytes: int, dtype: np.dtype[Any], xp: ModuleType,
+        fingerprint: str = "", block_size: int = BLOCK_TOKENS,
+    ) -> KVPool:  # fmt: skip
+        """A pool of as many blocks as fit `pool_bytes` (at least one)."""
+        per_block = 2 * config.num_layers * config.kv_dim * block_size * np.dtype(dtype).itemsize
+        return cls(config, max(1, pool_bytes // per_block), dtype, xp, fingerprint, block_size)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.config.num_layers * self.config.kv_dim * self.dtype.itemsize
+
+    @property
+    def block_bytes(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    def new_kv(self, scope: str = "") -> PagedKV:
+        """An empty block table; `scope` (the tenant) bounds which blocks it may share."""
+        return PagedKV(self, scope)
+
+    def load(self, scope: str, k: Array, v: Array, token_ids: list[int]) -> PagedKV:
+        """A block table holding these keys and values ([layers, kv_heads, n, head_dim],
+        e.g. read back from disk) for these tokens."""
+        kv = self.new_kv(scope)
+        n = len(token_ids)
+        start = kv.extend_prefix(token_ids, n)  # blocks the pool holds already are taken
+        kv.prepare_write(start, n - start)
+        if n > start:
+            blocks, slots = kv.slots(start, n - start)
+            self.k[:, blocks, :, slots] = self.xp.asarray(k[:, :, start:]).transpose(2, 0, 1, 3)
+            self.v[:, blocks, :, slots] = self.xp.asarray(v[:, :, start:]).transpose(2, 0, 1, 3)
+        kv.commit(list(token_ids[start:]))
+        return kv
+
+    def held_bytes(self, tables: Iterable[PagedKV]) -> int:
+        """Bytes of the distinct blocks these tables hold (shared blocks count once)."""
+        return len({b for t in tables for b in t.blocks}) * self.block_bytes
+
+
+class PagedKV:
+    """One sequence's (or idle session's) KV: the blocks that hold positions [0, offset),
+    in order, and the token ids they encode. The same small interface as any cache: offset,
+    trim, reserve, commit, nbytes, state."""
+
+    __slots__ = ("blocks", "hashes", "offset", "pool", "root", "scope", "token_ids")
+
+    def __init__(self, pool: KVPool, scope: str) -> None:
+        self.pool = pool
+        self.scope = scope
+        self.root = scope_hash(pool.fingerprint, scope)  # the first block's "previous"
+        self.blocks: list[int] = []
+        self.hashes: list[bytes] = []  # of the full blocks among the first, in order
+        self.offset = 0
+        self.token_ids: list[int] = []
+
+    @property
+    def capacity(self) -> int:
+        return len(self.blocks) * self.pool.block_size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks it holds (some may be shared with others)."""
+        return len(self.blocks) * self.pool.block_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.pool.bytes_per_token
+
+    def reserve(self, num_tokens: int) -> None:
+        """Blocks for `num_tokens` positions in all (PoolExhaustedError when none is free)."""
+        while self.capacity < num_tokens:
+            self.blocks.append(self.pool.alloc.allocate())
+
+    def prepare_write(self, start: int, n: int) -> None:
+        """Room for positions [start, start + n), and those blocks its own: a block others
+        hold too is copied first, and one known by its hash stops being known."""
+        if n <= 0:
+            return
+        self.reserve(start + n)
+        size, alloc = self.pool.block_size, self.pool.alloc
+        for i in range(start // size, (start + n - 1) // size + 1):
+            block = self.blocks[i]
+            if alloc.refs[block] > 1:
+                copy = alloc.allocate()
+                self.pool.k[:, copy] = self.pool.k[:, block]
+                self.pool.v[:, copy] = self.pool.v[:, block]
+                alloc.unref([block])
+                self.blocks[i] = copy
+            else:
+                alloc.forget(block)
+
+    def slots(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block id, slot) of positions [start, start + n)."""
+        positions = np.arange(start, start + n)
+        table = np.asarray(self.blocks, dtype=np.int64)
+        return table[positions // self.pool.block_size], positions % self.pool.block_size
+
+    def commit(self, token_ids: list[int]) -> None:
+        """Mark the positions just written for `token_ids` as valid; blocks that became full
+        are made known by their hash (one already known with the same content is taken
+        instead, and this copy released)."""
+        self.offset += len(token_ids)
+        self.token_ids.extend(token_ids)
+        size = self.pool.block_size
+        while len(self.hashes) < self.offset // size:
+            i = len(self.hashes)
+            previous = self.hashes[-1] if self.hashes else self.root
+            h = chain_hash(previous, self.token_ids[i * size : (i + 1) * size])
+            self.blocks[i] = self.pool.alloc.publish(self.blocks[i], h)
+            self.hashes.append(h)
+
+    def extend_prefix(self, prompt: Sequence[int], limit: int) -> int:
+        """Take the pool's blocks that hold the next whole blocks of `prompt` (whose first
+        `offset` tokens this table holds), up to `limit` tokens, instead of computing them;
+        how many tokens were gained. Only a table whose valid positions are whole, hashed
+        blocks can take more."""
+        size, alloc = self.pool.block_size, self.pool.alloc
+        i = len(self.hashes)
+        if self.offset != i * size:
+            return 0
+        while (i + 1) * size <= limit:
+            previous = self.hashes[-1] if self.hashes else self.root
+            h = chain_hash(previous, prompt[i * size : (i + 1) * size])
+            block = alloc.find(h)
+            if block is None:
+                break
+            if i < len(self.blocks):  # a block reserved for computing these tokens
+                alloc.unref([self.blocks[i]])
+                self.blocks[i] = block
+            else:
+                self.blocks.append(block)
+            self.hashes.append(h)
+            i += 1
+        gained = i * size - self.offset
+        self.token_ids.extend(prompt[self.offset : i * size])
+        self.offset = i * size
+        return gained
+
+    def trim(self, num_tokens: int) -> None:
+        """Keep the first `num_tokens` positions; blocks past them are released."""
+        num_tokens = max(0, min(num_tokens, self.offset))
+        self.offset = num_tokens
+        del self.token_ids[num_tokens:]
+        del self.hashes[num_tokens // self.pool.block_size :]
+
+    def compact(self) -> None:
+        """Release the blocks beyond the valid positions (an idle session holds exactly
+        what its tokens need)."""
+        keep = -(-self.offset // self.pool.block_size)
+        self.pool.alloc.unref(self.blocks[keep:])
+        del self.blocks[keep:]
+
+    def fork(self) -> PagedKV:
+        """Another table of the same blocks (each held once more): a copy that costs no
+        bytes until one of the two writes into a shared block (copy on write)."""
+        copy = PagedKV(self.pool, self.scope)
+        for block in self.blocks:
+            self.pool.alloc.ref(block)
+        copy.blocks, copy.hashes = list(self.blocks), list(self.hashes)
+        copy.offset, copy.token_ids = self.offset, list(self.token_ids)
+        return copy
+
+    def release(self) -> None:
+        """Give every block back (the table is empty afterwards)."""
+        self.pool.alloc.unref(self.blocks)
+        self.blocks, self.hashes, self.token_ids, self.offset = [], [], [], 0
+
+    def state(self) -> tuple[Array, Array, list[int]]:
+        """The valid keys and values as [layers, kv_heads, offset, head_dim] (copies) and the
+        token ids, for spilling or forking."""
+        blocks, slots = self.slots(0, self.offset)
+        k = self.pool.k[:, blocks, :, slots].transpose(1, 2, 0, 3)
+        v = self.pool.v[:, blocks, :, slots].transpose(1, 2, 0, 3)
+        return (
+            self.pool.xp.ascontiguousarray(k),
+            self.pool.xp.ascontiguousarray(v),
+            list(self.token_ids),
+        )
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def detach(kv: PagedKV) -> SpilledKV:
+    """The table's keys, values and tokens copied out of the pool, its blocks released."""
+    copy = SpilledKV(*kv.state(), scope=kv.scope)
+    kv.release()
+    return copy

@@ -1,0 +1,63 @@
+"""Running the forward pass by hand in tests: one KV pool per model, block tables on it,
+and a step over several sequences' new tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.forward import Segment, forward
+from engine.kv_pool import KVPool, PagedKV
+from engine.model import Model
+
+TEST_POOL_TOKENS = 1 << 15  # positions one test model's pool holds
+
+_pools: dict[int, tuple[Model, KVPool]] = {}
+
+
+def pool_of(model: Model) -> KVPool:
+    """The model's pool for tests (made on first use, kept with the model)."""
+    held = _pools.get(id(model))
+    if held is None or held[0] is not model:
+        pool = KVPool.sized(
+            model.config, TEST_POOL_TOKENS * model.bytes_per_token, model.dtype, model.xp,
+            model.fingerprint,
+        )  # fmt: skip
+        held = _pools[id(model)] = (model, pool)
+    return held[1]
+
+
+def new_kv(model: Model, scope: str = "") -> PagedKV:
+    return pool_of(model).new_kv(scope)
+
+
+def step(model: Model, parts: list[tuple[PagedKV, list[int]]]) -> np.ndarray:
+    """One forward over the parts; the logits of each part's last token. Nothing is
+    committed, so the same state can be stepped again."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    segments: list[Segment] = []
+    for kv, ids in parts:
+        start = kv.offset
+        kv.prepare_write(start, len(ids))
+        segments.append(Segment(kv, start, len(ids), want_logits=True))
+        tokens += ids
+        positions += range(start, start + len(ids))
+    logits = forward(
+        model.weights,
+        model.config,
+        model.rope,
+        pool_of(model),
+        np.asarray(tokens, np.int64),
+        np.asarray(positions, np.int64),
+        segments,
+        np,
+    )
+    return np.asarray(logits)
+
+
+def run_segments(model: Model, parts: list[tuple[PagedKV, list[int]]]) -> np.ndarray:
+    """step(), then the new tokens committed; float64 logits."""
+    logits = step(model, parts)
+    for kv, ids in parts:
+        kv.commit(ids)
+    return np.asarray(logits, dtype=np.float64)
