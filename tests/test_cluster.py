@@ -101,6 +101,19 @@ def test_a_turn_sent_the_instant_the_last_one_ends_reuses_all_of_it(
     assert sum(len(turns) - 1 for turns in done.values()) == 30
 
 
+def only_running(cluster: Cluster, redis: redis_lib.Redis) -> tuple[str, str]:
+    """(worker, request id) of the one request running in the cluster, once the workers'
+    statuses show it."""
+    deadline = time.monotonic() + 10
+    while True:
+        running = {w: worker_status(redis, w)["running"] for w in cluster.worker_ids}
+        found = [(w, rid) for w, rids in running.items() for rid in rids]
+        if len(found) == 1:
+            return found[0]
+        assert time.monotonic() < deadline, f"not one request running: {running}"
+        time.sleep(0.005)
+
+
 def test_cancel_frees_the_sequence_within_a_step(
     cluster: Cluster, client: Client, model: Model, redis: redis_lib.Redis
 ) -> None:
@@ -114,16 +127,14 @@ def test_cancel_frees_the_sequence_within_a_step(
     call = client.stream(
         "to-cancel", prompt="Once upon a time, in a land far away,", max_tokens=400
     )
-    chunks = 0
+    chunks, holder, rid = 0, "", ""
     for response in call:
         chunks += response.HasField("chunk")
-        if chunks == 1:
+        if chunks == 1:  # the request to cancel is the only one running: find it
+            holder, rid = only_running(cluster, redis)
             bystander.start()
         if chunks == 5:
             break
-    running = {w: worker_status(redis, w) for w in cluster.worker_ids}
-    holder = next(w for w, st in running.items() if st["running"])
-    rid = next(iter(running[holder]["running"]))
     cancelled_ms = time.time() * 1000
     call.cancel()
     deadline = time.monotonic() + 10
