@@ -8,7 +8,9 @@ same client times warmfleet and llama-server in one run:
 resends the whole conversation, and each agent names its session with X-Session-Id (servers
 that do not know the header ignore it). Reports wall time, tokens per second, time to first
 token on turn 1 and on later turns, and the fraction of prompt tokens the server reports as
-cached; with several targets, each one's wall time against the first's.
+cached; with several targets, each one's wall time against the first's. Start each server
+fresh: a server that ran it before holds its prompts (llama-server's slots, warmfleet's
+pool), and the first turn is then cached.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ async def agent(
 
 
 async def workload(url: str, args: argparse.Namespace, systems: list[str]) -> dict[str, float]:
-    limits = httpx.Limits(max_connections=args.agents * 2)
+    # a connection per request: a kept-alive one the server closes meanwhile fails the turn
+    limits = httpx.Limits(max_connections=args.agents * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
         t0 = time.perf_counter()
         runs = await asyncio.gather(

@@ -1,1 +1,15 @@
-"""Model runtime: GGUF loading, tokenizer, forward pass, batch-first engine. No Redis, no gRPC."""
+"""Model runtime: GGUF loading, tokenizer, forward pass, batch-first engine. No Redis, no gRPC.
+
+Two thread pools share the cores: OpenBLAS's (long prefill chunks) and OpenMP's (the Numba
+kernels: decode rows, short chunks, paged attention). A step that mixes both calls them in
+turn, layer after layer, and each pool's idle threads spin after a call: OpenBLAS's by
+default for about 2^28 cycles, which took a core from the kernels for every call and made a
+mixed step up to three times slower (bench/RESULTS.md, issue 12). Both are told to sleep
+almost at once, before NumPy and Numba load their libraries; a value set in the environment
+wins.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")  # spin 2^12 cycles, then sleep
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # OpenMP's default is 300,000
