@@ -68,10 +68,11 @@ async def agent(
     client: httpx.AsyncClient, n: int, system: str, turns: int, tokens: int
 ) -> list[Turn]:
     messages = [{"role": "system", "content": system}]
+    sid = f"agent-{n}-{time.time_ns()}"  # one session for all the agent's turns
     done = []
     for t in range(turns):
         messages.append({"role": "user", "content": user_turn(n, t)})
-        turn, text = await one_turn(client, f"agent-{n}-{time.time_ns()}", messages, tokens)
+        turn, text = await one_turn(client, sid, messages, tokens)
         done.append(turn)
         messages.append({"role": "assistant", "content": text})
     return done
