@@ -11,10 +11,12 @@ before the file that lists them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,12 @@ def spill_path(directory: Path, key: str) -> Path:
 
 
 BLOCKS_DIR = "blocks"
+READ_THREADS = 8  # block files read at once on restore
+
+
+@functools.cache
+def _readers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="block-read")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,19 +145,28 @@ class SpillStore:
         passed their checks)."""
         size, ids = self.block_size, [int(t) for t in h["token_ids"]]
         layers, kv_heads, head_dim = like
-        ks, vs, previous, why = [], [], scope_hash(self.fingerprint, h["scope"]), ""
-        for i in range(len(h["blocks"])):
+        shape = (layers, kv_heads, size, head_dim)
+        hashes = [scope_hash(self.fingerprint, h["scope"])]
+        hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
+
+        def one(i: int) -> tuple[np.ndarray, np.ndarray]:
             part = ids[i * size : (i + 1) * size]
+            return read_block(self.blocks, self.fingerprint, hashes[i], part, shape, dtype)
+
+        # many small files: read a few at once (one at a time is latency-bound on a cold
+        # cache), checked in order; the blocks after a bad one are not used
+        ks, vs, why = [], [], ""
+        for future in [_readers().submit(one, i) for i in range(len(h["blocks"]))]:
             try:
-                k, v = read_block(self.blocks, self.fingerprint, previous, part,
-                                  (layers, kv_heads, size, head_dim), dtype)  # fmt: skip
+                k, v = future.result()
             except SpillFileError as e:
-                self.num_rejected += 1
-                why = e.reason
-                break
-            ks.append(k)
-            vs.append(v)
-            previous = chain_hash(previous, part)
+                if not why:
+                    self.num_rejected += 1
+                    why = e.reason
+                continue
+            if not why:
+                ks.append(k)
+                vs.append(v)
         if not why:
             ks.append(k_tail)
             vs.append(v_tail)
