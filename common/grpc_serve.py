@@ -23,17 +23,8 @@ def serve(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers), maximum_concurrent_rpcs=max_workers
     )
-    for add, servicer, _ in services:
-        add(servicer, server)
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [name for _, _, name in services]
-    reflection.enable_server_reflection(
-        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot listen on {address}")
+    names, port = _register(server, services, health_servicer, address)
     set_health(health_servicer, ["", *names], serving)
     server.start()
     return server, port, health_servicer
@@ -45,9 +36,21 @@ async def serve_async(
     """`serve` for servicers written with grpc.aio: on the caller's event loop, no thread
     per call. Starts NOT_SERVING; returns the server, its port and its health servicer."""
     server = grpc.aio.server()
+    health_servicer = health.aio.HealthServicer()
+    names, port = _register(server, services, health_servicer, address)
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
+    return server, port, health_servicer
+
+
+def _register(
+    server: Any, services: list[Service], health_servicer: Any, address: str
+) -> tuple[list[str], int]:
+    """Add our services, health and reflection to `server` (sync or aio) and bind it; our
+    services' names and the port. Raises OSError if it cannot bind."""
     for add, servicer, _ in services:
         add(servicer, server)
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [name for _, _, name in services]
     reflection.enable_server_reflection(
@@ -56,10 +59,7 @@ async def serve_async(
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
-    for name in ("", *names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.start()
-    return server, port, health_servicer
+    return names, port
 
 
 def set_health(servicer: health.HealthServicer, names: list[str], serving: bool) -> None:

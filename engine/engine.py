@@ -64,7 +64,7 @@ class Engine:
         )  # fmt: skip
         self.runner = ModelRunner(model, self.pool)
         self.sessions: SessionPool[PagedKV] = SessionPool(
-            self.config.session_budget_bytes, self.pool.held_bytes
+            self.config.session_budget_bytes, lambda kv: kv.blocks, self.pool.block_bytes
         )
         self.sequences: dict[str, Sequence] = {}
         self.paused: dict[str, Sequence] = {}  # preempted: active but not stepped

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, Protocol, TypeVar
 
 
@@ -19,17 +19,24 @@ class SessionPool(Generic[EntryT]):
     """Maps a session key to the KV of its last request while no request uses it.
 
     A running request takes its session's entry out (`take`) and puts it back when it ends
-    (`put`), so an entry in the pool is always idle and may be evicted. `measure` gives the
-    bytes a set of entries holds (entries that share blocks count them once); by default
-    the sum of their sizes.
+    (`put`), so an entry in the pool is always idle and may be evicted, and it does not
+    change while it is in. `nbytes` is the sum of the entries' sizes or, given `parts` (the
+    blocks an entry holds, each `part_bytes`), the bytes of the distinct blocks they hold:
+    entries that share a block count it once. Both are kept up to date as entries come and
+    go, not recounted.
     """
 
     def __init__(
-        self, budget_bytes: int, measure: Callable[[Iterable[EntryT]], int] | None = None
+        self,
+        budget_bytes: int,
+        parts: Callable[[EntryT], Iterable[Hashable]] | None = None,
+        part_bytes: int = 0,
     ) -> None:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[str, EntryT] = OrderedDict()
-        self._measure = measure or (lambda entries: sum(e.nbytes for e in entries))
+        self._parts = parts
+        self._part_bytes = part_bytes
+        self._held: Counter[Hashable] = Counter()  # part -> entries holding it
         self.nbytes = 0
         self.num_evicted = 0
 
@@ -54,15 +61,26 @@ class SessionPool(Generic[EntryT]):
     def take(self, key: str) -> EntryT | None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self.nbytes = self._measure(self._entries.values())
+            self._count(entry, -1)
         return entry
+
+    def _count(self, entry: EntryT, sign: int) -> None:
+        """Account for an entry coming in (+1) or going out (-1)."""
+        if self._parts is None:
+            self.nbytes += sign * entry.nbytes
+            return
+        for part in set(self._parts(entry)):
+            self._held[part] += sign
+            if not self._held[part]:
+                del self._held[part]
+        self.nbytes = len(self._held) * self._part_bytes
 
     def put(self, key: str, entry: EntryT) -> list[tuple[str, EntryT]]:
         """Store `entry` as the most recent; returns what was evicted to stay in budget,
         oldest first (the caller may spill it)."""
-        self._entries.pop(key, None)
+        self.take(key)
         self._entries[key] = entry
-        self.nbytes = self._measure(self._entries.values())
+        self._count(entry, +1)
         return self.shrink()
 
     def pop_oldest(self) -> tuple[str, EntryT] | None:
@@ -81,7 +99,7 @@ class SessionPool(Generic[EntryT]):
         evicted: list[tuple[str, EntryT]] = []
         while self.nbytes > self.budget_bytes and self._entries:
             old_key, old = self._entries.popitem(last=False)
-            self.nbytes = self._measure(self._entries.values())
+            self._count(old, -1)
             evicted.append((old_key, old))
         self.num_evicted += len(evicted)
         return evicted

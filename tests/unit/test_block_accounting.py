@@ -34,6 +34,8 @@ def check(engine: Engine) -> int:
     counts = Counter(b for kv in tables(engine) for b in kv.blocks)
     assert {b: n for b, n in enumerate(alloc.refs) if n} == dict(counts)
     assert alloc.num_free + len(counts) == alloc.num_blocks
+    idle = [kv for _, kv in engine.sessions.items()]  # counted as they came and went
+    assert engine.sessions.nbytes == engine.pool.held_bytes(idle)
     for kv in tables(engine):
         assert kv.offset <= kv.capacity and len(kv.token_ids) == kv.offset
         assert len(kv.hashes) <= kv.offset // kv.pool.block_size
