@@ -2,6 +2,7 @@
 memory-bandwidth floor and, where llama-cpp-python is installed, against llama.cpp.
 
     .venv/bin/python -m bench.engine [--model PATH] [--threads N] [--repeats R]
+                                     [--weights auto|quantized|float32]
 
 Prints a table; every ratio is taken within the same run (the machine is shared and noisy).
 """
@@ -26,6 +27,7 @@ from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from engine.weights import WEIGHT_MODES
 from warmfleet.models import resolve_model
 
 PROMPT_TOKENS = 512
@@ -203,14 +205,28 @@ def floor_rows(model: Model, figures: Figures) -> list[Row]:
     return rows
 
 
-def memory_rows(model: Model, figures: Figures, lc: dict[str, float]) -> list[Row]:
-    """KV bytes per token (llama.cpp's from its saved state) and peak RSS."""
+def memory_rows(
+    model: Model, figures: Figures, lc: dict[str, float], file_bytes: int, loaded_rss: int
+) -> list[Row]:
+    """Weights in memory and the RSS the load added, against the GGUF file's size; KV
+    bytes per token (llama.cpp's from its saved state) and peak RSS."""
     kv = model.bytes_per_token
     lc_kv = lc.get("state_bytes", 0) / PROMPT_TOKENS if lc else None
+    mib, file_mib = model.weight_bytes / 2**20, file_bytes / 2**20
     return [
+        (f"weights in memory, {model.weights_mode} (MiB)", f"{mib:.0f}",
+         f"{file_mib:.0f} (GGUF file)", f"{mib / file_mib:.2f}x file"),
+        ("RSS added by the load (MiB)", f"{loaded_rss / 2**20:.0f}", "-",
+         f"{loaded_rss / file_bytes:.2f}x file"),
         ("KV bytes per token", f"{kv}", f"{lc_kv:.0f} (f16)" if lc_kv else "-", "-"),
         ("peak RSS (MiB)", f"{figures.peak_rss_mib:.0f}", "-", "-"),
-    ]
+    ]  # fmt: skip
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def main() -> None:
@@ -218,17 +234,21 @@ def main() -> None:
     parser.add_argument("--model", metavar="PATH")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default="auto")
     args = parser.parse_args()
     threads = set_threads(args.threads)
     path = resolve_model(args.model)
-    log(f"loading {path.name} ({threads} threads)")
-    model = Model.load(path, device="cpu")
+    log(f"loading {path.name} ({threads} threads, weights {args.weights})")
+    rss_before = rss_bytes()
+    model = Model.load(path, device="cpu", weights=args.weights)
+    loaded_rss = rss_bytes() - rss_before
     ids = model.tokenizer.encode(TEXT * 40)[:PROMPT_TOKENS]
     assert len(ids) == PROMPT_TOKENS
 
     figures = measure(model, ids, args.repeats)
     lc = measure_reference(path, ids, threads, args.repeats)
-    rows = [*speed_rows(figures, lc), *floor_rows(model, figures), *memory_rows(model, figures, lc)]
+    rows = [*speed_rows(figures, lc), *floor_rows(model, figures)]
+    rows += memory_rows(model, figures, lc, path.stat().st_size, loaded_rss)
     print_table(("figure", "warmfleet", "llama.cpp", "ratio"), rows)
 
 

@@ -146,7 +146,7 @@ def forward(
     """
     step = StepLayout.build(pool, segments)
     runs = step.runs
-    x = weights.embed[tokens]  # [N, dim]
+    x = weights.embed_rows(tokens, xp)  # [N, dim]
     cos = rope.cos[positions][:, None, :]  # [N, 1, D/2]
     sin = rope.sin[positions][:, None, :]
     for i, lw in enumerate(weights.layers):

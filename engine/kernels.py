@@ -19,8 +19,12 @@ from typing import Any
 import numpy as np
 from numba import config, get_num_threads, njit, prange, set_num_threads
 
+from engine.quant import kernels as quant_kernels
+from engine.quant.matrix import QuantMatrix
+
 MAX_THREADS: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # pool size at start
 SMALL_ROWS = 32  # prefill chunks up to this long run in the kernel too
+SCRATCH_BYTES = 32 << 20  # at most this much of a quantized matrix expanded for BLAS at once
 Array = Any
 # a step's rows as consecutive runs: (start, stop, True when the kernel computes them)
 RowRuns = tuple[tuple[int, int, bool], ...]
@@ -86,9 +90,11 @@ def plan_rows(lengths: Sequence[int]) -> RowRuns:
     return tuple(runs)
 
 
-def matmul_t(x: Array, w: Array, runs: RowRuns | None = None) -> Array:
+def matmul_t(x: Array, w: Array | QuantMatrix, runs: RowRuns | None = None) -> Array:
     """x @ w.T for x [M, K] and w [N, K]. On NumPy float32 the rows go as `runs` says (None:
     all through the kernel); anything else is one matmul of the array module."""
+    if isinstance(w, QuantMatrix):
+        return _quant_matmul(np.ascontiguousarray(x, dtype=np.float32), w, runs)
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and w.dtype == np.float32):
         return x @ w.T
     if runs is None:
@@ -101,3 +107,42 @@ def matmul_t(x: Array, w: Array, runs: RowRuns | None = None) -> Array:
         else:
             np.matmul(x[start:stop], w.T, out=out[start:stop])
     return out
+
+
+def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.ndarray:
+    """matmul_t on quantized weights: kernel rows in the quantized kernel; a long chunk with
+    BLAS against the weights expanded into a scratch buffer (in slabs of rows for a large
+    matrix), reused from call to call."""
+    kernels, threads = quant_kernels(), get_num_threads()
+    n = w.shape[0]
+    out = np.empty((x.shape[0], n), dtype=np.float32)
+    for start, stop, kernel in runs or ((0, x.shape[0], True),):
+        if kernel:
+            kernels.matmul(w, x[start:stop], out[start:stop], threads)
+            continue
+        slab_rows = max(1, min(n, SCRATCH_BYTES // (4 * w.k)))
+        for n0 in range(0, n, slab_rows):
+            rows = np.arange(n0, min(n, n0 + slab_rows), dtype=np.int64)
+            slab = _scratch.take(len(rows), w.k)
+            kernels.dequant(w, rows, slab, threads)
+            if len(rows) == n:
+                np.matmul(x[start:stop], slab.T, out=out[start:stop])
+            else:
+                out[start:stop, rows[0] : rows[-1] + 1] = x[start:stop] @ slab.T
+    return out
+
+
+class _Scratch:
+    """One float32 buffer, grown as needed: a fresh one per call would fault its pages in
+    every time (7 MB per matrix, 120 matrices per step for the default model)."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.float32)
+
+    def take(self, rows: int, cols: int) -> np.ndarray:
+        if self._buf.size < rows * cols:
+            self._buf = np.empty(rows * cols, dtype=np.float32)
+        return self._buf[: rows * cols].reshape(rows, cols)
+
+
+_scratch = _Scratch()  # process-wide, like the thread pools; the engine steps one at a time

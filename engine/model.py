@@ -29,8 +29,16 @@ class Model:
     xp: ModuleType
 
     @classmethod
-    def load(cls, path: str | Path, *, device: str = "auto", dtype: str = "float32") -> Model:
-        """Read, check and dequantize a GGUF llama-family file; named errors on bad input."""
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str = "float32",
+        weights: str = "auto",
+    ) -> Model:
+        """Read and check a GGUF llama-family file; its matrices kept quantized or
+        dequantized as `weights` says (auto|quantized|float32); named errors on bad input."""
         xp, np_dtype = array_module(device), compute_dtype(dtype)
         reader = open_gguf(path)
         meta = read_metadata(reader)
@@ -39,7 +47,7 @@ class Model:
         return cls(
             path=Path(path),
             config=config,
-            weights=load_weights(reader, config, np_dtype, xp),
+            weights=load_weights(reader, config, np_dtype, xp, weights),
             rope=RopeTables.build(config, np_dtype, xp),
             tokenizer=tokenizer,
             fingerprint=fingerprint(reader, config),
@@ -50,6 +58,16 @@ class Model:
     @property
     def device(self) -> str:
         return "cpu" if self.xp is np else "cuda"
+
+    @property
+    def weights_mode(self) -> str:
+        """How the matrices are held: "quantized", or the compute dtype they were expanded to."""
+        return "quantized" if self.weights.quantized else str(self.dtype)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the weights take in memory (on the device for CuPy)."""
+        return self.weights.nbytes
 
     @property
     def bytes_per_token(self) -> int:

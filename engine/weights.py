@@ -1,4 +1,5 @@
-"""Dequantize a GGUF llama model into the compute dtype, in the layout the forward pass wants."""
+"""A GGUF llama model's weights in the layout the forward pass wants: the matrices kept in
+their quantized blocks (engine/quant) or dequantized into the compute dtype."""
 
 from __future__ import annotations
 
@@ -10,28 +11,35 @@ from typing import Any
 import gguf
 import numpy as np
 
-from common.errors import UnsupportedModelError
+from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.config import ModelConfig
+from engine.quant import kernels as quant_kernels
+from engine.quant.formats import SUPPORTED, decode
+from engine.quant.matrix import QuantMatrix, concat, is_supported
 
 Array = Any  # numpy.ndarray or cupy.ndarray
+Matrix = Any  # an Array, or a QuantMatrix (CPU, --weights quantized)
+WEIGHT_MODES = ("auto", "quantized", "float32")
+MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(slots=True)
 class LayerWeights:
     attn_norm: Array  # [dim]
-    wqkv: Array  # [dim + 2 * kv_dim, dim]; q/k rows of each head in split-half rope order
-    wo: Array  # [dim, dim]
+    wqkv: Matrix  # [dim + 2 * kv_dim, dim]; q/k rows of each head in split-half rope order
+    wo: Matrix  # [dim, dim]
     ffn_norm: Array  # [dim]
-    w_gate_up: Array  # [2 * ffn_dim, dim]
-    w_down: Array  # [dim, ffn_dim]
+    w_gate_up: Matrix  # [2 * ffn_dim, dim]
+    w_down: Matrix  # [dim, ffn_dim]
 
 
 @dataclass(slots=True)
 class Weights:
-    embed: Array  # [vocab, dim]
+    embed: Matrix  # [vocab, dim]
     layers: list[LayerWeights]
     out_norm: Array  # [dim]
-    output: Array  # [vocab, dim]; the same array as embed when the model ties them
+    output: Matrix  # [vocab, dim]; the same object as embed when the model ties them
+    quantized: bool  # the matrices are QuantMatrix where their type has a kernel
 
     @property
     def nbytes(self) -> int:
@@ -42,6 +50,15 @@ class Weights:
             arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm]
             arrays += [layer.w_gate_up, layer.w_down]
         return sum(int(a.nbytes) for a in arrays)
+
+    def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
+        """[N, dim] float embeddings of the token ids [N]."""
+        if not isinstance(self.embed, QuantMatrix):
+            return self.embed[tokens]
+        ids = np.ascontiguousarray(tokens, dtype=np.int64)
+        out = np.empty((len(ids), self.embed.k), dtype=np.float32)
+        quant_kernels().dequant(self.embed, ids, out, 1)
+        return out
 
 
 def rope_halves_order(num_heads: int, head_dim: int) -> np.ndarray:
@@ -87,55 +104,142 @@ class _Tensors:
         self.by_name = {t.name: t for t in reader.tensors}
         self.shapes = _shapes(config)
 
-    def host(self, name: str) -> np.ndarray:
+    def tensor(self, name: str) -> Any:
+        """The named tensor, checked to be there with the shape the metadata implies."""
         t = self.by_name.get(name)
         if t is None:
             raise UnsupportedModelError(f"tensor {name} is missing from the GGUF file")
+        expected = self.shapes[name.split(".")[-2]]
+        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest axis first
+        if shape != expected:
+            raise UnsupportedModelError(
+                f"tensor {name} has shape {shape}, the metadata implies {expected}"
+            )
+        return t
+
+    def host(self, name: str) -> np.ndarray:
+        """The tensor dequantized to float32."""
+        t = self.tensor(name)
         try:
             out = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
             raise UnsupportedModelError(
                 f"tensor {name}: type {t.tensor_type.name} is not supported"
             ) from e
-        expected = self.shapes[name.split(".")[-2]]
-        if tuple(out.shape) != expected:
-            raise UnsupportedModelError(
-                f"tensor {name} has shape {tuple(out.shape)}, the metadata implies {expected}"
-            )
-        return np.asarray(out, dtype=np.float32)
+        # a copy: a view would keep the whole file mapped (and its read pages resident)
+        return np.array(out, dtype=np.float32).reshape(self.shapes[name.split(".")[-2]])
+
+    def quant(self, name: str) -> QuantMatrix | np.ndarray:
+        """The tensor in the kernels' form, or float32 where it is stored as F32."""
+        t = self.tensor(name)
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:
+            return self.host(name)
+        raw = np.asarray(t.data).reshape(self.shapes[name.split(".")[-2]][0], -1)
+        return QuantMatrix.from_decoded(decode(raw, t.tensor_type), t.tensor_type.name)
+
+    def without_kernel(self) -> list[str]:
+        """The matrices no quantized kernel reads, as "name (TYPE)"."""
+        out = []
+        for name, t in self.by_name.items():
+            kind = name.split(".")[-2] if name.count(".") >= 1 else ""
+            if kind in (*MATRIX_KINDS, "token_embd", "output") and name.endswith(".weight"):
+                k = self.shapes[kind][1]
+                f32 = t.tensor_type == gguf.GGMLQuantizationType.F32
+                if not (f32 or is_supported(t.tensor_type, k)):
+                    out.append(f"{name} ({t.tensor_type.name})")
+        return out
+
+
+def use_quantized(mode: str, tensors: _Tensors, dtype: np.dtype[Any], xp: ModuleType) -> bool:
+    """Whether `--weights mode` keeps the matrices quantized here; an error names what
+    stands in the way when "quantized" was asked for and cannot be had."""
+    if mode not in WEIGHT_MODES:
+        choices = ", ".join(WEIGHT_MODES)
+        raise InvalidRequestError("weights", f"must be one of {choices}, got {mode!r}")
+    if mode == "float32":
+        return False
+    why = ""
+    if xp is not np:
+        why = "the GPU path dequantizes the weights to the compute dtype (no GPU kernel yet)"
+    elif dtype != np.float32:
+        why = f"quantized kernels compute in float32, not {dtype}"
+    elif missing := tensors.without_kernel():
+        why = f"no quantized kernel for {', '.join(missing[:4])} (kernels: {', '.join(SUPPORTED)})"
+    if why and mode == "quantized":
+        raise UnsupportedModelError(f"--weights quantized: {why}; use --weights float32")
+    return not why
+
+
+class _Placer:
+    """Puts tensors where the forward pass reads them: matrices quantized or expanded,
+    everything else in the compute dtype on the device."""
+
+    def __init__(self, tensors: _Tensors, quantized: bool, dtype: np.dtype[Any], xp: ModuleType):
+        self.tensors, self.quantized, self.dtype, self.xp = tensors, quantized, dtype, xp
+
+    def dev(self, a: np.ndarray) -> Array:
+        return self.xp.asarray(np.ascontiguousarray(a, dtype=self.dtype))
+
+    def vector(self, name: str) -> Array:
+        return self.dev(self.tensors.host(name))
+
+    def _matrix(self, name: str, order: np.ndarray | None) -> Matrix:
+        m = self.tensors.quant(name) if self.quantized else self.tensors.host(name)
+        if order is None:
+            return m
+        return m.take(order) if isinstance(m, QuantMatrix) else m[order]
+
+    def matrix(self, name: str, order: np.ndarray | None = None) -> Matrix:
+        m = self._matrix(name, order)
+        return m if isinstance(m, QuantMatrix) else self.dev(m)
+
+    def stacked(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
+        """The matrices' rows in one matrix (one product instead of several)."""
+        parts = [self._matrix(n, o) for n, o in zip(names, orders, strict=True)]
+        if all(isinstance(p, QuantMatrix) for p in parts):
+            joined = concat(parts)
+            if joined is not None:
+                return joined
+        return self.dev(np.concatenate([_dense(p) for p in parts]))
 
 
 def load_weights(
-    reader: gguf.GGUFReader, config: ModelConfig, dtype: np.dtype[Any], xp: ModuleType
+    reader: gguf.GGUFReader,
+    config: ModelConfig,
+    dtype: np.dtype[Any],
+    xp: ModuleType,
+    mode: str = "auto",
 ) -> Weights:
-    """Every tensor dequantized to `dtype` and placed on `xp`'s device."""
+    """Every matrix kept quantized (see use_quantized) or dequantized to `dtype` on `xp`'s
+    device; norms in `dtype`."""
     tensors = _Tensors(reader, config)
-    host = tensors.host
-
-    def dev(a: np.ndarray) -> Array:
-        return xp.asarray(np.ascontiguousarray(a, dtype=dtype))
-
+    quantized = use_quantized(mode, tensors, dtype, xp)
+    put = _Placer(tensors, quantized, dtype, xp)
     q_order = rope_halves_order(config.num_heads, config.head_dim)
     k_order = rope_halves_order(config.num_kv_heads, config.head_dim)
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        wq = host(p + "attn_q.weight")[q_order]
-        wk = host(p + "attn_k.weight")[k_order]
-        wv = host(p + "attn_v.weight")
-        gate, up = host(p + "ffn_gate.weight"), host(p + "ffn_up.weight")
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         layers.append(
             LayerWeights(
-                attn_norm=dev(host(p + "attn_norm.weight")),
-                wqkv=dev(np.concatenate([wq, wk, wv])),
-                wo=dev(host(p + "attn_output.weight")),
-                ffn_norm=dev(host(p + "ffn_norm.weight")),
-                w_gate_up=dev(np.concatenate([gate, up])),
-                w_down=dev(host(p + "ffn_down.weight")),
+                attn_norm=put.vector(p + "attn_norm.weight"),
+                wqkv=put.stacked(qkv, [q_order, k_order, None]),
+                wo=put.matrix(p + "attn_output.weight"),
+                ffn_norm=put.vector(p + "ffn_norm.weight"),
+                w_gate_up=put.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
+                w_down=put.matrix(p + "ffn_down.weight"),
             )
         )
-    embed = dev(host("token_embd.weight"))
-    output = dev(host("output.weight")) if "output.weight" in tensors.by_name else embed
-    return Weights(
-        embed=embed, layers=layers, out_norm=dev(host("output_norm.weight")), output=output
-    )
+    embed = put.matrix("token_embd.weight")
+    output = put.matrix("output.weight") if "output.weight" in tensors.by_name else embed
+    return Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
+                   output=output, quantized=quantized)  # fmt: skip
+
+
+def _dense(m: Matrix) -> np.ndarray:
+    if not isinstance(m, QuantMatrix):
+        return np.asarray(m)
+    out = np.empty(m.shape, dtype=np.float32)
+    quant_kernels().dequant(m, np.arange(m.shape[0], dtype=np.int64), out, 1)
+    return out

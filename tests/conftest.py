@@ -25,7 +25,14 @@ def default_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def model(default_model_path: Path) -> Model:
+    """The default model as workers load it on the CPU: matrices kept quantized."""
     return Model.load(default_model_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def model_float32(default_model_path: Path) -> Model:
+    """The default model with every matrix expanded to float32 (--weights float32)."""
+    return Model.load(default_model_path, device="cpu", weights="float32")
 
 
 @pytest.fixture(scope="session")

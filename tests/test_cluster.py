@@ -67,6 +67,16 @@ def test_health_and_reflection(cluster: Cluster) -> None:
     assert {"warmfleet.v1.Inference", "grpc.health.v1.Health"} <= names
 
 
+def test_heartbeats_report_the_quantized_weights_in_memory(
+    cluster: Cluster, redis: redis_lib.Redis, model: Model
+) -> None:
+    for worker_id in cluster.worker_ids:
+        status = worker_status(redis, worker_id)
+        assert status["weights"] == "quantized"
+        assert status["weight_bytes"] == model.weight_bytes  # loaded the same way here
+        assert status["weight_bytes"] <= 1.3 * model.path.stat().st_size
+
+
 def test_six_sessions_three_turns_sticky_and_exact(
     cluster: Cluster, client: Client, model: Model
 ) -> None:

@@ -33,6 +33,16 @@ def run_chunks(model: Model, ids: list[int], chunk: int) -> tuple[list[int], np.
     return ends, np.stack(rows)
 
 
+@pytest.fixture(params=["quantized", "float32"])
+def any_model(request: pytest.FixtureRequest) -> Model:
+    """The default model with its matrices kept quantized (the default on the CPU), and
+    expanded to float32: both must match the reference."""
+    model: Model = request.getfixturevalue("model" if request.param == "quantized" else
+                                           "model_float32")  # fmt: skip
+    assert model.weights_mode == request.param
+    return model
+
+
 @pytest.fixture(scope="module")
 def reference() -> dict[str, np.ndarray]:
     z = np.load(FIXTURES / "reference_logits.npz")
@@ -42,8 +52,9 @@ def reference() -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_logits_at_every_position_match_transformers(
-    model: Model, reference: dict[str, np.ndarray], index: int
+    any_model: Model, reference: dict[str, np.ndarray], index: int
 ) -> None:
+    model = any_model
     ids = reference[f"ids_{index}"].tolist()
     cols = reference["cols"]
     expected = reference[f"logits_{index}"]
@@ -60,7 +71,8 @@ def test_logits_at_every_position_match_transformers(
         np.testing.assert_allclose(ours[:, cols], expected[ends], atol=LOGIT_TOL, rtol=0)
 
 
-def test_capital_of_france_top5(model: Model) -> None:
+def test_capital_of_france_top5(any_model: Model) -> None:
+    model = any_model
     ids = model.tokenizer.encode("The capital of France is")
     _, logits = run_chunks(model, ids, len(ids))
     top = np.argsort(-logits[0])[:5]
@@ -68,7 +80,8 @@ def test_capital_of_france_top5(model: Model) -> None:
     np.testing.assert_allclose(logits[0, top], [17.371, 14.889, 13.245, 13.010, 12.952], atol=2e-3)
 
 
-def test_greedy_chats_match_transformers(model: Model) -> None:
+def test_greedy_chats_match_transformers(any_model: Model) -> None:
+    model = any_model
     chats = json.loads((FIXTURES / "greedy_chats.json").read_text())["chats"]
     assert len(chats) >= 5
     tok = model.tokenizer
@@ -84,3 +97,12 @@ def test_greedy_chats_match_transformers(model: Model) -> None:
     for chat in chats:
         got = [t for out in outputs[chat["name"]] for t in out.token_ids]
         assert got == chat["completion_ids"], chat["name"]
+
+
+def test_quantized_weights_take_at_most_1_3x_the_file(model: Model) -> None:
+    """The matrices stay in the GGUF's blocks (scales widened to float32): the weights in
+    memory, as the worker's heartbeat and `generate --json` report them."""
+    size = model.path.stat().st_size
+    assert model.weights_mode == "quantized"
+    assert 0.9 * size < model.weight_bytes <= 1.3 * size
+    assert model.weights.layers[0].wqkv.source == "Q4_1" and model.weights.embed.source == "Q8_0"

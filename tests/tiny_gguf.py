@@ -58,7 +58,7 @@ def write_tiny_llama(
     ffn_dim: int = 128,
     context_length: int = 256,
     seed: int = 0,
-    quantize: bool = False,
+    matrix_type: gguf.GGMLQuantizationType | None = None,
     drop_tensor: str | None = None,
     tie_embeddings: bool = False,
     rope_base: float = 10000.0,
@@ -70,10 +70,10 @@ def write_tiny_llama(
 
     With `tie_embeddings=False` an `output.weight` is written whose rows for the control
     tokens are zero, so greedy decoding never picks an end-of-turn token (their logit is 0
-    while the best of the others is well above it). `quantize=True` stores the matrices
-    (and the embedding) as Q8_0; the norms stay F32. `drop_tensor` leaves that tensor out.
-    `metadata` overrides integer keys (without the `{arch}.` prefix for the model's own keys,
-    e.g. {"feed_forward_length": 96}); None leaves the key out.
+    while the best of the others is well above it). The matrices (and the embedding) are
+    stored as `matrix_type` (a type gguf-py can quantize; None: F32), the norms as F32.
+    `drop_tensor` leaves that tensor out. `metadata` overrides integer keys (no `{arch}.`
+    prefix for the model's own keys, e.g. {"feed_forward_length": 96}; None drops a key).
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -94,7 +94,7 @@ def write_tiny_llama(
     add_tokenizer(w, tokenizer_model)
     kv_dim = num_kv_heads * (dim // num_heads)
     tensors = random_tensors(rng, num_layers, dim, kv_dim, ffn_dim, tie_embeddings)
-    add_tensors(w, tensors, quantize=quantize, drop_tensor=drop_tensor)
+    add_tensors(w, tensors, matrix_type=matrix_type, drop_tensor=drop_tensor)
     write_and_close(w)
     return path
 
@@ -183,16 +183,15 @@ def add_tensors(
     w: gguf.GGUFWriter,
     tensors: dict[str, np.ndarray],
     *,
-    quantize: bool,
+    matrix_type: gguf.GGMLQuantizationType | None,
     drop_tensor: str | None,
 ) -> None:
-    """Add `tensors` but `drop_tensor`; with `quantize`, the matrices go in as Q8_0."""
+    """Add `tensors` but `drop_tensor`; the matrices as `matrix_type` when given."""
     for name, array in tensors.items():
         if name == drop_tensor:
             continue
-        if quantize and array.ndim == 2:
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(array, q8), raw_dtype=q8)
+        if matrix_type is not None and array.ndim == 2:
+            w.add_tensor(name, gguf.quants.quantize(array, matrix_type), raw_dtype=matrix_type)
         else:
             w.add_tensor(name, array)
 

@@ -77,6 +77,8 @@ class Worker:
             "stopping": s.stopping,
             "kvstore_seen": self.liveness.kvstore_alive,
             "model_fingerprint": engine.model.fingerprint,
+            "weights": engine.model.weights_mode,
+            "weight_bytes": engine.model.weight_bytes,  # resident weights, as loaded
             "spill": asdict(s.spiller.stats) if s.spiller else None,
         }
 

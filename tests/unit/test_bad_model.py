@@ -208,4 +208,5 @@ def test_cli_runs_the_good_file(files: dict[str, Path]) -> None:
     assert len(result["token_ids"]) == 4 and result["finish_reason"] == "length"
     model = Model.load(files["good"], device="cpu")
     assert result["prompt_ids"] == model.tokenizer.encode("the cat")
+    assert (result["weights"], result["weight_bytes"]) == (model.weights_mode, model.weight_bytes)
     assert result["usage"] == {"prompt_tokens": len(result["prompt_ids"]), "completion_tokens": 4}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 
@@ -17,7 +18,7 @@ from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "f32-untied": {},
-    "q8-tied": {"quantize": True, "tie_embeddings": True},
+    "q8-tied": {"matrix_type": gguf.GGMLQuantizationType.Q8_0, "tie_embeddings": True},
     "f32-mha-3layers": {"num_layers": 3, "num_kv_heads": 4, "rope_base": 500.0, "seed": 3},
     # widths that are not multiples of 8: the kernel's one-row tail tasks
     "f32-odd-widths": {"dim": 40, "num_heads": 4, "num_kv_heads": 2, "ffn_dim": 50, "seed": 5},

@@ -115,7 +115,7 @@ def reference_logits(ref: Reference, ids: list[int], *, pairs: bool = True) -> n
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "f32-untied": {},
-    "q8-tied": {"quantize": True, "tie_embeddings": True},
+    "q8-tied": {"matrix_type": gguf.GGMLQuantizationType.Q8_0, "tie_embeddings": True},
     "f32-mha-3layers": {"num_layers": 3, "num_kv_heads": 4, "rope_base": 500.0, "seed": 3},
 }
 

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from engine.weights import WEIGHT_MODES
 from warmfleet.models import env_int
 from warmfleet.redis_conn import redis_url_default
 
@@ -20,7 +21,7 @@ def add_redis_url(p: argparse.ArgumentParser) -> None:
 
 
 def add_compute(p: argparse.ArgumentParser) -> None:
-    """--device, --dtype and --threads: where and how the model runs."""
+    """--device, --dtype, --weights and --threads: where and how the model runs."""
     p.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
@@ -33,12 +34,24 @@ def add_compute(p: argparse.ArgumentParser) -> None:
         default="float32",
         help="compute dtype (float16 is meant for the GPU)",
     )
+    add_weights(p)
     p.add_argument(
         "--threads",
         type=int,
         default=env_int("WARMFLEET_THREADS"),
         metavar="N",
         help="BLAS/kernel threads (default: $WARMFLEET_THREADS, else one per core)",
+    )
+
+
+def add_weights(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_MODES,
+        default=os.environ.get("WARMFLEET_WEIGHTS", "auto"),
+        help="quantized: matrices stay in the GGUF's blocks (CPU kernels); float32: expanded "
+        "at load (the GPU path always expands, to --dtype); auto: quantized where a kernel "
+        "reads every matrix type (default: $WARMFLEET_WEIGHTS, else auto)",
     )
 
 

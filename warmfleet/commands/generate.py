@@ -17,6 +17,7 @@ from engine.model import Model
 from engine.sequence import Completion, Request
 from warmfleet.commands.common import add_compute
 from warmfleet.models import resolve_model
+from warmfleet.sizes import format_size
 
 
 def register(sub: Any) -> None:
@@ -93,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     t0 = time.perf_counter()
     print(f"warmfleet: loading {path.name}", file=sys.stderr, flush=True)
-    model = Model.load(path, device=args.device, dtype=args.dtype)
+    model = Model.load(path, device=args.device, dtype=args.dtype, weights=args.weights)
     load_s = time.perf_counter() - t0
-    print(f"warmfleet: loaded in {load_s:.1f} s ({model.device}, {args.dtype})",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(f"warmfleet: loaded in {load_s:.1f} s ({model.device}, {args.dtype}, weights "
+          f"{model.weights_mode}: {format_size(model.weight_bytes)})", file=sys.stderr,
+          flush=True)  # fmt: skip
     tok = model.tokenizer
     if messages is not None:
         if tok.chat_template is None:
@@ -145,6 +147,8 @@ def _summary(
     return {
         "model": str(model.path),
         "fingerprint": model.fingerprint,
+        "weights": model.weights_mode,
+        "weight_bytes": model.weight_bytes,
         "prompt_ids": request.prompt_ids,
         "token_ids": token_ids,
         "text": text,

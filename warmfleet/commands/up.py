@@ -12,7 +12,7 @@ import grpc
 from common.errors import InvalidRequestError
 from warmfleet.client import KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
-from warmfleet.commands.common import add_spill_dir
+from warmfleet.commands.common import add_spill_dir, add_weights
 from warmfleet.commands.gateway import DEFAULT_HTTP_PORT, DEFAULT_PORT
 from warmfleet.commands.kvstore import DEFAULT_PORT as DEFAULT_KVSTORE_PORT
 from warmfleet.demo import run_demo
@@ -60,6 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
     )
+    add_weights(p)
     _add_part_options(p)
     p.add_argument(
         "--demo",
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         model=args.model,
         threads_per_worker=args.threads,
+        weights=args.weights,
         spill_dir=args.spill_dir,
         warm_budget=args.warm_budget,
         disk_budget=args.disk_budget,
