@@ -44,11 +44,13 @@ def add_compute(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_weights(p: argparse.ArgumentParser) -> None:
+def add_weights(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
+    """--weights; `passed_on`: the command hands it to workers, which read the environment
+    themselves when it is not given."""
     p.add_argument(
         "--weights",
         choices=WEIGHT_MODES,
-        default=os.environ.get("WARMFLEET_WEIGHTS", "auto"),
+        default=None if passed_on else os.environ.get("WARMFLEET_WEIGHTS", "auto"),
         help="quantized: matrices stay in the GGUF's blocks (CPU kernels); float32: expanded "
         "at load (the GPU path always expands, to --dtype); auto: quantized where a kernel "
         "reads every matrix type (default: $WARMFLEET_WEIGHTS, else auto)",

@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
     )
-    add_weights(p)
+    add_weights(p, passed_on=True)
     _add_part_options(p)
     p.add_argument(
         "--demo",
