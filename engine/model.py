@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +17,12 @@ from engine.forward import RopeTables
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
 from engine.weights import Weights, fingerprint, load_weights
+
+
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the system (glibc; a no-op elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 @dataclass(slots=True)
@@ -44,7 +52,7 @@ class Model:
         meta = read_metadata(reader)
         config = ModelConfig.from_metadata(meta)
         tokenizer = Tokenizer.from_metadata(meta)
-        return cls(
+        model = cls(
             path=Path(path),
             config=config,
             weights=load_weights(reader, config, np_dtype, xp, weights),
@@ -54,6 +62,9 @@ class Model:
             dtype=np_dtype,
             xp=xp,
         )
+        del reader, meta  # the header's values and the file mapping
+        release_freed_memory()  # the load's temporaries: tens of MB the heap would keep
+        return model
 
     @property
     def device(self) -> str:
