@@ -2,7 +2,8 @@
 
 Decode rows and short prefill chunks (the rows the matrix kernel computes one by one, see
 kernels.SMALL_ROWS) attend in one compiled call per layer for the whole step: each
-(row, KV head) is a task that walks the row's block table. A row is computed by the same
+(row, KV head) is a task that walks the row's block table (engine/csrc/attention.c, or
+the Numba kernel below where no C compiler is found). A row is computed by the same
 loop whatever else is in the step, so the result is batch invariant. Longer prefill chunks
 gather their sequence's keys and values once per layer and attend with BLAS (one call per
 chunk, as their matrix products). Other array modules (CuPy) take the gather path for every
@@ -13,12 +14,17 @@ Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block si
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
+
+from engine import native
 
 Array = Any
 
@@ -72,6 +78,36 @@ def _paged_rows(
         for j in range(g):
             for d in range(dim):
                 out[r, kh * g + j, d] = acc_v[j, d]
+
+
+RowsKernel = Callable[
+    [np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray], None
+]
+
+
+@functools.cache
+def _paged_rows_kernel() -> RowsKernel:
+    """_paged_rows's signature, in C where the engine's C kernels build."""
+    lib = native.library()
+    if lib is None:
+        return _paged_rows
+    fn = lib.wf_paged_rows
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
+    fn.restype = None
+
+    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
+            lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip
+        num_rows, num_heads, dim = q.shape
+        if dim % 16 or dim > 256 or num_heads // k.shape[1] > 16:  # the C kernel's limits
+            _paged_rows(q, k, v, tables, lengths, scale, out)
+            return
+        assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
+        fn(q.ctypes.data, k.ctypes.data, v.ctypes.data, tables.ctypes.data, tables.shape[1],
+           lengths.ctypes.data, num_rows, num_heads, k.shape[1], dim, scale, out.ctypes.data,
+           get_num_threads())  # fmt: skip
+
+    return run
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +208,7 @@ def paged_attention(
         rows = plan.kernel_rows
         got = np.empty((len(rows), num_heads, d), dtype=np.float32)
         qr = np.ascontiguousarray(q[rows])
-        _paged_rows(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got)
+        _paged_rows_kernel()(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got)
         out[rows] = got
     for row, n, start, blocks in plan.chunks:
         b = xp.asarray(blocks)

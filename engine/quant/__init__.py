@@ -1,14 +1,14 @@
 """Quantized weights: GGUF blocks kept in memory and multiplied without expanding to float.
 
-formats.py turns GGUF blocks into codes and scales; matrix.py holds them; qmatmul.c (built
-by native.py) and fallback.py multiply. `kernels()` picks the C kernels where they build
-and Numba's otherwise; WARMFLEET_KERNELS=numba forces the latter.
+formats.py turns GGUF blocks into codes and scales; matrix.py holds them; engine/csrc/
+qmatmul.c (built by engine/native.py, bound in native.py) and fallback.py multiply.
+`kernels()` picks the C kernels where they build and Numba's otherwise;
+WARMFLEET_KERNELS=numba forces the latter.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Protocol
 
 import numpy as np
@@ -29,8 +29,5 @@ def kernels() -> Kernels:
     """This process's quantized kernels, chosen (and compiled, if need be) once."""
     from engine.quant import fallback, native
 
-    if os.environ.get("WARMFLEET_KERNELS", "").lower() != "numba":
-        compiled = native.load()
-        if compiled is not None:
-            return compiled
-    return fallback.NumbaKernels()
+    compiled = native.load()
+    return compiled if compiled is not None else fallback.NumbaKernels()

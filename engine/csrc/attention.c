@@ -1,0 +1,160 @@
+/* Attention of single query rows over their sequences' keys in the paged KV pool.
+
+   A task is one (row, KV head): its G query heads walk the row's block table. Scores of a
+   block's 16 keys are 16 dot products summed lane-wise (D / 16 fused multiply-adds each)
+   and then reduced across lanes together, by a fixed tree of vector shuffles, instead of
+   one horizontal sum per key. Softmax with a vector exp (a fixed polynomial), then the
+   values weighted in 16-lane vectors. Each row's result depends on its own keys only, and
+   is computed by the same instructions whatever other rows the call holds.
+
+   Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer); tables [R, max_blocks];
+   out [R, H, D]. D a multiple of 16, at most 256; G = H / Hkv at most 16. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+#define BLOCK 16
+#define MAX_G 16
+#define MAX_D 256
+
+static inline v16f load16(const float *p) { v16f v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
+static inline v16f splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+/* mask ? a : b, lane by lane (C has no vector ?:) */
+static inline v16f select16(v16i mask, v16f a, v16f b) {
+    v16i ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    v16i r = (mask & ai) | (~mask & bi);
+    v16f out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* r[i] = sum of the lanes of a[i], for 16 vectors: four levels of pairwise shuffles. */
+static inline v16f reduce16(const v16f *a) {
+    v16f b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) /* lanes 0-7: halves of a[2i]; 8-15: of a[2i+1] */
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
+                                       18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15,
+                                       24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++) /* quarters: a[4i], a[4i+1], a[4i+2], a[4i+3] */
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16,
+                                       17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20,
+                                       21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++) /* pairs of lanes: a[8i] .. a[8i+7] */
+        d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16,
+                                       17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18,
+                                       19, 22, 23, 26, 27, 30, 31);
+    /* lane i: a[i] for i < 8 from d[0], a[8 + i] from d[1] */
+    return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24,
+                                   26, 28, 30) +
+           __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
+                                   27, 29, 31);
+}
+
+/* e^x for x <= 0 (scores minus their maximum), relative error about 2e-7: x = k ln2 + r,
+   |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^k put in the exponent bits. */
+static inline v16f exp16(v16f x0) {
+    v16i under = x0 < splat(-87.0f); /* e^x is 0 there (masked keys: -inf) */
+    v16f x = select16(under, splat(-87.0f), x0);
+    v16f k = __builtin_convertvector(__builtin_convertvector(x * splat(1.44269504f) +
+                                                             splat(0.5f), v16i), v16f);
+    k = select16(k > x * splat(1.44269504f) + splat(0.5f), k - splat(1.0f), k); /* floor */
+    v16f r = x - k * splat(0.693145752f) - k * splat(1.42860677e-6f);
+    v16f p = splat(1.0f / 720);
+    p = p * r + splat(1.0f / 120);
+    p = p * r + splat(1.0f / 24);
+    p = p * r + splat(1.0f / 6);
+    p = p * r + splat(0.5f);
+    p = p * r + splat(1.0f);
+    p = p * r + splat(1.0f);
+    v16i bits = (__builtin_convertvector(k, v16i) + 127) << 23;
+    v16f scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return select16(under, splat(0.0f), p * scale);
+}
+
+void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
+                   int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                   int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                   float *out, int num_threads) {
+    int64_t g = num_heads / num_kv_heads, nv = dim / 16;
+    int64_t longest = 0;
+    for (int64_t r = 0; r < num_rows; r++) longest = lengths[r] > longest ? lengths[r] : longest;
+    int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *p = aligned_alloc(64, sizeof(float) * g * (padded + BLOCK));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < num_rows * num_kv_heads; task++) {
+            int64_t row = task / num_kv_heads, kh = task % num_kv_heads, n = lengths[row];
+            int64_t nb = (n + BLOCK - 1) / BLOCK;
+            v16f qv[MAX_G][MAX_D / 16];
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < nv; c++)
+                    qv[j][c] = load16(q + (row * num_heads + kh * g + j) * dim + 16 * c) *
+                               splat(scale);
+            v16f top[MAX_G];
+            for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
+            for (int64_t b = 0; b < nb; b++) { /* scores, 16 keys at a time */
+                const float *kb = k + ((int64_t)tables[row * max_blocks + b] * num_kv_heads + kh) *
+                                          BLOCK * dim;
+                for (int64_t j = 0; j < g; j++) {
+                    v16f acc[BLOCK];
+                    for (int s = 0; s < BLOCK; s++) {
+                        v16f a = qv[j][0] * load16(kb + s * dim);
+                        for (int64_t c = 1; c < nv; c++) a += qv[j][c] * load16(kb + s * dim + 16 * c);
+                        acc[s] = a;
+                    }
+                    v16f sc = reduce16(acc);
+                    for (int s = 0; s < BLOCK; s++) /* keys past the row's length */
+                        if (b * BLOCK + s >= n) sc[s] = -INFINITY;
+                    top[j] = select16(sc > top[j], sc, top[j]);
+                    store16(p + j * padded + b * BLOCK, sc);
+                }
+            }
+            v16f acc_v[MAX_G][MAX_D / 16];
+            for (int64_t j = 0; j < g; j++) {
+                float m = top[j][0];
+                for (int i = 1; i < 16; i++) m = top[j][i] > m ? top[j][i] : m;
+                v16f total = {};
+                for (int64_t b = 0; b < nb; b++) {
+                    v16f e = exp16(load16(p + j * padded + b * BLOCK) - splat(m));
+                    total += e;
+                    store16(p + j * padded + b * BLOCK, e);
+                }
+                float t[16];
+                memcpy(t, &total, sizeof t);
+                for (int w = 8; w >= 1; w /= 2)
+                    for (int i = 0; i < w; i++) t[i] += t[i + w];
+                float inv = 1.0f / t[0];
+                for (int64_t b = 0; b < nb; b++)
+                    store16(p + j * padded + b * BLOCK,
+                            load16(p + j * padded + b * BLOCK) * splat(inv));
+                for (int64_t c = 0; c < nv; c++) acc_v[j][c] = (v16f){};
+            }
+            for (int64_t t = 0; t < n; t++) { /* the values, weighted */
+                const float *vt = v + (((int64_t)tables[row * max_blocks + t / BLOCK] * num_kv_heads +
+                                        kh) * BLOCK + t % BLOCK) * dim;
+                for (int64_t j = 0; j < g; j++) {
+                    v16f w = splat(p[j * padded + t]);
+                    for (int64_t c = 0; c < nv; c++) acc_v[j][c] += w * load16(vt + 16 * c);
+                }
+            }
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < nv; c++)
+                    store16(out + (row * num_heads + kh * g + j) * dim + 16 * c, acc_v[j][c]);
+        }
+        free(p);
+    }
+}

@@ -1,0 +1,55 @@
+"""The C attention kernel for decode rows against the Numba one (its fallback) and
+against a dense NumPy softmax, on random keys scattered over a paged pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import native
+from engine.attention import RowsKernel, _paged_rows, _paged_rows_kernel
+
+H, HKV, D, BLOCK = 9, 3, 64, 16
+NUM_BLOCKS = 300
+
+
+def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, n: int) -> np.ndarray:
+    """One row's attention in float64: [H, D]."""
+    keys = k[table].transpose(1, 0, 2, 3).reshape(HKV, -1, D)[:, :n].astype(np.float64)
+    values = v[table].transpose(1, 0, 2, 3).reshape(HKV, -1, D)[:, :n].astype(np.float64)
+    qg = q.reshape(HKV, H // HKV, D).astype(np.float64)
+    scores = qg @ keys.transpose(0, 2, 1) * D**-0.5  # [Hkv, G, n]
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ values).reshape(H, D)
+
+
+@pytest.fixture(scope="module")
+def pool() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(5)
+    shape = (NUM_BLOCKS, HKV, BLOCK, D)
+    return (rng.standard_normal(shape).astype(np.float32) * 2,
+            rng.standard_normal(shape).astype(np.float32))  # fmt: skip
+
+
+@pytest.mark.parametrize("lengths", [[1], [17, 16, 15], [1000, 33, 250, 999, 64, 2, 400, 640]])
+def test_kernels_match_a_dense_softmax_and_each_row_is_alone(
+    pool: tuple[np.ndarray, np.ndarray], lengths: list[int]
+) -> None:
+    k, v = pool
+    rng = np.random.default_rng(len(lengths))
+    rows = len(lengths)
+    q = rng.standard_normal((rows, H, D)).astype(np.float32)
+    width = max((n + BLOCK - 1) // BLOCK for n in lengths)
+    tables = np.stack([rng.permutation(NUM_BLOCKS)[:width] for _ in lengths]).astype(np.int32)
+    lens = np.asarray(lengths, dtype=np.int32)
+    kernels: list[RowsKernel] = [_paged_rows_kernel(), _paged_rows]
+    assert native.library() is None or kernels[0] is not _paged_rows  # C where it builds
+    for kernel in kernels:
+        out = np.empty((rows, H, D), dtype=np.float32)
+        kernel(q, k, v, tables, lens, D**-0.5, out)
+        for r, n in enumerate(lengths):
+            np.testing.assert_allclose(out[r], dense(q[r], k, v, tables[r], n), atol=2e-5)
+            alone = np.empty((1, H, D), dtype=np.float32)
+            kernel(q[r : r + 1], k, v, tables[r : r + 1], lens[r : r + 1], D**-0.5, alone)
+            assert np.array_equal(alone[0], out[r])
