@@ -22,7 +22,9 @@ import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-SOURCES = tuple(sorted((Path(__file__).parent / "csrc").glob("*.c")))
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(sorted(CSRC.glob("*.c")))
+HEADERS = tuple(sorted(CSRC.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 120.0
 
@@ -45,7 +47,7 @@ def _library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.blake2b(digest_size=10)
     machine = (version.stdout, platform.machine(), _cpu_flags())
-    for part in (*(p.read_bytes() for p in SOURCES), " ".join(FLAGS).encode()):
+    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(FLAGS).encode()):
         key.update(part)
     for text in machine:
         key.update(text.encode())

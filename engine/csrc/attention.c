@@ -15,16 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+#include "vec.h"
 
 #define BLOCK 16
 #define MAX_G 16
 #define MAX_D 256
-
-static inline v16f load16(const float *p) { v16f v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
-static inline v16f splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* mask ? a : b, lane by lane (C has no vector ?:) */
 static inline v16f select16(v16i mask, v16f a, v16f b) {
@@ -133,11 +128,7 @@ void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t
                     total += e;
                     store16(p + j * padded + b * BLOCK, e);
                 }
-                float t[16];
-                memcpy(t, &total, sizeof t);
-                for (int w = 8; w >= 1; w /= 2)
-                    for (int i = 0; i < w; i++) t[i] += t[i + w];
-                float inv = 1.0f / t[0];
+                float inv = 1.0f / hsum(total);
                 for (int64_t b = 0; b < nb; b++)
                     store16(p + j * padded + b * BLOCK,
                             load16(p + j * padded + b * BLOCK) * splat(inv));

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+#include "vec.h"
+
 typedef uint8_t v16b __attribute__((vector_size(16)));
 
 enum { KIND_Q4 = 0, KIND_Q8 = 1, KIND_F16 = 2, KIND_BF16 = 3 };
@@ -33,10 +33,6 @@ enum { KIND_Q4 = 0, KIND_Q8 = 1, KIND_F16 = 2, KIND_BF16 = 3 };
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
 #endif
-
-static inline v16f load16(const float *p) { v16f v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
-static inline v16f splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* 16 bytes or 16 uint16 widened to int32 lanes. GCC 12 turns a widening
    __builtin_convertvector into scalar inserts, so each ISA gets its instruction. */
@@ -153,16 +149,6 @@ static void dequant_row(int kind, int gshift, const uint8_t *codes, const float 
         store16(dst + 32 * b, lo);
         store16(dst + 32 * b + 16, hi);
     }
-}
-
-/* A fixed summation tree, the same for every output element: halves added lane by lane
-   (16 -> 8 -> 4 -> 2 -> 1). Scalar code measured faster here than vector shuffles. */
-static inline float hsum(v16f v) {
-    float t[16];
-    memcpy(t, &v, sizeof t);
-    for (int w = 8; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++) t[i] += t[i + w];
-    return t[0];
 }
 
 /* out[m, j] = x[m, :] . w[j, :] for the ROWS weight rows in buf (rows >= nr are padding).
