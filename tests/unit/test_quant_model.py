@@ -4,6 +4,10 @@ no kernel."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -18,6 +22,7 @@ from tests.paged import new_kv, run_segments
 from tests.tiny_gguf import write_tiny_llama
 
 T = gguf.GGMLQuantizationType
+REPO = Path(__file__).resolve().parents[2]
 PROMPT = [(37 * i + 5) % 250 for i in range(40)]  # 40 > SMALL_ROWS: one chunk goes to BLAS
 
 
@@ -74,3 +79,22 @@ def test_f32_matrices_stay_float32_arrays(tmp_path: Path) -> None:
     assert model.weights_mode == "quantized"
     assert isinstance(model.weights.layers[0].wqkv, np.ndarray)
     assert model.weight_bytes == Model.load(path, device="cpu", weights="float32").weight_bytes
+
+
+def generate_json(path: Path, kernels: str) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WARMFLEET_KERNELS": kernels}
+    argv = [sys.executable, "-m", "warmfleet.cli", "generate", "--model", str(path), "--device",
+            "cpu", "--prompt", "the cat", "--max-tokens", "12", "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_the_numba_fallback_generates_what_the_c_kernels_do(tmp_path: Path) -> None:
+    """The whole engine without the C kernels (WARMFLEET_KERNELS=numba, as where no
+    compiler is found): the same greedy tokens and the same weights in memory."""
+    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=T.Q4_1)
+    fallback, compiled = generate_json(path, "numba"), generate_json(path, "")
+    assert fallback["weights"] == compiled["weights"] == "quantized"
+    assert fallback["weight_bytes"] == compiled["weight_bytes"]
+    assert fallback["token_ids"] == compiled["token_ids"] and len(compiled["token_ids"]) == 12  # type: ignore[arg-type]
