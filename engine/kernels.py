@@ -110,25 +110,26 @@ def matmul_t(x: Array, w: Array | QuantMatrix, runs: RowRuns | None = None) -> A
 
 
 def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.ndarray:
-    """matmul_t on quantized weights: kernel rows in the quantized kernel; a long chunk with
+    """matmul_t on quantized weights: kernel rows in the quantized kernel; long chunks with
     BLAS against the weights expanded into a scratch buffer (in slabs of rows for a large
-    matrix), reused from call to call."""
+    matrix, once for all the step's long chunks), reused from call to call."""
     kernels, threads = quant_kernels(), get_num_threads()
     n = w.shape[0]
     out = np.empty((x.shape[0], n), dtype=np.float32)
-    for start, stop, kernel in runs or ((0, x.shape[0], True),):
-        if kernel:
-            kernels.matmul(w, x[start:stop], out[start:stop], threads)
-            continue
-        slab_rows = max(1, min(n, SCRATCH_BYTES // (4 * w.k)))
-        for n0 in range(0, n, slab_rows):
-            rows = np.arange(n0, min(n, n0 + slab_rows), dtype=np.int64)
-            slab = _scratch.take(len(rows), w.k)
-            kernels.dequant(w, rows, slab, threads)
+    runs = runs or ((0, x.shape[0], True),)
+    for start, stop, _ in (r for r in runs if r[2]):
+        kernels.matmul(w, x[start:stop], out[start:stop], threads)
+    chunks = [(start, stop) for start, stop, kernel in runs if not kernel]
+    slab_rows = max(1, min(n, SCRATCH_BYTES // (4 * w.k)))
+    for n0 in range(0, n if chunks else 0, slab_rows):
+        rows = np.arange(n0, min(n, n0 + slab_rows), dtype=np.int64)
+        slab = _scratch.take(len(rows), w.k)
+        kernels.dequant(w, rows, slab, threads)
+        for start, stop in chunks:  # each chunk a BLAS call of its own (batch invariance)
             if len(rows) == n:
                 np.matmul(x[start:stop], slab.T, out=out[start:stop])
             else:
-                out[start:stop, rows[0] : rows[-1] + 1] = x[start:stop] @ slab.T
+                out[start:stop, n0 : n0 + len(rows)] = x[start:stop] @ slab.T
     return out
 
 

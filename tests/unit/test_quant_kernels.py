@@ -18,6 +18,8 @@ import gguf
 import numpy as np
 import pytest
 
+from engine import kernels as kernels_module
+from engine.kernels import matmul_t, plan_rows
 from engine.quant import Kernels, fallback, native
 from engine.quant.formats import decode, reconstruct
 from engine.quant.matrix import QuantMatrix, concat
@@ -148,3 +150,22 @@ def test_reconstruct_matches_for_every_type(
             else gguf.quants.quantize(rng.standard_normal((4, 256)).astype(np.float32), qtype)
         )
         assert np.array_equal(reconstruct(decode(raw, qtype)), gguf.quants.dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("scratch_bytes", [32 << 20, 4 * K * 8])  # one slab; slabs of 8 rows
+def test_matmul_t_runs_kernel_rows_and_long_chunks_on_quantized_weights(
+    stored: dict[T, tuple[QuantMatrix, np.ndarray]],
+    scratch_bytes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kernels_module, "SCRATCH_BYTES", scratch_bytes)
+    matrix, w = stored[T.Q4_1]
+    lengths = [1, 40, 3, 33, 1]  # decode rows, two chunks for BLAS, a short chunk
+    runs = plan_rows(lengths)
+    assert [kernel for _, _, kernel in runs] == [True, False, True, False, True]
+    x = np.random.default_rng(9).standard_normal((sum(lengths), K)).astype(np.float32)
+    got = matmul_t(x, matrix, runs)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w.T.astype(np.float64), atol=1e-3)
+    # a chunk's rows are what its BLAS call alone gives, whatever else the step holds
+    alone = matmul_t(x[1:41], matrix, plan_rows([40]))
+    assert np.array_equal(got[1:41], alone)
