@@ -15,6 +15,8 @@ import numpy as np
 
 from engine.attention import AttentionPlan, paged_attention
 from engine.config import ModelConfig
+from engine.elementwise import rms_norm, silu_mul
+from engine.elementwise import rope as apply_rope
 from engine.kernels import SMALL_ROWS, RowRuns, matmul_t, plan_rows
 from engine.kv_pool import KVPool, PagedKV
 from engine.weights import LayerWeights, Weights
@@ -45,19 +47,6 @@ class RopeTables:
         )
         angles = xp.arange(config.context_length, dtype=xp.float64)[:, None] * inv_freq[None, :]
         return cls(cos=xp.cos(angles).astype(dtype), sin=xp.sin(angles).astype(dtype))
-
-
-def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
-    # x: [N, dim]
-    scale = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
-    return (x * scale) * weight
-
-
-def apply_rope(x: Array, cos: Array, sin: Array, xp: ModuleType) -> Array:
-    # x: [N, heads, D] in split-half layout; cos, sin: [N, 1, D/2]
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +83,8 @@ def attention_block(
     lw: LayerWeights,
     layer: int,
     config: ModelConfig,
-    cos: Array,
-    sin: Array,
+    rope: RopeTables,
+    positions: Array,
     step: StepLayout,
     xp: ModuleType,
 ) -> Array:
@@ -104,8 +93,9 @@ def attention_block(
     h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
     qkv = matmul_t(h, lw.wqkv, runs)  # [N, dim + 2 * kv_dim]
     hd, kvd = config.head_dim, config.kv_dim
-    q = apply_rope(qkv[:, : config.dim].reshape(n_tok, config.num_heads, hd), cos, sin, xp)
-    k = apply_rope(qkv[:, config.dim : config.dim + kvd].reshape(n_tok, -1, hd), cos, sin, xp)
+    tables = (rope.cos, rope.sin)
+    q = apply_rope(qkv, 0, config.num_heads, hd, tables, positions, xp)  # [N, H, D]
+    k = apply_rope(qkv, config.dim, config.num_kv_heads, hd, tables, positions, xp)
     v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
     pool = step.pool
     pool.k[layer, step.blocks, :, step.slots] = k  # this step's keys and values first
@@ -119,10 +109,7 @@ def mlp_block(
 ) -> Array:
     h = rms_norm(x, lw.ffn_norm, config.rms_eps, xp)
     gate_up = matmul_t(h, lw.w_gate_up, runs)  # [N, 2 * ffn]
-    gate, up = gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :]
-    act = gate / (1.0 + xp.exp(-gate))  # silu
-    act *= up
-    return matmul_t(act, lw.w_down, runs)
+    return matmul_t(silu_mul(gate_up, config.ffn_dim, xp), lw.w_down, runs)
 
 
 def forward(
@@ -147,10 +134,8 @@ def forward(
     step = StepLayout.build(pool, segments)
     runs = step.runs
     x = weights.embed_rows(tokens, xp)  # [N, dim]
-    cos = rope.cos[positions][:, None, :]  # [N, 1, D/2]
-    sin = rope.sin[positions][:, None, :]
     for i, lw in enumerate(weights.layers):
-        x = x + attention_block(x, lw, i, config, cos, sin, step, xp)
+        x = x + attention_block(x, lw, i, config, rope, positions, step, xp)
         x = x + mlp_block(x, lw, config, runs, xp)
     last_rows, row = [], 0
     for seg in segments:

@@ -21,17 +21,6 @@
 #define MAX_G 16
 #define MAX_D 256
 
-/* mask ? a : b, lane by lane (C has no vector ?:) */
-static inline v16f select16(v16i mask, v16f a, v16f b) {
-    v16i ai, bi;
-    memcpy(&ai, &a, sizeof ai);
-    memcpy(&bi, &b, sizeof bi);
-    v16i r = (mask & ai) | (~mask & bi);
-    v16f out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-}
-
 /* r[i] = sum of the lanes of a[i], for 16 vectors: four levels of pairwise shuffles. */
 static inline v16f reduce16(const v16f *a) {
     v16f b[8], c[4], d[2];
@@ -55,28 +44,6 @@ static inline v16f reduce16(const v16f *a) {
                                    26, 28, 30) +
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
                                    27, 29, 31);
-}
-
-/* e^x for x <= 0 (scores minus their maximum), relative error about 2e-7: x = k ln2 + r,
-   |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^k put in the exponent bits. */
-static inline v16f exp16(v16f x0) {
-    v16i under = x0 < splat(-87.0f); /* e^x is 0 there (masked keys: -inf) */
-    v16f x = select16(under, splat(-87.0f), x0);
-    v16f k = __builtin_convertvector(__builtin_convertvector(x * splat(1.44269504f) +
-                                                             splat(0.5f), v16i), v16f);
-    k = select16(k > x * splat(1.44269504f) + splat(0.5f), k - splat(1.0f), k); /* floor */
-    v16f r = x - k * splat(0.693145752f) - k * splat(1.42860677e-6f);
-    v16f p = splat(1.0f / 720);
-    p = p * r + splat(1.0f / 120);
-    p = p * r + splat(1.0f / 24);
-    p = p * r + splat(1.0f / 6);
-    p = p * r + splat(0.5f);
-    p = p * r + splat(1.0f);
-    p = p * r + splat(1.0f);
-    v16i bits = (__builtin_convertvector(k, v16i) + 127) << 23;
-    v16f scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return select16(under, splat(0.0f), p * scale);
 }
 
 void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,

@@ -23,4 +23,39 @@ static inline float hsum(v16f v) {
     return t[0];
 }
 
+/* mask ? a : b, lane by lane (C has no vector ?:) */
+static inline v16f select16(v16i mask, v16f a, v16f b) {
+    v16i ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    v16i r = (mask & ai) | (~mask & bi);
+    v16f out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* e^x, relative error about 2e-7: x = k ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
+   polynomial, 2^k put in the exponent bits. 0 below -87 (e^-inf: masked keys); x above
+   88 is taken as 88 (e^88 ~ 1.7e38, finite). */
+static inline v16f exp16(v16f x0) {
+    v16i under = x0 < splat(-87.0f); /* e^x is 0 there (masked keys: -inf) */
+    v16f x = select16(under, splat(-87.0f), x0);
+    x = select16(x > splat(88.0f), splat(88.0f), x);
+    v16f k = __builtin_convertvector(__builtin_convertvector(x * splat(1.44269504f) +
+                                                             splat(0.5f), v16i), v16f);
+    k = select16(k > x * splat(1.44269504f) + splat(0.5f), k - splat(1.0f), k); /* floor */
+    v16f r = x - k * splat(0.693145752f) - k * splat(1.42860677e-6f);
+    v16f p = splat(1.0f / 720);
+    p = p * r + splat(1.0f / 120);
+    p = p * r + splat(1.0f / 24);
+    p = p * r + splat(1.0f / 6);
+    p = p * r + splat(0.5f);
+    p = p * r + splat(1.0f);
+    p = p * r + splat(1.0f);
+    v16i bits = (__builtin_convertvector(k, v16i) + 127) << 23;
+    v16f scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return select16(under, splat(0.0f), p * scale);
+}
+
 #endif

@@ -1,0 +1,86 @@
+"""A layer's elementwise steps: RMS norm, rope, SiLU(gate) * up. On NumPy float32 each is
+one C call (engine/csrc/elementwise.c) where the C kernels build; otherwise NumPy (and
+CuPy) expressions. Shapes: N rows, D head_dim."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine import native
+
+Array = Any
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    lib = native.library()
+    if lib is None:
+        return None
+    p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.wf_rms_norm.argtypes = [p, p, f, i64, i64, p]
+    lib.wf_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p]
+    lib.wf_silu_mul.argtypes = [p, i64, i64, p]
+    for fn in (lib.wf_rms_norm, lib.wf_rope, lib.wf_silu_mul):
+        fn.restype = None
+    return lib
+
+
+def _compiled(*arrays: Array, multiple_of: int) -> ctypes.CDLL | None:
+    """The library, when every array is a C-contiguous NumPy float32 one and the sizes
+    suit the vector loops."""
+    if any(not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous)
+           for a in arrays) or multiple_of % 16:  # fmt: skip
+        return None
+    return _lib()
+
+
+def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
+    # x: [N, dim]
+    lib = _compiled(x, weight, multiple_of=x.shape[-1])
+    if lib is None:
+        scale = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+        return (x * scale) * weight
+    out = np.empty_like(x)
+    lib.wf_rms_norm(x.ctypes.data, weight.ctypes.data, eps, x.shape[0], x.shape[1],
+                    out.ctypes.data)  # fmt: skip
+    return out
+
+
+def rope(
+    qkv: Array, col0: int, heads: int, head_dim: int, tables: tuple[Array, Array],
+    positions: Array, xp: ModuleType,
+) -> Array:  # fmt: skip
+    """[N, heads, D]: columns col0 .. col0 + heads * D of qkv [N, C] rotated at their
+    positions; tables: cos and sin [context, D/2]."""
+    cos_t, sin_t = tables
+    n = qkv.shape[0]
+    lib = _compiled(qkv, cos_t, sin_t, multiple_of=head_dim // 2)
+    if lib is None or positions.dtype != np.int64:
+        x = qkv[:, col0 : col0 + heads * head_dim].reshape(n, heads, head_dim)
+        cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]
+        half = head_dim // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    pos = np.ascontiguousarray(positions)
+    out = np.empty((n, heads, head_dim), dtype=np.float32)
+    lib.wf_rope(qkv.ctypes.data, qkv.shape[1], col0, n, heads, head_dim, cos_t.ctypes.data,
+                sin_t.ctypes.data, pos.ctypes.data, out.ctypes.data)  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
+    # gate_up: [N, 2 * ffn] -> [N, ffn]
+    lib = _compiled(gate_up, multiple_of=ffn_dim)
+    if lib is None:
+        gate, up = gate_up[:, :ffn_dim], gate_up[:, ffn_dim:]
+        act = gate / (1.0 + xp.exp(-gate))
+        act *= up
+        return act
+    out = np.empty((gate_up.shape[0], ffn_dim), dtype=np.float32)
+    lib.wf_silu_mul(gate_up.ctypes.data, gate_up.shape[0], ffn_dim, out.ctypes.data)
+    return out

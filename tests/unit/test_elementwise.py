@@ -1,0 +1,57 @@
+"""The layer's elementwise steps in C against their NumPy expressions, and each row the
+same alone as in any batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.elementwise import rms_norm, rope, silu_mul
+
+RNG = np.random.default_rng(11)
+
+
+def rows_alone_equal(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> bool:
+    whole = fn(x)
+    return all(np.array_equal(fn(x[i : i + 1])[0], whole[i]) for i in range(len(x)))
+
+
+def test_rms_norm() -> None:
+    x = RNG.standard_normal((7, 576)).astype(np.float32) * 3
+    w = RNG.standard_normal(576).astype(np.float32)
+    got = rms_norm(x, w, 1e-5, np)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert rows_alone_equal(lambda a: rms_norm(a, w, 1e-5, np), x)
+
+
+def test_silu_mul_over_the_whole_range() -> None:
+    gate_up = RNG.standard_normal((5, 2 * 1536)).astype(np.float32) * 4
+    gate_up[0, :16] = [-200, -100, -88, -87, -50, -1e-3, 0, 1e-3, 1, 20, 50, 87, 88, 89, 100, 200]
+    got = silu_mul(gate_up, 1536, np)
+    g, u = gate_up[:, :1536].astype(np.float64), gate_up[:, 1536:].astype(np.float64)
+    want = g / (1 + np.exp(-g)) * u
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+    assert rows_alone_equal(lambda a: silu_mul(a, 1536, np), gate_up)
+
+
+def test_rope_at_each_rows_position() -> None:
+    heads, d, context = 3, 64, 100
+    qkv = RNG.standard_normal((6, 5 * d)).astype(np.float32)
+    angles = RNG.uniform(0, 6, (context, d // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    pos = np.array([0, 5, 99, 5, 17, 1], dtype=np.int64)
+    got = rope(qkv, d, heads, d, (cos, sin), pos, np)  # columns d .. 4d
+    x = qkv[:, d : 4 * d].reshape(6, heads, d).astype(np.float64)
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    want = np.concatenate(
+        [x[..., :32] * c - x[..., 32:] * s, x[..., :32] * s + x[..., 32:] * c], -1
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    whole = rope(qkv, d, heads, d, (cos, sin), pos, np)
+    for i in range(6):
+        assert np.array_equal(
+            rope(qkv[i : i + 1], d, heads, d, (cos, sin), pos[i : i + 1], np)[0], whole[i]
+        )
