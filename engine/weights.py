@@ -104,12 +104,16 @@ class _Tensors:
         self.by_name = {t.name: t for t in reader.tensors}
         self.shapes = _shapes(config)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The numpy shape the metadata implies for tensor `name` (e.g. "blk.3.attn_q.weight")."""
+        return self.shapes[name.split(".")[-2]]
+
     def tensor(self, name: str) -> Any:
         """The named tensor, checked to be there with the shape the metadata implies."""
         t = self.by_name.get(name)
         if t is None:
             raise UnsupportedModelError(f"tensor {name} is missing from the GGUF file")
-        expected = self.shapes[name.split(".")[-2]]
+        expected = self.shape(name)
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest axis first
         if shape != expected:
             raise UnsupportedModelError(
@@ -127,27 +131,23 @@ class _Tensors:
                 f"tensor {name}: type {t.tensor_type.name} is not supported"
             ) from e
         # a copy: a view would keep the whole file mapped (and its read pages resident)
-        return np.array(out, dtype=np.float32).reshape(self.shapes[name.split(".")[-2]])
+        return np.array(out, dtype=np.float32).reshape(self.shape(name))
 
     def quant(self, name: str) -> QuantMatrix | np.ndarray:
         """The tensor in the kernels' form, or float32 where it is stored as F32."""
         t = self.tensor(name)
         if t.tensor_type == gguf.GGMLQuantizationType.F32:
             return self.host(name)
-        raw = np.asarray(t.data).reshape(self.shapes[name.split(".")[-2]][0], -1)
+        raw = np.asarray(t.data).reshape(self.shape(name)[0], -1)
         return QuantMatrix.from_decoded(decode(raw, t.tensor_type), t.tensor_type.name)
 
     def without_kernel(self) -> list[str]:
         """The matrices no quantized kernel reads, as "name (TYPE)"."""
-        out = []
-        for name, t in self.by_name.items():
-            kind = name.split(".")[-2] if name.count(".") >= 1 else ""
-            if kind in (*MATRIX_KINDS, "token_embd", "output") and name.endswith(".weight"):
-                k = self.shapes[kind][1]
-                f32 = t.tensor_type == gguf.GGMLQuantizationType.F32
-                if not (f32 or is_supported(t.tensor_type, k)):
-                    out.append(f"{name} ({t.tensor_type.name})")
-        return out
+        matrices = (*MATRIX_KINDS, "token_embd", "output")
+        return [f"{name} ({t.tensor_type.name})" for name, t in self.by_name.items()
+                if name.endswith(".weight") and name.split(".")[-2] in matrices
+                and t.tensor_type != gguf.GGMLQuantizationType.F32
+                and not is_supported(t.tensor_type, self.shape(name)[1])]  # fmt: skip
 
 
 def use_quantized(mode: str, tensors: _Tensors, dtype: np.dtype[Any], xp: ModuleType) -> bool:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine.quant import fallback, native
 from engine.quant.matrix import QuantMatrix
 
 
@@ -27,7 +28,5 @@ class Kernels(Protocol):
 @functools.cache
 def kernels() -> Kernels:
     """This process's quantized kernels, chosen (and compiled, if need be) once."""
-    from engine.quant import fallback, native
-
     compiled = native.load()
     return compiled if compiled is not None else fallback.NumbaKernels()

@@ -10,6 +10,7 @@ it. Shapes: N rows (outputs), K weights per row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gguf
@@ -107,7 +108,10 @@ def _q6_k(raw: np.ndarray) -> Decoded:
     return Decoded(KIND_Q8, 16, _rows(q, n), _rows(scale, n), _rows(-32 * scale, n))
 
 
-def _half(kind: int) -> object:
+Decoder = Callable[[np.ndarray], Decoded]
+
+
+def _half(kind: int) -> Decoder:
     def decode(raw: np.ndarray) -> Decoded:
         empty = np.zeros((raw.shape[0], 0), np.float32)
         return Decoded(kind, 32, np.ascontiguousarray(raw.view(np.uint8)), empty, empty)
@@ -115,7 +119,7 @@ def _half(kind: int) -> object:
     return decode
 
 
-DECODERS = {
+DECODERS: dict[T, Decoder] = {
     T.Q4_0: _q4_0,
     T.Q4_1: _q4_1,
     T.Q8_0: _q8_0,
@@ -136,7 +140,7 @@ def _unpack_32(qs: np.ndarray) -> np.ndarray:
 
 def decode(raw: np.ndarray, qtype: T) -> Decoded:
     """The tensor's rows [N, row bytes] (as gguf's reader gives them) in the kernels' form."""
-    return DECODERS[qtype](raw)  # type: ignore[operator]
+    return DECODERS[qtype](raw)
 
 
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:

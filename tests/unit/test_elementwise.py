@@ -7,9 +7,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.elementwise import rms_norm, rope, silu_mul
+from engine import native
+from engine.elementwise import _compiled, rms_norm, rope, silu_mul
 
 RNG = np.random.default_rng(11)
+
+
+def test_the_c_path_is_taken_where_the_kernels_build() -> None:
+    """The tests below hold for the NumPy expressions too; this one says which ran."""
+    x = np.zeros((2, 64), dtype=np.float32)
+    assert (_compiled(x, multiple_of=64) is None) == (native.library() is None)
+    assert _compiled(x.astype(np.float64), multiple_of=64) is None  # NumPy for the rest
+    assert _compiled(x[:, :40], multiple_of=40) is None
 
 
 def rows_alone_equal(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> bool:

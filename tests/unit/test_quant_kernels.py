@@ -12,6 +12,8 @@ and u = 2^-24 (recursive summation; the kernels' blocked sums stay well inside i
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import gguf
@@ -169,3 +171,14 @@ def test_matmul_t_runs_kernel_rows_and_long_chunks_on_quantized_weights(
     # a chunk's rows are what its BLAS call alone gives, whatever else the step holds
     alone = matmul_t(x[1:41], matrix, plan_rows([40]))
     assert np.array_equal(got[1:41], alone)
+
+
+def test_the_c_kernels_build_wherever_a_compiler_is_found() -> None:
+    """Every other test here holds for the Numba fallback too: without this one, a C
+    kernel that stopped compiling would pass unnoticed on the slower path."""
+    if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
+        pytest.skip("WARMFLEET_KERNELS=numba asks for the fallback")
+    if shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.skip("no C compiler on this machine: the Numba kernels serve")
+    assert native.load() is not None
+    assert isinstance(IMPLS[0], native.NativeKernels)
