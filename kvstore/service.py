@@ -154,21 +154,25 @@ class KVStore:
         if self.sweep.due():
             self.sweep.run()
         entries = self._read(block)
-        ids = []
+        items: list[SessionEvent | KVCommand] = []
+        for entry_id, fields in entries:
+            if not fields:  # deleted while pending
+                continue
+            try:
+                items.append(codec.decode_fields(fields, SessionEvent, KVCommand))
+            except ProtocolError as e:
+                log.warning("unreadable event %s dropped: %s", entry_id, e)
+                fx.replies += _refusal(fields, str(e))
+        if any(isinstance(i, SessionEvent) and i.worker not in self.index.alive for i in items):
+            # a worker that started since the last look: know it before its sessions, or a
+            # command would take it for dead (a delete would then never reach its memory)
+            fx.merge(self._refresh())
+            self._next_refresh = time.monotonic() + REFRESH_S
         with self.lock:
-            for entry_id, fields in entries:
-                ids.append(entry_id)
-                if not fields:  # deleted while pending
-                    continue
-                try:
-                    item = codec.decode_fields(fields, SessionEvent, KVCommand)
-                except ProtocolError as e:
-                    log.warning("unreadable event %s dropped: %s", entry_id, e)
-                    fx.replies += _refusal(fields, str(e))
-                    continue
+            for item in items:
                 fx.merge(self.index.apply(item))
-        self._commit(fx, ids)
-        return len(ids)
+        self._commit(fx, [entry_id for entry_id, _ in entries])
+        return len(entries)
 
     def _read(self, block: bool) -> list[tuple[str, dict[str, str]]]:
         start = "0" if self._backlog else ">"

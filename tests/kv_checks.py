@@ -61,13 +61,14 @@ def index_mismatches(r: redis_lib.Redis, cluster: Cluster, spill_dir: Path) -> l
 
 
 def assert_index_matches_workers_and_disk(
-    r: redis_lib.Redis, cluster: Cluster, spill_dir: Path
+    r: redis_lib.Redis, cluster: Cluster, spill_dir: Path, after: str = ""
 ) -> None:
-    """Within a few seconds (a worker's status is published every 0.5 s)."""
+    """Within a few seconds (a worker's status is published every 0.5 s); `after` names
+    what was just done, for the message."""
     deadline = time.monotonic() + 10
     while (found := index_mismatches(r, cluster, spill_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not found, found
+    assert not found, (after, found)
 
 
 def spill_file(spill_dir: Path, session_id: str) -> Path:

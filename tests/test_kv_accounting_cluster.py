@@ -54,7 +54,7 @@ def test_the_index_counts_what_the_worker_holds_after_random_operations(
         Client(cluster.target, timeout_s=60) as client,
         KVStoreClient(cluster.kvstore_target) as kv,
     ):
-        for _ in range(24):
+        for step in range(24):
             sid = rng.choice(SESSIONS)
             op = rng.random()
             if op < 0.5 or sid not in histories:  # a turn: the history and a few new tokens
@@ -70,10 +70,11 @@ def test_the_index_counts_what_the_worker_holds_after_random_operations(
                     client.fork_session(f"{seed}-{sid}", f"{seed}-{new}")
                     histories[new] = list(histories[sid])
             elif op < 0.8:
-                client.delete_session(f"{seed}-{sid}")
+                assert client.delete_session(f"{seed}-{sid}")
                 del histories[sid]
             else:
                 tier = kv.evict(f"{seed}-{sid}")
                 assert tier in (pb.TIER_SPILLING, pb.TIER_DISK, pb.TIER_WARM)
             settle(r, kv)
-            assert_index_matches_workers_and_disk(r, cluster, spill)
+            done = f"step {step}: {op=:.2f} on {sid}"
+            assert_index_matches_workers_and_disk(r, cluster, spill, done)
