@@ -35,7 +35,7 @@ def _stream_field(script: str) -> str:
 # A worker takes requests while its heartbeat key exists and its draining key does not.
 # KEYS: session hash, tenant's queued count, total queued count, the request's hash,
 #       the tenant's list, the class's active set, the class's virtual times, wake stream,
-#       running counts, the session's affinity
+#       running counts, the session's affinity, the gateways' counters
 # ARGV: the job (encoded), heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
 #       cost, weight, tenant's queue bound, total bound, ttl (s), tenant's running bound,
 #       draining prefix
@@ -53,6 +53,7 @@ end
 if takes(worker) then
   redis.call('XADD', ARGV[3] .. worker, '*', '$field', ARGV[1])
   redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[11], 'admitted', 1)
   return {'pinned', worker}
 end
 local alive = false
@@ -67,10 +68,12 @@ if not alive then
 end
 local mine = tonumber(redis.call('GET', KEYS[2]) or '0')
 if mine >= tonumber(ARGV[9]) then
+  redis.call('HINCRBY', KEYS[11], 'refused', 1)
   return {'tenant_full', tostring(mine)}
 end
 local all = tonumber(redis.call('GET', KEYS[3]) or '0')
 if all >= tonumber(ARGV[10]) then
+  redis.call('HINCRBY', KEYS[11], 'refused', 1)
   return {'full', tostring(all)}
 end
 redis.call('HSET', KEYS[4], 'b', ARGV[1], 'c', ARGV[7], 'w', ARGV[8], 'm', ARGV[12])
@@ -84,6 +87,7 @@ end
 redis.call('INCR', KEYS[2])
 redis.call('INCR', KEYS[3])
 redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000', '*', 'r', ARGV[5])
+redis.call('HINCRBY', KEYS[11], 'admitted', 1)
 return {'queued', tostring(all + 1)}
 """)
 

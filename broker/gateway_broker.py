@@ -10,7 +10,16 @@ import redis.asyncio as aioredis
 
 from broker import codec, fair_queue, keys, kv_commands
 from broker.fair_queue import Admission
-from broker.messages import CommandAnswer, CommandOp, Completion, Job, JobError, TokenChunk
+from broker.messages import (
+    CommandAnswer,
+    CommandOp,
+    Completion,
+    ControlOrder,
+    Job,
+    JobError,
+    OrderOp,
+    TokenChunk,
+)
 from broker.records import SessionRecord
 from common.enums import Tier
 
@@ -54,6 +63,7 @@ class GatewayBroker:
                 keys.WAKE,
                 keys.RUNNING,
                 keys.affinity_key(tenant, sid) if sid else keys.NO_KEY,
+                keys.STATS,
             ],
             args=[
                 codec.encode(job), keys.heartbeat_key(""), keys.pinned_stream(""), keys.WORKERS,
@@ -120,6 +130,25 @@ class GatewayBroker:
         EXISTS: the new id is taken). Raises ServiceError as delete does."""
         source, new = keys.cache_key(tenant, session_id), keys.cache_key(tenant, new_session_id)
         return await kv_commands.call_async(self.r, CommandOp.FORK, source, new)
+
+    async def evict_session(self, tenant: str, session_id: str) -> CommandAnswer:
+        """Ask the kvstore to write an idle session to disk (its answer says the tier the
+        session is in: SPILLING when ordered; NOT_FOUND). Raises ServiceError as delete
+        does."""
+        return await kv_commands.call_async(
+            self.r, CommandOp.EVICT, keys.cache_key(tenant, session_id)
+        )
+
+    async def drain_worker(self, worker_id: str) -> bool:
+        """Route nothing more to a live worker and have it finish its running requests and
+        exit; False if no such worker is alive."""
+        if not await self.r.exists(keys.heartbeat_key(worker_id)):
+            return False
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(keys.draining_key(worker_id), "1")
+        pipe.xadd(keys.pinned_stream(worker_id), codec.fields(ControlOrder(OrderOp.DRAIN)))
+        await pipe.execute()
+        return True
 
     async def _alive(self, record: SessionRecord) -> SessionRecord:
         """A record whose worker has no heartbeat is gone (its index entry lags)."""

@@ -11,6 +11,8 @@ WORKERS = "wf:workers"  # set of worker ids that have registered
 KV_EVENTS = "wf:kv:events"  # stream: workers' session events and commands, for the kvstore
 KV_GROUP = "kvstore"  # the consumer group on KV_EVENTS
 KV_STATS = "wf:kv:stats"  # hash: the kvstore's counters (spills, restores, rejected files...)
+KV_USAGE = "wf:kv:usage"  # the kvstore's GetUsage report as JSON, renewed twice a second
+STATS = "wf:stats"  # hash: the gateways' counters (admitted, refused, responses by status)
 
 
 def pinned_stream(worker_id: str) -> str:

@@ -137,11 +137,13 @@ class OrderOp(enum.StrEnum):
     FORK = "fork_session"  # copy its KV under new_key
     FORGET = "forget_session"  # another worker holds a newer copy: drop this one
     REPORT = "report"  # send an inventory
+    DRAIN = "drain"  # an operator's: take no new requests, finish the running ones, exit
 
 
 @dataclass(frozen=True, slots=True)
 class ControlOrder:
-    """An order from the kvstore to one worker, on the worker's pinned stream."""
+    """An order to one worker, on its pinned stream (from the kvstore; DRAIN from an
+    operator, through the gateway)."""
 
     KIND = "order"
     VERSION = 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any, NoReturn
 
@@ -31,11 +31,13 @@ def serve(
 
 
 async def serve_async(
-    services: list[Service], address: str
+    services: list[Service],
+    address: str,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """`serve` for servicers written with grpc.aio: on the caller's event loop, no thread
     per call. Starts NOT_SERVING; returns the server, its port and its health servicer."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=list(interceptors))
     health_servicer = health.aio.HealthServicer()
     names, port = _register(server, services, health_servicer, address)
     for name in ("", *names):

@@ -35,6 +35,9 @@ class EngineStats:
     num_steps: int = 0
     num_prefill_tokens: int = 0  # prompt tokens computed (reused ones are not)
     num_decode_tokens: int = 0  # generated tokens fed back through the model
+    num_generated_tokens: int = 0  # tokens sampled
+    step_seconds: float = 0.0  # time in the model's forward passes, all steps together
+    last_step_s: float = 0.0  # the latest step's forward pass
 
 
 @dataclass(slots=True)
@@ -102,8 +105,9 @@ class Engine:
         prefill = sum(n for seq, n in batch if not seq.output_ids)
         t0 = time.perf_counter()
         logits, due = self.runner.run(batch)
-        self.scheduler.cost.observe(prefill, time.perf_counter() - t0)
-        self._count(batch)
+        took = time.perf_counter() - t0
+        self.scheduler.cost.observe(prefill, took)
+        self._count(batch, len(due), took)
         return ended + [self._postprocess(seq, row) for seq, row in zip(due, logits, strict=True)]
 
     def _make_room(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[StepOutput]]:
@@ -142,8 +146,11 @@ class Engine:
         disk) put into the pool, sharing the blocks it holds already."""
         return self.pool.load(scope, k, v, token_ids)
 
-    def _count(self, batch: ScheduledBatch) -> None:
+    def _count(self, batch: ScheduledBatch, sampled: int, took_s: float) -> None:
         self.stats.num_steps += 1
+        self.stats.num_generated_tokens += sampled
+        self.stats.step_seconds += took_s
+        self.stats.last_step_s = took_s
         for seq, n in batch:
             # a decode step feeds back one sampled token; everything else is prompt
             if seq.output_ids:

@@ -9,9 +9,11 @@ The file stores keys hashed (sha256), never in clear:
     weight = 2                        # share of the workers within a class (default 1)
     max_concurrent = 8                # requests running at once (default 16)
     max_queued = 32                   # requests waiting (default 64)
+    admin = true                      # may use the dashboard and its actions (default false)
 
-Several keys may name one tenant; they must then agree on its settings. Without a key
-file every caller is the single local tenant, with every priority.
+Several keys may name one tenant; they must then agree on its settings (`admin` is the
+key's own: an operator's key and an agent's key may share a tenant). Without a key file
+every caller is the single local tenant, with every priority, and an admin.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from broker.keys import DEFAULT_TENANT
 from common.enums import PRIORITIES, Priority
-from common.errors import InvalidRequestError, UnauthenticatedError
+from common.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
 
 TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never ':' or '/': they join Redis keys
 BEARER = "bearer "
@@ -55,8 +57,9 @@ def hash_key(key: str) -> str:
 class KeyRing:
     """Maps API keys (by their sha256) to tenants."""
 
-    def __init__(self, by_hash: dict[str, Tenant]) -> None:
+    def __init__(self, by_hash: dict[str, Tenant], admins: frozenset[str] = frozenset()) -> None:
         self._by_hash = by_hash
+        self._admins = admins  # the hashes of the keys with `admin = true`
 
     @property
     def enabled(self) -> bool:
@@ -86,9 +89,12 @@ class KeyRing:
             raise InvalidRequestError("--keys", f"{name} has no [[keys]] entries")
         by_hash: dict[str, Tenant] = {}
         by_name: dict[str, Tenant] = {}
+        admins: set[str] = set()
         for i, entry in enumerate(entries, 1):
             where = f"{name}, key {i}"
-            digest, tenant = _entry(entry, where)
+            digest, tenant, admin = _entry(entry, where)
+            if admin:
+                admins.add(digest)
             if digest in by_hash:
                 raise InvalidRequestError("--keys", f"{where}: the same key is listed twice")
             if by_name.setdefault(tenant.name, tenant) != tenant:
@@ -96,7 +102,7 @@ class KeyRing:
                     "--keys", f"{where}: tenant {tenant.name!r} has other settings elsewhere"
                 )
             by_hash[digest] = tenant
-        return cls(by_hash)
+        return cls(by_hash, frozenset(admins))
 
     def tenant(self, metadata: Sequence[tuple[str, str | bytes]]) -> Tenant:
         """The caller's tenant from its `authorization` metadata (UnauthenticatedError)."""
@@ -107,8 +113,22 @@ class KeyRing:
     def tenant_of(self, authorization: str | None, api_key: str | None = None) -> Tenant:
         """The caller's tenant from 'Bearer KEY' (OpenAI clients, gRPC) or a bare key
         (Anthropic clients' x-api-key); UnauthenticatedError without a known key."""
+        return self._caller(authorization, api_key)[0]
+
+    def admin_of(self, authorization: str | None, api_key: str | None = None) -> Tenant:
+        """`tenant_of` for operator calls (the dashboard): PermissionDeniedError unless the
+        key is an admin key (every caller is, without a key file)."""
+        tenant, digest = self._caller(authorization, api_key)
+        if self._by_hash and digest not in self._admins:
+            raise PermissionDeniedError(
+                "this key is not an admin key (add `admin = true` to its entry in the key file)"
+            )
+        return tenant
+
+    def _caller(self, authorization: str | None, api_key: str | None) -> tuple[Tenant, str]:
+        """The caller's tenant and its key's hash ("" without a key file)."""
         if not self._by_hash:
-            return LOCAL
+            return LOCAL, ""
         if api_key is None:
             if authorization is None:
                 raise UnauthenticatedError(
@@ -117,17 +137,19 @@ class KeyRing:
             if not authorization.lower().startswith(BEARER) or not authorization[7:].strip():
                 raise UnauthenticatedError("authorization must be 'Bearer KEY'")
             api_key = authorization[len(BEARER) :]
-        tenant = self._by_hash.get(hash_key(api_key.strip())) if api_key.strip() else None
+        digest = hash_key(api_key.strip())
+        tenant = self._by_hash.get(digest) if api_key.strip() else None
         if tenant is None:
             raise UnauthenticatedError("unknown API key")
-        return tenant
+        return tenant, digest
 
 
-def _entry(entry: Any, where: str) -> tuple[str, Tenant]:
+def _entry(entry: Any, where: str) -> tuple[str, Tenant, bool]:
+    """An entry's key hash, its tenant, and whether it is an admin key."""
     if not isinstance(entry, dict):
         raise InvalidRequestError("--keys", f"{where}: not a table")
     unknown = set(entry) - {
-        "sha256", "tenant", "max_priority", "weight", "max_concurrent", "max_queued"
+        "sha256", "tenant", "max_priority", "weight", "max_concurrent", "max_queued", "admin"
     }  # fmt: skip
     if unknown:
         raise InvalidRequestError("--keys", f"{where}: unknown field(s) {sorted(unknown)}")
@@ -150,4 +172,7 @@ def _entry(entry: Any, where: str) -> tuple[str, Tenant]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidRequestError("--keys", f"{where}: {field} must be an integer >= 1")
         numbers[field] = value
-    return digest, Tenant(name, Priority(priority), **numbers)
+    admin = entry.get("admin", False)
+    if not isinstance(admin, bool):
+        raise InvalidRequestError("--keys", f"{where}: admin must be true or false")
+    return digest, Tenant(name, Priority(priority), **numbers), admin

@@ -16,7 +16,7 @@ import redis
 
 from broker.fair_queue import Admission
 from broker.gateway_broker import Bounds, GatewayBroker
-from broker.messages import AnswerStatus, Completion, Job, JobError, TokenChunk
+from broker.messages import AnswerStatus, CommandAnswer, Completion, Job, JobError, TokenChunk
 from broker.records import SessionRecord
 from broker.results_hub import ResultsHub
 from common.errors import (
@@ -31,6 +31,7 @@ from common.errors import (
     UnavailableError,
 )
 from gateway.auth import Tenant
+from gateway.metrics import GatewayMetrics
 from gateway.worker_watch import WorkerWatch
 
 log = logging.getLogger("warmfleet.gateway")
@@ -61,12 +62,18 @@ def retry_after_ms(queued: int) -> int:
 
 class GatewayCore:
     def __init__(
-        self, broker: GatewayBroker, hub: ResultsHub, config: GatewayConfig, watch: WorkerWatch
+        self,
+        broker: GatewayBroker,
+        hub: ResultsHub,
+        config: GatewayConfig,
+        watch: WorkerWatch,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.broker = broker
         self.hub = hub
         self.config = config
         self.watch = watch
+        self.metrics = metrics or GatewayMetrics()
 
     async def admit(self, job: Job, tenant: Tenant) -> Admission:
         """Route and enqueue; while no worker takes requests, wait for one (up to the
@@ -102,17 +109,25 @@ class GatewayCore:
         is taken out of the queue or cancelled first), UnavailableError. Closing it early
         (the client went away) cancels the job."""
         sub = await self._redis(self.hub.open(job.request_id))
-        next_index, ended = 0, False
+        next_index, ended, last_token_at = 0, False, 0.0
         try:
             while True:
                 message = await self._next(job, sub.queue)
+                now = time.time()
                 if isinstance(message, Completion):
                     ended = True
+                    self.metrics.completed(job, message, now)
                     yield message
                     return
                 skip = max(0, next_index - message.index)
                 if skip > len(message.token_ids) or (skip == len(message.token_ids) and skip):
                     continue
+                fresh = len(message.token_ids) - skip
+                if fresh and not last_token_at:
+                    self.metrics.first_token(job, now)  # those with it: no gap to measure
+                elif fresh:
+                    self.metrics.tokens(job, fresh, now - last_token_at)
+                last_token_at = now if fresh else last_token_at
                 next_index = message.index + len(message.token_ids)
                 yield TokenChunk(message.index + skip, message.token_ids[skip:], message.text)
         finally:
@@ -189,6 +204,12 @@ class GatewayCore:
         if answer.status == AnswerStatus.ERROR:
             raise UnavailableError(answer.message)
         return await self.get_session(tenant, new)  # NotFoundError if deleted in between
+
+    async def evict_session(self, tenant: str, session_id: str) -> CommandAnswer:
+        return await self._redis(self.broker.evict_session(tenant, session_id))
+
+    async def drain_worker(self, worker_id: str) -> bool:
+        return await self._redis(self.broker.drain_worker(worker_id))
 
     @staticmethod
     async def _redis(call: Awaitable[T]) -> T:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
+from typing import Any
 
 import grpc
 
@@ -17,6 +19,7 @@ from common.v1 import inference_pb2 as pb
 from common.v1 import inference_pb2_grpc
 from gateway.auth import KeyRing, Tenant
 from gateway.core import GatewayCore
+from gateway.metrics import GatewayMetrics
 from gateway.validate import GenerateInput, JobBuilder
 
 SESSION_METADATA_KEY = "x-session-id"
@@ -153,3 +156,61 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def _tenant(self, context: grpc.aio.ServicerContext) -> Tenant:
         """The caller's tenant (every call is checked first)."""
         return self.keys.tenant(context.invocation_metadata() or ())
+
+
+class CountStatuses(grpc.aio.ServerInterceptor):
+    """Counts the Inference service's calls by the status they ended with (metrics)."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+        self.prefix = f"/{pb.DESCRIPTOR.services_by_name['Inference'].full_name}/"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(self.prefix):
+            return handler
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=self._unary(handler.unary_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=self._stream(handler.unary_stream))
+        return handler
+
+    def _unary(self, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            with self._counting(context):
+                return await call(request, context)
+
+        return counted
+
+    def _stream(self, call: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+        async def counted(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            with self._counting(context):
+                async for response in call(request, context):
+                    yield response
+
+        return counted
+
+    @contextmanager
+    def _counting(self, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        """Count the call with the status it ends with."""
+        ended = "OK"
+        try:
+            yield
+        except grpc.aio.AbortError:
+            ended = "UNKNOWN"  # the status it aborted with, below
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            ended = "CANCELLED"  # the client went away
+            raise
+        except Exception:
+            ended = "UNKNOWN"
+            raise
+        finally:
+            code = context.code()
+            self.metrics.responded(
+                "grpc", code.name if isinstance(code, grpc.StatusCode) else ended
+            )

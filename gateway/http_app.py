@@ -8,25 +8,32 @@ a second set of rules and another error format."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.errors import NotFoundError, WarmfleetError
-from gateway import anthropic_api, openai_api, sessions_api
+from gateway import anthropic_api, dashboard, openai_api, sessions_api
+from gateway.dashboard import Operator
 from gateway.http_errors import Shape, error_response
 from gateway.http_jobs import HttpContext
+from gateway.metrics import GatewayMetrics
 
-Endpoint = Callable[[HttpContext, Request], Awaitable[Response]]
+Endpoint = Callable[[Any, Request], Awaitable[Response]]
 
 
-def build_app(ctx: HttpContext) -> Starlette:
-    def route(path: str, endpoint: Endpoint, method: str, shape: Shape = Shape.OPENAI) -> Route:
+def build_app(ctx: HttpContext, op: Operator) -> ASGIApp:
+    def route(
+        path: str, endpoint: Endpoint, method: str, shape: Shape = Shape.OPENAI, on: Any = ctx
+    ) -> Route:
         async def handle(request: Request) -> Response:
             try:
-                return await endpoint(ctx, request)
+                return await endpoint(on, request)
             except WarmfleetError as e:
                 session = request.headers.get("x-session-id")
                 return error_response(e, shape, {"X-Session-Id": session} if session else None)
@@ -41,7 +48,7 @@ def build_app(ctx: HttpContext) -> Starlette:
         response.status_code = status
         return response
 
-    return Starlette(
+    app = Starlette(
         exception_handlers={404: unknown, 405: unknown},
         routes=[
             route("/v1/models", openai_api.models, "GET"),
@@ -53,5 +60,32 @@ def build_app(ctx: HttpContext) -> Starlette:
             route("/v1/sessions/{session_id:path}/fork", sessions_api.fork_session, "POST"),
             route("/v1/sessions/{session_id:path}", sessions_api.get_session, "GET"),
             route("/v1/sessions/{session_id:path}", sessions_api.delete_session, "DELETE"),
+            route("/metrics", dashboard.metrics, "GET", on=op),
+            route("/dashboard", dashboard.page, "GET", on=op),
+            route("/dashboard/events", dashboard.events, "GET", on=op),
+            route("/dashboard/api/evict", dashboard.evict, "POST", on=op),
+            route("/dashboard/api/drain", dashboard.drain, "POST", on=op),
+            Mount("/dashboard/static", StaticFiles(directory=dashboard.STATIC)),
         ],
     )
+    return CountResponses(app, ctx.core.metrics)
+
+
+class CountResponses:
+    """Counts the API's responses by HTTP status (`/v1/...`; not scrapes or the dashboard)."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.responded("http", str(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counted)

@@ -23,9 +23,12 @@ from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyRing
 from gateway.core import GatewayConfig, GatewayCore
-from gateway.grpc_api import InferenceService
+from gateway.dashboard import Operator
+from gateway.fleet_sampler import FleetSampler
+from gateway.grpc_api import CountStatuses, InferenceService
 from gateway.http_app import build_app
 from gateway.http_jobs import HttpContext
+from gateway.metrics import GatewayMetrics
 from gateway.validate import JobBuilder
 from gateway.worker_watch import WorkerWatch
 
@@ -63,7 +66,9 @@ class Gateway:
         broker = GatewayBroker(r)
         self.watch = WorkerWatch(broker)
         self.hub = ResultsHub(r)
-        self.core = GatewayCore(broker, self.hub, config, self.watch)
+        self.metrics = GatewayMetrics(lambda: self.sampler.latest)
+        self.sampler = FleetSampler(r, self.metrics)
+        self.core = GatewayCore(broker, self.hub, config, self.watch, self.metrics)
         self.jobs = JobBuilder(tokenizer, model_config, config.default_timeout_s)
         self.keys = keys
         self.model_names = model_names
@@ -77,7 +82,9 @@ class Gateway:
         service = InferenceService(self.core, self.jobs, self.keys)
         add = inference_pb2_grpc.add_InferenceServicer_to_server
         address = f"{listen.host}:{listen.grpc_port}"
-        self._grpc, grpc_port, health = await serve_async([(add, service, SERVICE_NAME)], address)
+        self._grpc, grpc_port, health = await serve_async(
+            [(add, service, SERVICE_NAME)], address, [CountStatuses(self.metrics)]
+        )
 
         async def set_health(serving: bool) -> None:
             status = 1 if serving else 2  # SERVING, NOT_SERVING
@@ -87,10 +94,12 @@ class Gateway:
         self.watch.on_change = lambda serving: asyncio.ensure_future(set_health(serving))
         await self.watch.start()
         self.hub.start()
+        self.sampler.start()
         sock = socket.create_server((listen.host, listen.http_port), reuse_port=False)
         ctx = HttpContext(self.core, self.jobs, self.keys, self.model_names, listen.max_body_bytes)
+        operator = Operator(self.core, self.keys, self.sampler)
         config = uvicorn.Config(
-            build_app(ctx),
+            build_app(ctx, operator),
             log_level="warning",
             lifespan="off",
             limit_concurrency=listen.max_streams,
@@ -102,6 +111,7 @@ class Gateway:
 
     async def stop(self, grace_s: float) -> None:
         """Stop taking calls, let open streams finish for up to `grace_s`, then close."""
+        await self.sampler.stop()  # ends the dashboards' streams, which never end otherwise
         if self._http is not None:
             self._http.should_exit = True
         if self._grpc is not None:

@@ -32,6 +32,7 @@ from broker.streams import ensure_group
 from common.backoff import Backoff
 from common.errors import ProtocolError
 from engine.spill_file import read_summary, spill_path
+from kvstore import usage
 from kvstore.disk_sweep import DiskSweep
 from kvstore.effects import Effects, Order
 from kvstore.index import ResidencyIndex
@@ -148,7 +149,8 @@ class KVStore:
     def step(self, *, block: bool = True) -> int:
         """Apply one batch of events (waiting up to block_ms for some); how many."""
         fx = Effects()
-        if time.monotonic() >= self._next_refresh:
+        refreshed = time.monotonic() >= self._next_refresh
+        if refreshed:
             fx.merge(self._refresh())
             self._next_refresh = time.monotonic() + REFRESH_S
         if self.sweep.due():
@@ -172,6 +174,9 @@ class KVStore:
             for item in items:
                 fx.merge(self.index.apply(item))
         self._commit(fx, [entry_id for entry_id, _ in entries])
+        if refreshed:  # for dashboards, which need not reach the kvstore's gRPC port
+            report = usage.to_json(usage.build(self))
+            self.r.set(keys.KV_USAGE, report, px=int(HEARTBEAT_TTL_S * 1000))
         return len(entries)
 
     def _read(self, block: bool) -> list[tuple[str, dict[str, str]]]:

@@ -212,6 +212,7 @@ def main() -> None:
     worker.add_argument("--lease-s", type=float)
     worker.add_argument("--spill-dir")
     worker.add_argument("--warm-budget")
+    worker.add_argument("--metrics-port", type=int)  # taken, not served
     gateway = sub.add_parser("gateway")
     gateway.add_argument("--redis-url", required=True)
     gateway.add_argument("--port", type=int, required=True)
@@ -222,6 +223,7 @@ def main() -> None:
     kvstore.add_argument("--port", type=int, required=True)
     kvstore.add_argument("--spill-dir")
     kvstore.add_argument("--disk-budget")
+    kvstore.add_argument("--metrics-port", type=int)  # taken, not served
     args = parser.parse_args()
     if args.role == "worker":
         _run_worker(args)

@@ -75,6 +75,13 @@ def test_starts_every_part_then_stops_gateway_first(tmp_path: Path) -> None:
         assert gateway[gateway.index("--port") + 1] == str(cluster.port)
         kvstore = logged_argv(cluster, "kvstore")
         assert kvstore[kvstore.index("--port") + 1] == str(cluster.kvstore_port)
+        ports = {name: int(argv[argv.index("--metrics-port") + 1])
+                 for name, argv in (("w1", w1), ("kvstore", kvstore))}  # fmt: skip
+        assert ports == {
+            "w1": cluster.metrics_ports["w1"],
+            "kvstore": cluster.metrics_ports["kvstore"],
+        }
+        assert len(set(cluster.metrics_ports.values())) == 3  # kvstore, w0, w1: each its own
         assert HealthProbe(cluster.kvstore_target).not_serving_reason() is None
         processes = cluster.processes
         redis_port = int(cluster.redis_url.rsplit(":", 1)[1].split("/")[0])

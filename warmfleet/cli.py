@@ -9,7 +9,7 @@ from typing import NoReturn
 
 from common.errors import WarmfleetError
 from warmfleet import __version__
-from warmfleet.commands import chat, gateway, generate, keys, kvstore, model, up, worker
+from warmfleet.commands import chat, gateway, generate, keys, kvstore, model, top, up, worker
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.register(sub)
     generate.register(sub)
     model.register(sub)
+    top.register(sub)
     return parser
 
 

@@ -62,15 +62,17 @@ class ClusterConfig:
     def _base(self, role: str, redis_url: str) -> list[str]:
         return [sys.executable, "-m", self.cli_module, role, "--redis-url", redis_url]
 
-    def worker_argv(self, worker_id: str, redis_url: str) -> list[str]:
+    def worker_argv(self, worker_id: str, redis_url: str, metrics_port: int = 0) -> list[str]:
         argv = self._base("worker", redis_url)
         argv += ["--worker-id", worker_id, "--threads", str(self.threads)]
+        argv += ["--metrics-port", str(metrics_port)] if metrics_port else []
         argv += _options(model=self.model, lease_s=self.lease_s, spill_dir=self.spill_dir,
                          warm_budget=self.warm_budget, weights=self.weights)  # fmt: skip
         return argv + list(self.worker_args)
 
-    def kvstore_argv(self, port: int, redis_url: str) -> list[str]:
+    def kvstore_argv(self, port: int, redis_url: str, metrics_port: int = 0) -> list[str]:
         argv = [*self._base("kvstore", redis_url), "--port", str(port)]
+        argv += ["--metrics-port", str(metrics_port)] if metrics_port else []
         return argv + _options(spill_dir=self.spill_dir, disk_budget=self.disk_budget)
 
     def gateway_argv(self, port: int, http_port: int, redis_url: str) -> list[str]:

@@ -45,6 +45,8 @@ class Cluster:
         self.port = config.port or free_port()
         self.http_port = config.http_port or free_port()
         self.kvstore_port = config.kvstore_port or free_port()
+        # where each worker and the kvstore serve Prometheus metrics (the gateway: /metrics)
+        self.metrics_ports = {name: free_port() for name in ["kvstore", *self.worker_ids]}
         self.spill_dir = Path(config.spill_dir) if config.spill_dir is not None else None
         self._env = {
             **os.environ,
@@ -80,6 +82,12 @@ class Cluster:
     def http_url(self) -> str:
         """Where HTTP clients connect: "http://127.0.0.1:PORT" (the APIs are under /v1)."""
         return f"http://127.0.0.1:{self.http_port}"
+
+    def metrics_url(self, name: str) -> str:
+        """Where a part serves Prometheus metrics ("gateway", "kvstore", "w0", ...)."""
+        if name == "gateway":
+            return f"{self.http_url}/metrics"
+        return f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
 
     @property
     def kvstore_target(self) -> str:
@@ -163,11 +171,15 @@ class Cluster:
         self._check_redis()
         c, url = self.config, self.redis_url
         self._kvstore = Child(
-            "kvstore", c.kvstore_argv(self.kvstore_port, url), self.kvstore_target
+            "kvstore",
+            c.kvstore_argv(self.kvstore_port, url, self.metrics_ports["kvstore"]),
+            self.kvstore_target,
         )
         self._progress(f"starting the kvstore on {self.kvstore_target}")
         self._spawn(self._kvstore)
-        self._workers = [Child(w, c.worker_argv(w, url)) for w in self.worker_ids]
+        self._workers = [
+            Child(w, c.worker_argv(w, url, self.metrics_ports[w])) for w in self.worker_ids
+        ]
         self._progress(
             f"starting {self.num_workers} worker(s) ({', '.join(self.worker_ids)}; "
             f"{self.threads_per_worker} thread(s) each) with {model.name}"

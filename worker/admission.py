@@ -10,7 +10,7 @@ import time
 from broker import keys
 from broker.fair_queue import Rooms
 from broker.leases import Delivery
-from broker.messages import EventKind, JobError
+from broker.messages import EventKind, JobError, OrderOp
 from common.enums import Priority
 from common.errors import PromptTooLongError, WarmfleetError
 from engine.kv_pool import PagedKV
@@ -47,7 +47,12 @@ class Admission:
         """A delivery read from Redis: an order, or a job to hold or admit."""
         out = self.s.outbox
         if d.order is not None or d.job is None:
-            if d.order is not None:
+            if d.order is not None and d.order.op == OrderOp.DRAIN:
+                if not self.s.stopping:
+                    log.info("draining (an operator asked): finishing %d running request(s)",
+                             len(self.s.inflight))  # fmt: skip
+                self.s.stopping = True
+            elif d.order is not None:
                 self.residency.carry_out(d.order)
             else:
                 log.warning("unreadable entry %s on %s dropped: %s", d.entry_id, d.stream, d.error)

@@ -22,6 +22,7 @@ from worker.admission import Admission
 from worker.config import WorkerConfig
 from worker.handover import Handover
 from worker.liveness import Liveness
+from worker.metrics import WorkerMetrics
 from worker.residency import Residency
 from worker.spiller import Spiller
 from worker.state import InFlight, WorkerState
@@ -42,6 +43,7 @@ class Worker:
         self.residency = Residency(s)
         self.admission = Admission(s, self.residency)
         self.handover = Handover(s, self.residency, self.admission)
+        self.metrics = WorkerMetrics(s)  # served when the command is given a port
         self.liveness = Liveness(broker, config.lease_s, config.heartbeat_interval_s,
                                  config.stall_s)  # fmt: skip
         self.stop_now = False  # second signal: leave at once (leases hand the work over)
@@ -73,7 +75,12 @@ class Worker:
             "pool_bytes": engine.sessions.nbytes,  # idle sessions' blocks, each once
             "kv_blocks": self._blocks(),
             "warm_budget": s.config.warm_budget_bytes,
+            "max_running": engine.config.max_running,  # batch slots
             "steps": engine.stats.num_steps,
+            "generated_tokens": engine.stats.num_generated_tokens,
+            "prefill_tokens": engine.stats.num_prefill_tokens,
+            "step_seconds": round(engine.stats.step_seconds, 6),  # all steps together
+            "at": round(time.time(), 3),  # when this status was taken
             "stopping": s.stopping,
             "kvstore_seen": self.liveness.kvstore_alive,
             "model_fingerprint": engine.model.fingerprint,
@@ -200,7 +207,11 @@ class Worker:
 
     def _step(self) -> None:
         s = self.state
-        for out in s.engine.step():
+        steps = s.engine.stats.num_steps
+        outputs = s.engine.step()
+        if s.engine.stats.num_steps > steps:
+            self.metrics.step_time.observe(s.engine.stats.last_step_s)
+        for out in outputs:
             f = s.inflight.get(out.request_id)
             if f is None:
                 continue

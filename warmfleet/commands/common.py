@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from common.errors import InvalidRequestError, ServiceError
 from engine.weights import WEIGHT_MODES
 from warmfleet.models import env_int
 from warmfleet.redis_conn import redis_url_default
@@ -72,3 +75,37 @@ def add_spill_dir(p: argparse.ArgumentParser, *, allow_none: bool = True) -> Non
         help="where evicted sessions are written, shared by the workers and the kvstore "
         f"of a host (default: $WARMFLEET_SPILL_DIR, else ~/.cache/warmfleet/spill){none}",
     )
+
+
+def add_metrics(p: argparse.ArgumentParser) -> None:
+    """--metrics-port and --metrics-host: where the part serves Prometheus metrics."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: none; `warmfleet up` "
+        "gives each part a free port)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics listen on (0.0.0.0 for a Prometheus on another host or "
+        "container)",
+    )
+
+
+def serve_metrics(args: argparse.Namespace, serve: Callable[[str, int], int]) -> None:
+    """Start the part's metrics server when a port is given (ServiceError if it cannot
+    listen); logs where."""
+    if not args.metrics_port:
+        return
+    where = f"{args.metrics_host}:{args.metrics_port}"
+    if not 0 < args.metrics_port <= 65535:
+        raise InvalidRequestError("--metrics-port", f"must be in [0, 65535], got {where}")
+    try:
+        port = serve(args.metrics_host, args.metrics_port)
+    except OSError as e:
+        raise ServiceError(f"cannot serve metrics on {where}: {e}") from e
+    logging.info("metrics at http://%s:%d/metrics", args.metrics_host, port)

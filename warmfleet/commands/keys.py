@@ -37,6 +37,12 @@ def register(sub: Any) -> None:
     ):
         help_text = f"{meaning} ({default})"
         add.add_argument(name, type=int, default=default, metavar="N", help=help_text)
+    add.add_argument(
+        "--admin",
+        action="store_true",
+        help="an operator's key: it may open the dashboard and evict sessions or drain "
+        "workers from it",
+    )
     p.set_defaults(run=run)
 
 
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         f'max_priority = "{args.max_priority}"\n'
         f"weight = {args.weight}\n"
         f"max_concurrent = {args.max_concurrent}\n"
-        f"max_queued = {args.max_queued}\n"
+        f"max_queued = {args.max_queued}\n" + ("admin = true\n" if args.admin else "")
     )
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

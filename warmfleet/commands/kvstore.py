@@ -17,8 +17,9 @@ from common.errors import ServiceError
 from common.grpc_serve import serve
 from common.v1 import kvstore_pb2_grpc
 from kvstore.grpc_service import SERVICE_NAME, KVStoreService
+from kvstore.metrics import KVStoreMetrics
 from kvstore.service import KVStore
-from warmfleet.commands.common import add_redis_url, add_spill_dir
+from warmfleet.commands.common import add_metrics, add_redis_url, add_spill_dir, serve_metrics
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
 from warmfleet.sizes import format_size, size_arg
@@ -46,6 +47,7 @@ def register(sub: Any) -> None:
         "deleted and their sessions recomputed when they return (default: half the free "
         "space of the spill directory's file system at start)",
     )
+    add_metrics(p)
     p.set_defaults(run=run)
 
 
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (OSError, RuntimeError) as e:
         raise ServiceError(f"cannot listen on {args.host}:{args.port}: {e}") from e
+    serve_metrics(args, KVStoreMetrics(store).serve)
     logging.info(
         "listening on %s:%d (redis %s; disk budget %s)",
         args.host,

@@ -150,6 +150,8 @@ def _banner(cluster: Cluster) -> str:
         f"warmfleet is up: gRPC {cluster.target} · HTTP {cluster.http_url} · workers "
         f"{', '.join(cluster.worker_ids)} · kvstore {cluster.kvstore_target} · redis "
         f"{cluster.redis_url} · logs {cluster.log_dir}\n"
+        f"dashboard: {cluster.http_url}/dashboard · metrics: "
+        f"{' '.join(cluster.metrics_url(n) for n in ['gateway', 'kvstore', *cluster.worker_ids])}\n"
         f"try: warmfleet chat --session demo{target}    (Ctrl-C stops everything)\n"
         f"  or: curl {cluster.http_url}/v1/chat/completions -H 'X-Session-Id: demo' "
         """-d '{"messages": [{"role": "user", "content": "Hi!"}]}'"""

@@ -19,7 +19,13 @@ from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
 from engine.spill_file import SpillStore
-from warmfleet.commands.common import add_compute, add_redis_url, add_spill_dir
+from warmfleet.commands.common import (
+    add_compute,
+    add_metrics,
+    add_redis_url,
+    add_spill_dir,
+    serve_metrics,
+)
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
 from warmfleet.redis_conn import connect
@@ -65,6 +71,7 @@ def register(sub: Any) -> None:
         "available at start, at most 8G)",
     )
     add_spill_dir(p)
+    add_metrics(p)
     p.set_defaults(run=run)
 
 
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         step_budget_s=args.step_budget_ms / 1000 if args.step_budget_ms else None,
     )
     worker = _build(args, config, engine_config)
+    serve_metrics(args, worker.metrics.serve)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if worker.stopping:
