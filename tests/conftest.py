@@ -53,7 +53,7 @@ def default_cluster(
 
 
 TENANTS = {"alice": "", "bob": "", "low": 'max_priority = "batch"',
-           "tiny": "max_queued = 1\nmax_concurrent = 1"}  # fmt: skip
+           "tiny": "max_queued = 1\nmax_concurrent = 1", "ops": "admin = true"}  # fmt: skip
 MAX_BODY_BYTES = 64 * 1024
 
 
