@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import redis as redis_lib
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,7 +21,7 @@ from broker import keys
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
-from tests.cluster_helpers import common_prefix, reference, wait_for
+from tests.cluster_helpers import common_prefix, reference, wait_for, worker_status
 from warmfleet.client import Client, Reply, collect
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -108,6 +109,29 @@ def test_a_draining_worker_hands_its_waiting_request_over(
     assert holder not in r.smembers(keys.WORKERS)
     assert not r.exists(keys.draining_key(holder), keys.pinned_stream(holder))
     cluster.restart(holder)
+
+
+def test_an_operators_drain_finishes_the_running_request_and_the_worker_leaves(
+    cluster: Cluster, client: Client, r: redis_lib.Redis
+) -> None:
+    """The dashboard's action (no key file: the local caller is an admin)."""
+    streams = [iter(client.stream(f"op-{i}", prompt="Count to a hundred.", max_tokens=48,
+                                  ignore_eos=True)) for i in range(2)]  # fmt: skip
+    heads = [next(s) for s in streams]  # one runs on each worker (one slot each)
+    wait_for(lambda: all(worker_status(r, w)["num_running"] == 1 for w in cluster.worker_ids),
+             "a request on each worker")  # fmt: skip
+    process = cluster.processes["w1"]
+    drained = httpx.post(f"{cluster.http_url}/dashboard/api/drain", json={"worker_id": "w1"},
+                         timeout=30)  # fmt: skip
+    assert drained.status_code == 200 and drained.json() == {"worker_id": "w1", "state": "draining"}
+    assert r.exists(keys.draining_key("w1"))  # routed nothing more from now on
+    done = [collect(itertools.chain([h], s)) for h, s in zip(heads, streams, strict=True)]
+    assert sorted(d.completion.worker_id for d in done) == ["w0", "w1"]
+    assert all(len(d.token_ids) == 48 for d in done)  # the running one finished on w1
+    assert wait_exit(process, 60) == 0
+    assert "w1" not in r.smembers(keys.WORKERS)
+    assert client.complete("after", prompt="Hi", max_tokens=2).completion.worker_id == "w0"
+    cluster.restart("w1")
 
 
 def test_health_follows_the_workers_and_a_request_waits_for_one(
