@@ -1,7 +1,9 @@
-"""The whole fleet at a glance, read from Redis in three round trips: the queues (depth and
-oldest wait per class and tenant), the workers (their heartbeats), the sessions (counts
-per tier and the most recently used), the kvstore's usage report and the gateways'
-counters. The dashboard, `/metrics` and `warmfleet top` all show this one snapshot.
+"""The whole fleet at a glance, read from Redis in a few pipelined round trips: the queues
+(depth and oldest wait per class and tenant), the workers (their heartbeats), the sessions
+(how many, and the most recently used), the kvstore's usage report (with the sessions per
+tier) and the gateways' counters. The dashboard, `/metrics` and `warmfleet top` all show
+this one snapshot. Its parts are read one after another, not in one transaction: while
+requests move, `waiting` may briefly differ from the sum of the lanes' depths.
 
 A snapshot is plain JSON-ready data:
 
@@ -111,10 +113,7 @@ async def _workers(r: aioredis.Redis, workers: list[str], now: float) -> list[di
 
 async def _sessions(r: aioredis.Redis, max_sessions: int) -> dict[str, Any]:
     """How many sessions there are, and the most recently used ones."""
-    prefix = keys.session_index("")
-    tenants = sorted(
-        [name.removeprefix(prefix) async for name in r.scan_iter(match=f"{prefix}*", count=1000)]
-    )
+    tenants = sorted(await r.smembers(keys.TENANTS))
     pipe = r.pipeline(transaction=False)
     for t in tenants:
         pipe.zcard(keys.session_index(t))

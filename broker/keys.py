@@ -106,6 +106,9 @@ def parse_session_key(name: str) -> tuple[str, str]:
     return tenant, session_id
 
 
+TENANTS = "wf:tenants"  # set: the tenants that have had a session (for listing them all)
+
+
 def session_index(tenant: str) -> str:
     """Sorted set of a tenant's session ids, scored by last use (for listing)."""
     return f"wf:sessions:{tenant}"

@@ -17,7 +17,13 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from broker.messages import AnswerStatus
 from common.enums import Tier
-from common.errors import FailedPreconditionError, InvalidRequestError, NotFoundError
+from common.errors import (
+    FailedPreconditionError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
 from common.ids import require_session_id
 from gateway.auth import TENANT_NAME, KeyRing
 from gateway.core import GatewayCore
@@ -50,6 +56,16 @@ async def metrics(op: Operator, request: Request) -> Response:
 
 async def page(op: Operator, request: Request) -> Response:
     return FileResponse(STATIC / "dashboard.html", headers={"cache-control": "no-cache"})
+
+
+async def access(op: Operator, request: Request) -> Response:
+    """Whether the caller's key opens the dashboard, always with 200 (the page asks this
+    first, so that the browser logs no refused request before the key is given)."""
+    try:
+        op.check_admin(request)
+    except (UnauthenticatedError, PermissionDeniedError) as e:
+        return JSONResponse({"key_required": True, "admin": False, "message": str(e)})
+    return JSONResponse({"key_required": op.keys.enabled, "admin": True, "message": ""})
 
 
 async def events(op: Operator, request: Request) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -158,6 +159,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return self.keys.tenant(context.invocation_metadata() or ())
 
 
+@dataclass
+class CallState:
+    answered: bool = False  # its completion was sent
+
+
 class CountStatuses(grpc.aio.ServerInterceptor):
     """Counts the Inference service's calls by the status they ended with (metrics)."""
 
@@ -188,29 +194,34 @@ class CountStatuses(grpc.aio.ServerInterceptor):
 
     def _stream(self, call: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def counted(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with self._counting(context):
+            with self._counting(context) as call_state:
                 async for response in call(request, context):
+                    if isinstance(response, pb.GenerateResponse) and response.HasField(
+                        "completion"
+                    ):
+                        call_state.answered = True  # a client may close the call now
                     yield response
 
         return counted
 
     @contextmanager
-    def _counting(self, context: grpc.aio.ServicerContext) -> Iterator[None]:
-        """Count the call with the status it ends with."""
-        ended = "OK"
+    def _counting(self, context: grpc.aio.ServicerContext) -> Iterator[CallState]:
+        """Count the call with the status it ends with (OK once its completion was sent,
+        even if the client closes it before the server's end)."""
+        state, ended = CallState(), "OK"
         try:
-            yield
+            yield state
         except grpc.aio.AbortError:
             ended = "UNKNOWN"  # the status it aborted with, below
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            ended = "CANCELLED"  # the client went away
+            ended = "OK" if state.answered else "CANCELLED"  # the client went away
             raise
         except Exception:
             ended = "UNKNOWN"
             raise
         finally:
             code = context.code()
-            self.metrics.responded(
-                "grpc", code.name if isinstance(code, grpc.StatusCode) else ended
-            )
+            if not isinstance(code, grpc.StatusCode) or state.answered:
+                code = None
+            self.metrics.responded("grpc", code.name if code is not None else ended)

@@ -62,6 +62,7 @@ def build_app(ctx: HttpContext, op: Operator) -> ASGIApp:
             route("/v1/sessions/{session_id:path}", sessions_api.delete_session, "DELETE"),
             route("/metrics", dashboard.metrics, "GET", on=op),
             route("/dashboard", dashboard.page, "GET", on=op),
+            route("/dashboard/access", dashboard.access, "GET", on=op),
             route("/dashboard/events", dashboard.events, "GET", on=op),
             route("/dashboard/api/evict", dashboard.evict, "POST", on=op),
             route("/dashboard/api/drain", dashboard.drain, "POST", on=op),

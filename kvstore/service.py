@@ -219,6 +219,7 @@ class KVStore:
             tenant, session_id = keys.split_cache_key(key)
             pipe.hset(keys.session_key(tenant, session_id), mapping=record.to_fields())
             pipe.zadd(keys.session_index(tenant), {session_id: record.last_used})
+            pipe.sadd(keys.TENANTS, tenant)
         for key in fx.removals:  # deleted: its record, and the hint that routes it
             tenant, session_id = keys.split_cache_key(key)
             pipe.delete(keys.session_key(tenant, session_id), keys.affinity_key(tenant, session_id))

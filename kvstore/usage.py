@@ -6,9 +6,9 @@ Prometheus metrics."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from common.enums import Tier
 from common.v1 import kvstore_pb2 as pb
@@ -43,11 +43,21 @@ def build(store: KVStore) -> pb.KVUsage:
 
 
 def to_json(usage: pb.KVUsage) -> str:
-    """The report as JSON with the proto's field names, every field present."""
-    as_dict = json_format.MessageToDict(
-        usage, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    return json.dumps(as_dict, sort_keys=True)
+    """The report as JSON with the proto's field names, every field present, numbers as
+    numbers (protobuf's own JSON mapping writes 64-bit ones as strings)."""
+    return json.dumps(_as_dict(usage), sort_keys=True)
+
+
+def _as_dict(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        repeated = field.is_repeated
+        if field.type == field.TYPE_MESSAGE:
+            out[field.name] = [_as_dict(v) for v in value] if repeated else _as_dict(value)
+        else:
+            out[field.name] = list(value) if repeated else value
+    return out
 
 
 def _worker(store: KVStore, worker: str) -> pb.WorkerUsage:
