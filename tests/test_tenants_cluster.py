@@ -17,7 +17,7 @@ from broker import keys
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from gateway.auth import hash_key
-from tests.cluster_helpers import NEW_TOKENS, reference
+from tests.cluster_helpers import NEW_TOKENS, reference, wait_for
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -117,7 +117,10 @@ class Timed:
     tokens: int = 0
 
 
-def run_timed(cluster: Cluster, tenant: str, i: int, out: list[Timed]) -> None:
+def run_timed(
+    cluster: Cluster, tenant: str, i: int, out: list[Timed], started: list[str] | None = None
+) -> None:
+    """One request; its times land in `out`, its tenant in `started` at its first token."""
     with client(cluster, tenant) as c:
         c.connect()  # the clock starts as the request leaves, not while a channel opens
         timed = Timed(tenant, time.monotonic())
@@ -125,6 +128,8 @@ def run_timed(cluster: Cluster, tenant: str, i: int, out: list[Timed]) -> None:
         for response in call:
             if response.HasField("chunk") and not timed.first_token:
                 timed.first_token = time.monotonic()
+                if started is not None:
+                    started.append(tenant)
             if response.HasField("chunk"):
                 timed.tokens += len(response.chunk.token_ids)
     out.append(timed)
@@ -132,18 +137,20 @@ def run_timed(cluster: Cluster, tenant: str, i: int, out: list[Timed]) -> None:
 
 def test_a_flooding_tenant_does_not_starve_a_quiet_one(cluster: Cluster) -> None:
     done: list[Timed] = []
+    started: list[str] = []  # tenants, in the order their requests got a first token
     flood = [
-        threading.Thread(target=run_timed, args=(cluster, "flooder", i, done)) for i in range(40)
+        threading.Thread(target=run_timed, args=(cluster, "flooder", i, done, started))
+        for i in range(40)
     ]
     for t in flood:
         t.start()
-    time.sleep(1.0)  # the flood is queued
     quiet = []
-    for i in range(5):  # spread over the same time
-        t = threading.Thread(target=run_timed, args=(cluster, "quiet", i, done))
+    for i in range(5):  # spread over the flood, by its progress (not the clock: machines differ)
+        wait_for(lambda i=i: started.count("flooder") >= 4 + 5 * i, "the flood to go on",
+                 timeout_s=120)  # fmt: skip
+        t = threading.Thread(target=run_timed, args=(cluster, "quiet", i, done, started))
         t.start()
         quiet.append(t)
-        time.sleep(0.7)
     for t in flood + quiet:
         t.join(timeout=300)
     assert len(done) == 45 and all(d.tokens > 0 for d in done)  # every request completed
