@@ -97,12 +97,9 @@ def test_the_gateway_counts_the_requests_and_tokens_the_replies_report(w: Worklo
     prompt = sum(u.prompt_tokens for u in usage) + w.http_usage["prompt_tokens"]
     generated = sum(u.completion_tokens for u in usage) + w.http_usage["completion_tokens"]
     cached = sum(u.cached_tokens for u in usage)
-    assert [c.kv_source for c in w.replies] == [
-        pb.KV_SOURCE_COLD,
-        pb.KV_SOURCE_WARM,
-        pb.KV_SOURCE_COLD,
-        pb.KV_SOURCE_DISK,
-    ]
+    first, warm, plain, back = (c.kv_source for c in w.replies)
+    assert first in (pb.KV_SOURCE_COLD, pb.KV_SOURCE_PREFIX)  # other sessions' template blocks
+    assert (warm, plain, back) == (pb.KV_SOURCE_WARM, pb.KV_SOURCE_COLD, pb.KV_SOURCE_DISK)
     assert cached > 0 and generated == 6 + 5 + 3 + 2 + 2
     assert w.moved("gateway", "warmfleet_requests_finished_total") == n
     assert w.moved("gateway", "warmfleet_requests_finished_total", kv_source="warm") == 1

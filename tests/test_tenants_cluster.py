@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -135,6 +136,11 @@ def run_timed(
     out.append(timed)
 
 
+def flood_at(started: list[str], n: int) -> bool:
+    """Whether `n` of the flooder's requests have started."""
+    return started.count("flooder") >= n
+
+
 def test_a_flooding_tenant_does_not_starve_a_quiet_one(cluster: Cluster) -> None:
     done: list[Timed] = []
     started: list[str] = []  # tenants, in the order their requests got a first token
@@ -146,8 +152,7 @@ def test_a_flooding_tenant_does_not_starve_a_quiet_one(cluster: Cluster) -> None
         t.start()
     quiet = []
     for i in range(5):  # spread over the flood, by its progress (not the clock: machines differ)
-        wait_for(lambda i=i: started.count("flooder") >= 4 + 5 * i, "the flood to go on",
-                 timeout_s=120)  # fmt: skip
+        wait_for(partial(flood_at, started, 4 + 5 * i), "the flood to go on", timeout_s=120)
         t = threading.Thread(target=run_timed, args=(cluster, "quiet", i, done, started))
         t.start()
         quiet.append(t)
