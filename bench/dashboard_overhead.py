@@ -114,6 +114,7 @@ def main() -> None:
                     log(f"round {i} neither: {rate:.1f} tok/s")
                 rates[condition].append(rate)
     base = statistics.median(rates["neither"])
+    pairs = [w / n for w, n in zip(rates["watched"], rates["neither"], strict=True)]
     rows = [
         [name, f"{statistics.median(r):.1f}", f"{min(r):.1f}-{max(r):.1f}",
          f"{statistics.median(r) / base:.3f}"]
@@ -122,6 +123,8 @@ def main() -> None:
     print(f"decode throughput, {args.sessions} sessions x {args.tokens} tokens, "
           f"{args.workers} worker(s), {args.rounds} alternating rounds each")  # fmt: skip
     print_table(["condition", "median tok/s", "range", "vs neither"], rows)
+    print(f"watched / neither, round by round: median {statistics.median(pairs):.3f} "
+          f"(range {min(pairs):.3f}-{max(pairs):.3f})")  # fmt: skip
 
 
 if __name__ == "__main__":

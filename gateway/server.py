@@ -96,6 +96,9 @@ class Gateway:
         self.hub.start()
         self.sampler.start()
         sock = socket.create_server((listen.host, listen.http_port), reuse_port=False)
+        # accepted connections inherit it: a response written as head then body is not held
+        # back by Nagle for the client's delayed ACK (40 ms per response otherwise)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ctx = HttpContext(self.core, self.jobs, self.keys, self.model_names, listen.max_body_bytes)
         operator = Operator(self.core, self.keys, self.sampler)
         config = uvicorn.Config(
