@@ -13,6 +13,7 @@ taken within the run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -74,6 +75,17 @@ class Watchers:
                     self.scrapes += 1
 
 
+def cpu_seconds(cluster: Cluster) -> dict[str, float]:
+    """User + system CPU seconds each part has used so far (Linux: /proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, process in cluster.processes.items():
+        with open(f"/proc/{process.pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        used[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return used
+
+
 def one_round(client: Client, sessions: int, tokens: int, tag: str) -> float:
     """Generated tokens per second for `sessions` requests at once."""
 
@@ -99,11 +111,12 @@ def main() -> None:
     args = ap.parse_args()
     config = ClusterConfig(num_workers=args.workers, model=resolve_model(args.model))
     rates: dict[str, list[float]] = {"neither": [], "watched": []}
+    cpu: dict[str, dict[str, float]] = {"neither": {}, "watched": {}}  # part: CPU s / s
     with Cluster(config) as cluster, Client(cluster.target, timeout_s=600) as client:
         one_round(client, args.sessions, args.tokens, "warm-up")
         for i in range(args.rounds):
             for condition in ("neither", "watched") if i % 2 == 0 else ("watched", "neither"):
-                tag = f"{condition}-{i}"
+                tag, used, t = f"{condition}-{i}", cpu_seconds(cluster), time.perf_counter()
                 if condition == "watched":
                     with Watchers(cluster) as w:
                         rate = one_round(client, args.sessions, args.tokens, tag)
@@ -113,6 +126,16 @@ def main() -> None:
                     rate = one_round(client, args.sessions, args.tokens, tag)
                     log(f"round {i} neither: {rate:.1f} tok/s")
                 rates[condition].append(rate)
+                took, after = time.perf_counter() - t, cpu_seconds(cluster)
+                for part, s in after.items():
+                    spent = cpu[condition].get(part, 0.0) + (s - used[part]) / took
+                    cpu[condition][part] = spent
+    report(args, rates, cpu)
+
+
+def report(
+    args: argparse.Namespace, rates: dict[str, list[float]], cpu: dict[str, dict[str, float]]
+) -> None:
     base = statistics.median(rates["neither"])
     pairs = [w / n for w, n in zip(rates["watched"], rates["neither"], strict=True)]
     rows = [
@@ -125,6 +148,13 @@ def main() -> None:
     print_table(["condition", "median tok/s", "range", "vs neither"], rows)
     print(f"watched / neither, round by round: median {statistics.median(pairs):.3f} "
           f"(range {min(pairs):.3f}-{max(pairs):.3f})")  # fmt: skip
+    print("\nCPU seconds per second of each part, mean over the rounds")
+    print_table(
+        ["part", "neither", "watched", "watched - neither"],
+        [[part, f"{n / args.rounds:.4f}", f"{cpu['watched'][part] / args.rounds:.4f}",
+          f"{(cpu['watched'][part] - n) / args.rounds:+.4f}"]
+         for part, n in cpu["neither"].items()],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
