@@ -9,7 +9,19 @@ from typing import NoReturn
 
 from common.errors import WarmfleetError
 from warmfleet import __version__
-from warmfleet.commands import chat, gateway, generate, keys, kvstore, model, top, up, worker
+from warmfleet.commands import (
+    chat,
+    doctor,
+    gateway,
+    generate,
+    health,
+    keys,
+    kvstore,
+    model,
+    top,
+    up,
+    worker,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.register(sub)
     model.register(sub)
     top.register(sub)
+    health.register(sub)
+    doctor.register(sub)
     return parser
 
 
