@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from common.errors import WarmfleetError
 from warmfleet import __version__
-from warmfleet.commands import (
-    chat,
-    doctor,
-    gateway,
-    generate,
-    health,
-    keys,
-    kvstore,
-    model,
-    top,
-    up,
-    worker,
-)
+
+# in the order `--help` lists them; each is warmfleet.commands.<name>, imported only when
+# needed: a compose healthcheck (`warmfleet health`, every few seconds) does not pay for
+# importing the engine
+COMMANDS = ("up", "chat", "gateway", "worker", "kvstore", "keys", "generate", "model", "top",
+            "health", "doctor")  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,26 +25,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or (`only`) the one subcommand that is being run."""
     parser = _Parser(prog="warmfleet", description=__doc__)
     parser.add_argument("--version", action="version", version=f"warmfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    up.register(sub)
-    chat.register(sub)
-    gateway.register(sub)
-    worker.register(sub)
-    kvstore.register(sub)
-    keys.register(sub)
-    generate.register(sub)
-    model.register(sub)
-    top.register(sub)
-    health.register(sub)
-    doctor.register(sub)
+    for name in COMMANDS if only is None else (only,):
+        importlib.import_module(f"warmfleet.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
         return int(args.run(args))
     except WarmfleetError as e:

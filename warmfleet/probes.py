@@ -46,18 +46,21 @@ def heartbeat_is_fresh(client: redis.Redis, worker_id: str, mark: HeartbeatMark)
 
 
 class HealthProbe:
-    """Asks a gRPC server's standard health service (service "") whether it is SERVING."""
+    """Asks a gRPC server's standard health service whether `service` ("" is the server as
+    a whole) is SERVING."""
 
-    def __init__(self, target: str, timeout_s: float = 1.0) -> None:
+    def __init__(self, target: str, timeout_s: float = 1.0, service: str = "") -> None:
         self._channel = grpc.insecure_channel(target)
         self._stub = health_pb2_grpc.HealthStub(self._channel)
         self._timeout_s = timeout_s
+        self._service = service
 
     def not_serving_reason(self) -> str | None:
-        """None when the server answers SERVING, else why not (for an error message)."""
+        """None when the server answers SERVING within the timeout, else why not (for an
+        error message)."""
         try:
             response = self._stub.Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=self._timeout_s
+                health_pb2.HealthCheckRequest(service=self._service), timeout=self._timeout_s
             )
         except grpc.RpcError as e:
             return f"health check: {e.code().name}"

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import InvalidRequestError, ServiceError
-from engine.weights import WEIGHT_MODES
 from warmfleet.models import env_int
 from warmfleet.redis_conn import redis_url_default
 
@@ -50,6 +49,8 @@ def add_compute(p: argparse.ArgumentParser) -> None:
 def add_weights(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
     """--weights; `passed_on`: the command hands it to workers, which read the environment
     themselves when it is not given."""
+    from engine.weights import WEIGHT_MODES  # here: the engine's import is for its commands
+
     p.add_argument(
         "--weights",
         choices=WEIGHT_MODES,
