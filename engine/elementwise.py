@@ -43,8 +43,10 @@ def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
     # x: [N, dim]
     lib = _compiled(x, weight, multiple_of=x.shape[-1])
     if lib is None:
-        scale = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
-        return (x * scale) * weight
+        # the squares in float32 at least: a float16 activation past 256 squares to inf
+        wide = x.astype(xp.float32) if x.dtype == xp.float16 else x
+        scale = 1.0 / xp.sqrt(xp.mean(wide * wide, axis=-1, keepdims=True) + eps)
+        return (x * scale.astype(x.dtype)) * weight
     out = np.empty_like(x)
     lib.wf_rms_norm(x.ctypes.data, weight.ctypes.data, eps, x.shape[0], x.shape[1],
                     out.ctypes.data)  # fmt: skip
@@ -78,7 +80,9 @@ def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
     lib = _compiled(gate_up, multiple_of=ffn_dim)
     if lib is None:
         gate, up = gate_up[:, :ffn_dim], gate_up[:, ffn_dim:]
-        act = gate / (1.0 + xp.exp(-gate))
+        # float16: the sigmoid in float32 (exp(-gate) overflows float16 below gate = -11)
+        wide = gate.astype(xp.float32) if gate.dtype == xp.float16 else gate
+        act = (wide / (1.0 + xp.exp(-wide))).astype(gate.dtype, copy=False)
         act *= up
         return act
     out = np.empty((gate_up.shape[0], ffn_dim), dtype=np.float32)

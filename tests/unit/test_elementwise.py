@@ -64,3 +64,17 @@ def test_rope_at_each_rows_position() -> None:
         assert np.array_equal(
             rope(qkv[i : i + 1], d, heads, d, (cos, sin), pos[i : i + 1], np)[0], whole[i]
         )
+
+
+def test_rms_norm_in_float16_squares_in_float32() -> None:
+    """Activations past 256 (this model has them) square past float16's range: the norm is
+    taken in float32, so the result stays finite and close to the float32 one (float16 runs
+    the NumPy path: the C kernels are float32)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (4, 576)).astype(np.float32)
+    x[:, 7] = 900.0  # one large activation per row, as real hidden states have
+    weight = rng.normal(1, 0.1, 576).astype(np.float32)
+    want = rms_norm(x, weight, 1e-5, np)
+    got = rms_norm(x.astype(np.float16), weight.astype(np.float16), 1e-5, np)
+    assert got.dtype == np.float16 and np.isfinite(got).all()
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
