@@ -146,13 +146,15 @@ def kv_summary(kvstore_target: str) -> str:
 
 def _banner(cluster: Cluster) -> str:
     target = "" if cluster.target == f"127.0.0.1:{DEFAULT_PORT}" else f" --target {cluster.target}"
+    parts = ["gateway", "kvstore", *cluster.worker_ids]
+    metrics = ", ".join(f"{name} {cluster.metrics_url(name)}" for name in parts)
     return (
         f"warmfleet is up: gRPC {cluster.target} · HTTP {cluster.http_url} · workers "
         f"{', '.join(cluster.worker_ids)} · kvstore {cluster.kvstore_target} · redis "
         f"{cluster.redis_url} · logs {cluster.log_dir}\n"
         f"dashboard: {cluster.http_url}/dashboard · in a terminal: warmfleet top --redis-url "
         f"{cluster.redis_url} · metrics: "
-        f"{' '.join(cluster.metrics_url(n) for n in ['gateway', 'kvstore', *cluster.worker_ids])}\n"
+        f"{metrics}\n"
         f"try: warmfleet chat --session demo{target}    (Ctrl-C stops everything)\n"
         f"  or: curl {cluster.http_url}/v1/chat/completions -H 'X-Session-Id: demo' "
         """-d '{"messages": [{"role": "user", "content": "Hi!"}]}'"""
