@@ -45,6 +45,15 @@ class Listen:
     max_streams: int = 4096  # open calls and connections at most, each face
 
 
+def http_socket(host: str, port: int) -> socket.socket:
+    """The HTTP face's listening socket (OSError if the port is taken). TCP_NODELAY, which
+    the connections it accepts inherit: a response written as its head and then its body
+    is not held back by Nagle for the client's delayed ACK (40 ms a response otherwise)."""
+    sock = socket.create_server((host, port), reuse_port=False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handling: the gateway stops both faces itself."""
 
@@ -95,10 +104,7 @@ class Gateway:
         await self.watch.start()
         self.hub.start()
         self.sampler.start()
-        sock = socket.create_server((listen.host, listen.http_port), reuse_port=False)
-        # accepted connections inherit it: a response written as head then body is not held
-        # back by Nagle for the client's delayed ACK (40 ms per response otherwise)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = http_socket(listen.host, listen.http_port)
         ctx = HttpContext(self.core, self.jobs, self.keys, self.model_names, listen.max_body_bytes)
         operator = Operator(self.core, self.keys, self.sampler)
         config = uvicorn.Config(
