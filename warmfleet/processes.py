@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 Process = subprocess.Popen[bytes]
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
@@ -48,37 +46,20 @@ def spawn(
     launcher, which then stops its children in order. With `die_with_parent` (Linux), the
     kernel SIGKILLs the child when the thread that spawned it ends, however the launcher
     dies: spawn from the thread that lives as long as the children should (the main one).
-    """
+    The child sets that up itself, after exec (warmfleet/die_with_parent.py says why)."""
+    argv = list(argv)
+    if die_with_parent and sys.platform.startswith("linux"):
+        argv = [sys.executable, "-m", "warmfleet.die_with_parent", str(os.getpid()), *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            list(argv),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
             start_new_session=True,
-            preexec_fn=_death_signal() if die_with_parent else None,
         )
-
-
-def _death_signal() -> Callable[[], None] | None:
-    """A function for the child, between fork and exec, that asks the kernel for SIGKILL
-    when its parent dies (None where prctl does not exist: not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def set_death_signal() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
-
-    return set_death_signal
 
 
 def signal_process(proc: Process, signum: int) -> None:
