@@ -18,6 +18,9 @@ class Tier(enum.StrEnum):
 
 IN_MEMORY = (Tier.HOT, Tier.WARM, Tier.SPILLING)
 
+# --device: where a worker's model runs (engine/device.py picks the array module)
+DEVICES = ("auto", "cpu", "cuda", "mlx")
+
 
 class KVSource(enum.StrEnum):
     """Where a request's reused KV came from."""
@@ -25,7 +28,7 @@ class KVSource(enum.StrEnum):
     COLD = "cold"  # nothing reused
     WARM = "warm"  # the worker's memory
     DISK = "disk"  # a spill file
-    PREFIX = "prefix"  # reserved: a prefix shared with other sessions
+    PREFIX = "prefix"  # whole blocks of a prefix other sessions of the tenant computed
 
 
 class FinishReason(enum.StrEnum):

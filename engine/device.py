@@ -1,19 +1,21 @@
-"""Choose the array module: NumPy on the CPU, CuPy where a GPU is present and asked for."""
+"""Choose the array module: NumPy on the CPU, CuPy where a GPU is present and asked for,
+MLX (engine/mlx_backend) where asked for or on Apple silicon."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import platform
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
+from common.enums import DEVICES
 from common.errors import InvalidRequestError
 from engine import kernels
 
-DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -25,12 +27,34 @@ def _cupy_with_gpu() -> ModuleType | None:
         return None
 
 
+def _mlx() -> ModuleType | None:
+    try:
+        return importlib.import_module("mlx.core")
+    except ImportError:
+        return None
+
+
+def apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
 def array_module(device: str) -> ModuleType:
-    """numpy for "cpu"; cupy for "cuda" (an error if unusable); "auto" picks cupy if it works."""
+    """numpy for "cpu"; cupy for "cuda" and mlx.core for "mlx" (an error if unusable);
+    "auto" picks cupy if it works, else MLX on Apple silicon, else numpy."""
     if device not in DEVICES:
         raise InvalidRequestError("device", f"must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "cpu":
         return np
+    if device == "mlx" or (device == "auto" and apple_silicon()):
+        mlx = _mlx()
+        if mlx is not None:
+            return mlx
+        if device == "mlx":
+            raise InvalidRequestError(
+                "device",
+                "mlx asked for, but mlx is not installed "
+                "(install the extra: pip install 'warmfleet[mlx]')",
+            )
     cupy = _cupy_with_gpu()
     if cupy is not None:
         return cupy
@@ -41,6 +65,11 @@ def array_module(device: str) -> ModuleType:
             "(install the extra: pip install 'warmfleet[gpu]')",
         )
     return np
+
+
+def on_mlx(xp: ModuleType) -> bool:
+    """The array module is MLX's (engine/mlx_backend runs the model)."""
+    return xp.__name__.startswith("mlx")
 
 
 def compute_dtype(name: str) -> np.dtype[Any]:

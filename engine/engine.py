@@ -14,7 +14,7 @@ from common.sampling import SamplingParams
 from engine.blocks import PoolExhaustedError
 from engine.config import EngineConfig
 from engine.detokenizer import StreamDecoder
-from engine.kv_pool import KVPool, PagedKV, common_prefix_len, detach
+from engine.kv_pool import PagedKV, common_prefix_len, detach
 from engine.model import Model
 from engine.runner import ModelRunner
 from engine.sampling import make_rng, sample
@@ -61,10 +61,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.scheduler = Scheduler(self.config)
         c = model.config
-        self.pool = KVPool.sized(
-            c, self.config.pool_bytes(model.bytes_per_token, c.context_length), model.dtype,
-            model.xp, model.fingerprint,
-        )  # fmt: skip
+        self.pool = model.new_pool(self.config.pool_bytes(model.bytes_per_token, c.context_length))
         self.runner = ModelRunner(model, self.pool)
         self.sessions: SessionPool[PagedKV] = SessionPool(
             self.config.session_budget_bytes, lambda kv: kv.blocks, self.pool.block_bytes

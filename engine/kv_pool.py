@@ -40,10 +40,33 @@ class KVPool:
         self.xp = xp
         self.fingerprint = fingerprint
         self.block_size = block_size
-        shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
-        self.k = xp.zeros(shape, dtype=self.dtype)  # zero pages: memory is taken as written
-        self.v = xp.zeros(shape, dtype=self.dtype)
+        self.num_blocks = num_blocks
+        self._allocate()
         self.alloc = BlockAllocator(num_blocks)
+
+    def _allocate(self) -> None:
+        c = self.config
+        shape = (c.num_layers, self.num_blocks, c.num_kv_heads, self.block_size, c.head_dim)
+        self.k = self.xp.zeros(shape, dtype=self.dtype)  # zero pages: taken as written
+        self.v = self.xp.zeros(shape, dtype=self.dtype)
+
+    # The array operations, where another layout (engine/mlx_backend) differs.
+    def copy_block(self, dst: int, src: int) -> None:
+        """Every layer's keys and values of block `src` into block `dst`."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+    def put(self, blocks: np.ndarray, slots: np.ndarray, k: Array, v: Array) -> None:
+        """Keys and values [layers, kv_heads, n, head_dim] (host or device) into these
+        positions."""
+        self.k[:, blocks, :, slots] = self.xp.asarray(k).transpose(2, 0, 1, 3)
+        self.v[:, blocks, :, slots] = self.xp.asarray(v).transpose(2, 0, 1, 3)
+
+    def take(self, blocks: np.ndarray, slots: np.ndarray) -> tuple[Array, Array]:
+        """Copies of the keys and values at these positions, [layers, kv_heads, n, head_dim]."""
+        k = self.k[:, blocks, :, slots].transpose(1, 2, 0, 3)
+        v = self.v[:, blocks, :, slots].transpose(1, 2, 0, 3)
+        return self.xp.ascontiguousarray(k), self.xp.ascontiguousarray(v)
 
     @classmethod
     def sized(
@@ -74,9 +97,7 @@ class KVPool:
         start = kv.extend_prefix(token_ids, n)  # blocks the pool holds already are taken
         kv.prepare_write(start, n - start)
         if n > start:
-            blocks, slots = kv.slots(start, n - start)
-            self.k[:, blocks, :, slots] = self.xp.asarray(k[:, :, start:]).transpose(2, 0, 1, 3)
-            self.v[:, blocks, :, slots] = self.xp.asarray(v[:, :, start:]).transpose(2, 0, 1, 3)
+            self.put(*kv.slots(start, n - start), k[:, :, start:], v[:, :, start:])
         kv.commit(list(token_ids[start:]))
         return kv
 
@@ -130,8 +151,7 @@ class PagedKV:
             block = self.blocks[i]
             if alloc.refs[block] > 1:
                 copy = alloc.allocate()
-                self.pool.k[:, copy] = self.pool.k[:, block]
-                self.pool.v[:, copy] = self.pool.v[:, block]
+                self.pool.copy_block(copy, block)
                 alloc.unref([block])
                 self.blocks[i] = copy
             else:
@@ -216,14 +236,7 @@ class PagedKV:
     def state(self) -> tuple[Array, Array, list[int]]:
         """The valid keys and values as [layers, kv_heads, offset, head_dim] (copies) and the
         token ids, for spilling or forking."""
-        blocks, slots = self.slots(0, self.offset)
-        k = self.pool.k[:, blocks, :, slots].transpose(1, 2, 0, 3)
-        v = self.pool.v[:, blocks, :, slots].transpose(1, 2, 0, 3)
-        return (
-            self.pool.xp.ascontiguousarray(k),
-            self.pool.xp.ascontiguousarray(v),
-            list(self.token_ids),
-        )
+        return (*self.pool.take(*self.slots(0, self.offset)), list(self.token_ids))
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.device import array_module, compute_dtype
-from engine.forward import RopeTables
+from engine.device import array_module, compute_dtype, on_mlx, to_host
+from engine.forward import RopeTables, Segment, forward
 from engine.gguf_file import open_gguf, read_metadata
+from engine.kv_pool import KVPool
 from engine.tokenizer import Tokenizer
 from engine.weights import Weights, fingerprint, load_weights
 
@@ -52,11 +53,20 @@ class Model:
         meta = read_metadata(reader)
         config = ModelConfig.from_metadata(meta)
         tokenizer = Tokenizer.from_metadata(meta)
+        if on_mlx(xp):
+            from engine.mlx_backend.forward import rope_tables
+            from engine.mlx_backend.weights import load_mlx_weights
+
+            loaded = load_mlx_weights(reader, config, np_dtype, weights)
+            rope = rope_tables(config, np_dtype)
+        else:
+            loaded = load_weights(reader, config, np_dtype, xp, weights)
+            rope = RopeTables.build(config, np_dtype, xp)
         model = cls(
             path=Path(path),
             config=config,
-            weights=load_weights(reader, config, np_dtype, xp, weights),
-            rope=RopeTables.build(config, np_dtype, xp),
+            weights=loaded,
+            rope=rope,
             tokenizer=tokenizer,
             fingerprint=fingerprint(reader, config),
             dtype=np_dtype,
@@ -68,7 +78,34 @@ class Model:
 
     @property
     def device(self) -> str:
-        return "cpu" if self.xp is np else "cuda"
+        return "cpu" if self.xp is np else "mlx" if on_mlx(self.xp) else "cuda"
+
+    def new_pool(self, pool_bytes: int) -> KVPool:
+        """A KV pool on this model's device of as many blocks as fit `pool_bytes`."""
+        if on_mlx(self.xp):
+            from engine.mlx_backend.kv_pool import MLXKVPool
+
+            return MLXKVPool.sized(self.config, pool_bytes, self.dtype, self.xp, self.fingerprint)
+        return KVPool.sized(self.config, pool_bytes, self.dtype, self.xp, self.fingerprint)
+
+    def run(
+        self, pool: KVPool, tokens: list[int], positions: list[int], segments: list[Segment]
+    ) -> np.ndarray:
+        """One forward pass (engine/forward.py; engine/mlx_backend on MLX): the new keys
+        and values written into `pool`, and the logits [segments wanting them, vocab] as
+        host float32."""
+        if on_mlx(self.xp):
+            from engine.mlx_backend.forward import forward as mlx_forward
+            from engine.mlx_backend.kv_pool import MLXKVPool
+
+            assert isinstance(pool, MLXKVPool)
+            return mlx_forward(self.weights, self.config, self.rope, pool, tokens, positions,
+                               segments)  # fmt: skip
+        xp = self.xp
+        logits = forward(self.weights, self.config, self.rope, pool,
+                         xp.asarray(tokens, dtype=xp.int64),
+                         xp.asarray(positions, dtype=xp.int64), segments, xp)  # fmt: skip
+        return to_host(logits).astype(np.float32, copy=False)
 
     @property
     def weights_mode(self) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.device import threads_for_step, to_host
-from engine.forward import Segment, forward
+from engine.device import threads_for_step
+from engine.forward import Segment
 from engine.kv_pool import KVPool
 from engine.model import Model
 from engine.scheduler import ScheduledBatch
@@ -20,7 +20,7 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[np.ndarray, list[Sequence]]:
         """Logits [M, vocab] (host float32) for the M sequences whose next token is due.
         Each sequence's blocks are its own for the positions it writes (prepare_write)."""
-        m, xp = self.model, self.model.xp
+        m = self.model
         tokens: list[int] = []
         positions: list[int] = []
         segments: list[Segment] = []
@@ -36,18 +36,9 @@ class ModelRunner:
             chunks.append(ids)
             if want:
                 due.append(seq)
-        if xp is np:
+        if m.xp is np:
             threads_for_step(max(n for _, n in batch))
-        logits = forward(
-            m.weights,
-            m.config,
-            m.rope,
-            self.pool,
-            xp.asarray(tokens, dtype=xp.int64),
-            xp.asarray(positions, dtype=xp.int64),
-            segments,
-            xp,
-        )
+        logits = m.run(self.pool, tokens, positions, segments)
         for (seq, _), ids in zip(batch, chunks, strict=True):
             seq.cache.commit(ids)
-        return to_host(logits).astype(np.float32, copy=False), due
+        return logits, due

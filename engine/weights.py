@@ -97,7 +97,7 @@ def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-class _Tensors:
+class Tensors:
     """The file's tensors, dequantized to float32 on the host and checked one by one."""
 
     def __init__(self, reader: gguf.GGUFReader, config: ModelConfig) -> None:
@@ -150,7 +150,7 @@ class _Tensors:
                 and not is_supported(t.tensor_type, self.shape(name)[1])]  # fmt: skip
 
 
-def use_quantized(mode: str, tensors: _Tensors, dtype: np.dtype[Any], xp: ModuleType) -> bool:
+def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any], xp: ModuleType) -> bool:
     """Whether `--weights mode` keeps the matrices quantized here; an error names what
     stands in the way when "quantized" was asked for and cannot be had."""
     if mode not in WEIGHT_MODES:
@@ -174,7 +174,7 @@ class _Placer:
     """Puts tensors where the forward pass reads them: matrices quantized or expanded,
     everything else in the compute dtype on the device."""
 
-    def __init__(self, tensors: _Tensors, quantized: bool, dtype: np.dtype[Any], xp: ModuleType):
+    def __init__(self, tensors: Tensors, quantized: bool, dtype: np.dtype[Any], xp: ModuleType):
         self.tensors, self.quantized, self.dtype, self.xp = tensors, quantized, dtype, xp
 
     def dev(self, a: np.ndarray) -> Array:
@@ -212,7 +212,7 @@ def load_weights(
 ) -> Weights:
     """Every matrix kept quantized (see use_quantized) or dequantized to `dtype` on `xp`'s
     device; norms in `dtype`."""
-    tensors = _Tensors(reader, config)
+    tensors = Tensors(reader, config)
     quantized = use_quantized(mode, tensors, dtype, xp)
     put = _Placer(tensors, quantized, dtype, xp)
     q_order = rope_halves_order(config.num_heads, config.head_dim)

@@ -36,6 +36,18 @@ def model_float32(default_model_path: Path) -> Model:
 
 
 @pytest.fixture(scope="session")
+def model_mlx(default_model_path: Path) -> Model:
+    """The default model on MLX (its CPU build here), matrices kept in MLX's quantized form."""
+    return Model.load(default_model_path, device="mlx")
+
+
+@pytest.fixture(scope="session")
+def model_mlx_float32(default_model_path: Path) -> Model:
+    """The default model on MLX with every matrix expanded to float32."""
+    return Model.load(default_model_path, device="mlx", weights="float32")
+
+
+@pytest.fixture(scope="session")
 def default_cluster(
     default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.forward import Segment, forward
+from engine.forward import Segment
 from engine.kv_pool import KVPool, PagedKV
 from engine.model import Model
 
@@ -18,10 +18,7 @@ def pool_of(model: Model) -> KVPool:
     """The model's pool for tests (made on first use, kept with the model)."""
     held = _pools.get(id(model))
     if held is None or held[0] is not model:
-        pool = KVPool.sized(
-            model.config, TEST_POOL_TOKENS * model.bytes_per_token, model.dtype, model.xp,
-            model.fingerprint,
-        )  # fmt: skip
+        pool = model.new_pool(TEST_POOL_TOKENS * model.bytes_per_token)
         held = _pools[id(model)] = (model, pool)
     return held[1]
 
@@ -42,17 +39,7 @@ def step(model: Model, parts: list[tuple[PagedKV, list[int]]]) -> np.ndarray:
         segments.append(Segment(kv, start, len(ids), want_logits=True))
         tokens += ids
         positions += range(start, start + len(ids))
-    logits = forward(
-        model.weights,
-        model.config,
-        model.rope,
-        pool_of(model),
-        np.asarray(tokens, np.int64),
-        np.asarray(positions, np.int64),
-        segments,
-        np,
-    )
-    return np.asarray(logits)
+    return model.run(pool_of(model), tokens, positions, segments)
 
 
 def run_segments(model: Model, parts: list[tuple[PagedKV, list[int]]]) -> np.ndarray:

@@ -33,13 +33,20 @@ def run_chunks(model: Model, ids: list[int], chunk: int) -> tuple[list[int], np.
     return ends, np.stack(rows)
 
 
-@pytest.fixture(params=["quantized", "float32"])
+MODELS = {  # fixture: (device, weights)
+    "model": ("cpu", "quantized"),
+    "model_float32": ("cpu", "float32"),
+    "model_mlx": ("mlx", "quantized"),
+    "model_mlx_float32": ("mlx", "float32"),
+}
+
+
+@pytest.fixture(params=list(MODELS), ids=["-".join(v) for v in MODELS.values()])
 def any_model(request: pytest.FixtureRequest) -> Model:
-    """The default model with its matrices kept quantized (the default on the CPU), and
-    expanded to float32: both must match the reference."""
-    model: Model = request.getfixturevalue("model" if request.param == "quantized" else
-                                           "model_float32")  # fmt: skip
-    assert model.weights_mode == request.param
+    """The default model with its matrices kept quantized (the default) and expanded to
+    float32, on the CPU and on MLX (its CPU build here): all must match the reference."""
+    model: Model = request.getfixturevalue(request.param)
+    assert (model.device, model.weights_mode) == MODELS[request.param]
     return model
 
 

@@ -28,6 +28,7 @@ class ClusterConfig:
     redis_url: str | None = None  # None: a private redis-server
     model: PathLike | None = None  # None: the default model (fetched once, by the launcher)
     threads_per_worker: int | None = None  # None: the cores shared out
+    device: str | None = None  # the workers' --device (None: theirs by default)
     weights: str | None = None  # the workers' --weights (None: theirs by default)
     lease_s: float | None = None
     spill_dir: PathLike | None = None
@@ -67,7 +68,8 @@ class ClusterConfig:
         argv += ["--worker-id", worker_id, "--threads", str(self.threads)]
         argv += ["--metrics-port", str(metrics_port)] if metrics_port else []
         argv += _options(model=self.model, lease_s=self.lease_s, spill_dir=self.spill_dir,
-                         warm_budget=self.warm_budget, weights=self.weights)  # fmt: skip
+                         warm_budget=self.warm_budget, device=self.device,
+                         weights=self.weights)  # fmt: skip
         return argv + list(self.worker_args)
 
     def kvstore_argv(self, port: int, redis_url: str, metrics_port: int = 0) -> list[str]:

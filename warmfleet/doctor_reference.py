@@ -19,10 +19,9 @@ import numpy as np
 
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
-from engine.device import to_host
 from engine.engine import Engine
-from engine.forward import Segment, forward
-from engine.kv_pool import BLOCK_TOKENS, KVPool
+from engine.forward import Segment
+from engine.kv_pool import BLOCK_TOKENS
 from engine.model import Model
 from engine.sequence import Request
 
@@ -97,20 +96,18 @@ def step_logits(model: Model, prompt_ids: list[int], num_tokens: int,
     """One prefill of the prompt, then one token per step: the tokens fed back (greedy, the
     end-of-turn tokens never picked; or `feed`'s) and the logits [num_tokens, vocab] (host
     float32) each step gave."""
-    xp, n = model.xp, len(prompt_ids) + num_tokens + BLOCK_TOKENS
-    pool = KVPool.sized(model.config, n * model.bytes_per_token, model.dtype, xp, model.fingerprint)
+    n = len(prompt_ids) + num_tokens + BLOCK_TOKENS
+    pool = model.new_pool(n * model.bytes_per_token)
     kv = pool.new_kv()
     eot = sorted(model.tokenizer.eot_ids)
     ids, tokens, rows = list(prompt_ids), [], []
     for i in range(num_tokens):
         start = kv.offset
         kv.prepare_write(start, len(ids))
-        logits = forward(model.weights, model.config, model.rope, pool,
-                         xp.asarray(ids, dtype=xp.int64),
-                         xp.asarray(list(range(start, start + len(ids))), dtype=xp.int64),
-                         [Segment(kv, start, len(ids), True)], xp)  # fmt: skip
+        positions = list(range(start, start + len(ids)))
+        logits = model.run(pool, ids, positions, [Segment(kv, start, len(ids), True)])
         kv.commit(ids)
-        row = to_host(logits)[0].astype(np.float32)
+        row = logits[0]
         rows.append(row)
         picked = row.copy()
         picked[eot] = -np.inf

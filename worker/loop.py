@@ -84,6 +84,7 @@ class Worker:
             "stopping": s.stopping,
             "kvstore_seen": self.liveness.kvstore_alive,
             "model_fingerprint": engine.model.fingerprint,
+            "device": engine.model.device,
             "weights": engine.model.weights_mode,
             "weight_bytes": engine.model.weight_bytes,  # resident weights, as loaded
             "spill": asdict(s.spiller.stats) if s.spiller else None,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from common.enums import DEVICES
 from common.errors import InvalidRequestError, ServiceError
 from warmfleet.models import env_int
 from warmfleet.redis_conn import redis_url_default
@@ -24,12 +25,7 @@ def add_redis_url(p: argparse.ArgumentParser) -> None:
 
 def add_compute(p: argparse.ArgumentParser) -> None:
     """--device, --dtype, --weights and --threads: where and how the model runs."""
-    p.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="cuda uses CuPy; auto uses it when a GPU is seen",
-    )
+    add_device(p)
     p.add_argument(
         "--dtype",
         choices=["float32", "float16"],
@@ -43,6 +39,18 @@ def add_compute(p: argparse.ArgumentParser) -> None:
         default=env_int("WARMFLEET_THREADS"),
         metavar="N",
         help="BLAS/kernel threads (default: $WARMFLEET_THREADS, else one per core)",
+    )
+
+
+def add_device(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
+    """--device; `passed_on`: the command hands it to workers (None: theirs by default)."""
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None if passed_on else "auto",
+        help="cpu: NumPy and the C kernels; cuda: CuPy (pip install 'warmfleet[gpu]'); mlx: "
+        "MLX, Metal on a Mac, its CPU build elsewhere (pip install 'warmfleet[mlx]'); auto: "
+        "cuda when a GPU is seen, mlx on Apple silicon, else cpu (default: auto)",
     )
 
 

@@ -147,6 +147,7 @@ def _summary(
     return {
         "model": str(model.path),
         "fingerprint": model.fingerprint,
+        "device": model.device,
         "weights": model.weights_mode,
         "weight_bytes": model.weight_bytes,
         "prompt_ids": request.prompt_ids,

@@ -12,7 +12,7 @@ import grpc
 from common.errors import InvalidRequestError
 from warmfleet.client import KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
-from warmfleet.commands.common import add_spill_dir, add_weights
+from warmfleet.commands.common import add_device, add_spill_dir, add_weights
 from warmfleet.commands.gateway import DEFAULT_HTTP_PORT, DEFAULT_PORT
 from warmfleet.commands.kvstore import DEFAULT_PORT as DEFAULT_KVSTORE_PORT
 from warmfleet.demo import run_demo
@@ -60,6 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
     )
+    add_device(p, passed_on=True)
     add_weights(p, passed_on=True)
     _add_part_options(p)
     p.add_argument(
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         model=args.model,
         threads_per_worker=args.threads,
+        device=args.device,
         weights=args.weights,
         spill_dir=args.spill_dir,
         warm_budget=args.warm_budget,

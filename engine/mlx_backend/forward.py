@@ -1,0 +1,157 @@
+"""The llama forward pass on MLX over a flat batch of tokens from many sequences: the same
+inputs and results as engine/forward.py. MLX builds the step's graph lazily; it is
+evaluated once, at the end (the logits and the pool's new arrays together).
+
+Attention: every segment of up to SMALL_ROWS tokens (decode rows, short prefill chunks)
+goes into one scaled_dot_product_attention call per layer, padded to the longest such
+segment, over the keys its block table names (gathered by row); each longer prefill chunk
+is a call of its own. Shapes: N tokens, H heads, Hkv KV heads, D head_dim, S segments in a
+call, L query rows per segment, W keys per segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.forward import RopeTables, Segment
+from engine.kernels import SMALL_ROWS
+from engine.mlx_backend import mx_dtype
+from engine.mlx_backend.kv_pool import MLXKVPool
+from engine.weights import LayerWeights, Weights
+
+
+def rope_tables(config: ModelConfig, dtype: np.dtype[Any]) -> RopeTables:
+    """engine/forward.py's tables (computed in float64 on the host) as MLX arrays."""
+    host = RopeTables.build(config, dtype, np)
+    return RopeTables(cos=mx.array(host.cos), sin=mx.array(host.sin))
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCall:
+    queries: Any  # [S, L] int32: the step's row of each query (padding repeats a row)
+    keys: Any  # [S, W] int32: the pool row of each key (padding: row 0, masked)
+    mask: Any  # [S, 1, L, W] bool: query may see key
+    valid: Any  # [n] int32: the real queries among the S * L, in row order
+
+    @classmethod
+    def build(cls, pool: MLXKVPool, segments: list[tuple[Segment, int]]) -> AttentionCall:
+        """segments: (segment, its first row in the step)."""
+        width = max(seg.start + seg.length for seg, _ in segments)
+        span = max(seg.length for seg, _ in segments)
+        s = len(segments)
+        queries = np.zeros((s, span), dtype=np.int32)
+        keys = np.zeros((s, width), dtype=np.int32)
+        mask = np.zeros((s, 1, span, width), dtype=bool)
+        valid: list[int] = []
+        for i, (seg, row) in enumerate(segments):
+            n, t = seg.length, seg.start + seg.length
+            queries[i] = row + np.minimum(np.arange(span), n - 1)  # padding: the last row
+            keys[i, :t] = pool.rows(*seg.kv.slots(0, t))
+            seen = seg.start + np.minimum(np.arange(span), n - 1)  # each query's position
+            mask[i, 0] = np.arange(width)[None, :] <= seen[:, None]
+            valid += range(i * span, i * span + n)
+        return cls(mx.array(queries), mx.array(keys), mx.array(mask),
+                   mx.array(np.asarray(valid, dtype=np.int32)))  # fmt: skip
+
+    def attend(self, q: Any, k_all: Any, v_all: Any, scale: float) -> Any:
+        """q [N, H, D]; k_all, v_all: a layer's pool arrays. Returns [n, H * D]."""
+        s, span = self.queries.shape
+        qs = q[self.queries].transpose(0, 2, 1, 3)  # [S, H, L, D]
+        ks = k_all[self.keys].transpose(0, 2, 1, 3)  # [S, Hkv, W, D]
+        vs = v_all[self.keys].transpose(0, 2, 1, 3)
+        out = mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=self.mask)
+        heads, dim = out.shape[1], out.shape[3]
+        return out.transpose(0, 2, 1, 3).reshape(s * span, heads * dim)[self.valid]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """Where a step's rows go, worked out once for all layers."""
+
+    rows: Any  # [N] int32: the pool row each token's keys and values go to
+    calls: tuple[AttentionCall, ...]
+    order: Any  # [N] int32 or None: the step's rows from the calls' outputs, concatenated
+    last_rows: Any  # [M] int32: the rows whose logits are wanted
+
+    @classmethod
+    def build(cls, pool: MLXKVPool, segments: list[Segment]) -> StepPlan:
+        where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
+        rows = np.concatenate([pool.rows(b, s) for b, s in where])
+        placed, row, last = [], 0, []
+        for seg in segments:
+            placed.append((seg, row))
+            row += seg.length
+            if seg.want_logits:
+                last.append(row - 1)
+        short = [p for p in placed if p[0].length <= SMALL_ROWS]
+        groups = ([short] if short else []) + [[p] for p in placed if p[0].length > SMALL_ROWS]
+        calls = tuple(AttentionCall.build(pool, g) for g in groups)
+        first_rows = np.concatenate([np.arange(r, r + s.length) for g in groups for s, r in g])
+        inverse = np.argsort(first_rows).astype(np.int32)  # calls' order -> the step's
+        identity = bool((first_rows == np.arange(row)).all())
+        return cls(mx.array(rows), calls, None if identity else mx.array(inverse),
+                   mx.array(np.asarray(last, dtype=np.int32)))  # fmt: skip
+
+    def attend(self, q: Any, k_all: Any, v_all: Any, scale: float) -> Any:
+        outs = [c.attend(q, k_all, v_all, scale) for c in self.calls]
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+        return out if self.order is None else out[self.order]
+
+
+def _rope(x: Any, cos: Any, sin: Any) -> Any:
+    """x [N, h, D] with q/k in split-half order, rotated; cos, sin [N, 1, D/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def _attention_block(
+    x: Any, lw: LayerWeights, layer: int, config: ModelConfig, rope: tuple[Any, Any],
+    pool: MLXKVPool, plan: StepPlan,
+) -> Any:  # fmt: skip
+    n, hd, kvd = x.shape[0], config.head_dim, config.kv_dim
+    h = mx.fast.rms_norm(x, lw.attn_norm, config.rms_eps)
+    qkv = lw.wqkv.matmul(h)  # [N, dim + 2 * kv_dim]
+    q = _rope(qkv[:, : config.dim].reshape(n, config.num_heads, hd), *rope)
+    k = _rope(qkv[:, config.dim : config.dim + kvd].reshape(n, config.num_kv_heads, hd), *rope)
+    v = qkv[:, config.dim + kvd :].reshape(n, config.num_kv_heads, hd)
+    pool.write(layer, plan.rows, k, v)  # this step's keys and values first
+    out = plan.attend(q, pool.k_layers[layer], pool.v_layers[layer], hd**-0.5)
+    return lw.wo.matmul(out)
+
+
+def _mlp_block(x: Any, lw: LayerWeights, config: ModelConfig) -> Any:
+    h = mx.fast.rms_norm(x, lw.ffn_norm, config.rms_eps)
+    gate_up = lw.w_gate_up.matmul(h)  # [N, 2 * ffn]
+    gate, up = gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :]
+    return lw.w_down.matmul(gate * mx.sigmoid(gate) * up)
+
+
+def forward(
+    weights: Weights,
+    config: ModelConfig,
+    rope: RopeTables,
+    pool: MLXKVPool,
+    tokens: list[int],
+    positions: list[int],
+    segments: list[Segment],
+) -> np.ndarray:
+    """As engine/forward.py's forward: the keys and values written into the pool, and the
+    logits [segments wanting them, vocab] of each such segment's last token (host float32)."""
+    plan = StepPlan.build(pool, segments)
+    pos = mx.array(np.asarray(positions, dtype=np.int32))
+    tables = (rope.cos[pos][:, None, :], rope.sin[pos][:, None, :])
+    x = weights.embed.rows(mx.array(np.asarray(tokens, dtype=np.int32)))
+    x = x.astype(mx_dtype(pool.dtype))
+    for i, lw in enumerate(weights.layers):
+        x = x + _attention_block(x, lw, i, config, tables, pool, plan)
+        x = x + _mlp_block(x, lw, config)
+    h = mx.fast.rms_norm(x[plan.last_rows], weights.out_norm, config.rms_eps)
+    logits = weights.output.matmul(h).astype(mx.float32)
+    mx.eval(logits, pool.k_layers, pool.v_layers)
+    return np.array(logits)

@@ -1,0 +1,202 @@
+"""A GGUF llama model's weights on MLX.
+
+MLX's affine quantization stores w = scale * q + bias per group of 32 weights, q packed
+little-endian into uint32 words. Q4_0 (scale d, bias -8d), Q4_1 (d, m), Q8_0 (d, -128d on
+q + 128), Q4_K and Q5_K (a scale and offset per 32-weight sub-block) are exactly that form
+with group 32 and 4, 4, 8, 4 and 5 bits, so their blocks go to `mx.quantized_matmul` as
+they are. Q6_K has a scale per 16 weights (MLX's smallest group is 32), and F16/BF16/F32
+are not blocks: those are expanded to the compute dtype at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gguf
+import mlx.core as mx
+import numpy as np
+
+from common.errors import InvalidRequestError, UnsupportedModelError
+from engine.config import ModelConfig
+from engine.mlx_backend import mx_dtype
+from engine.quant.formats import decode
+from engine.weights import WEIGHT_MODES, LayerWeights, Tensors, Weights, rope_halves_order
+
+T = gguf.GGMLQuantizationType
+GROUP = 32  # weights per scale and bias
+BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q5_K: 5, T.Q8_0: 8}  # the types kept quantized
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """[N, K] codes < 2**bits -> [N, K * bits / 32] uint32: MLX's layout, a little-endian
+    bit stream of `bits` per code."""
+    n = codes.shape[0]
+    if bits == 8:
+        return np.ascontiguousarray(codes).view("<u4")
+    if bits == 4:
+        pairs = codes.reshape(n, -1, 2)
+        return np.ascontiguousarray(pairs[..., 0] | (pairs[..., 1] << 4)).view("<u4")
+    stream = np.unpackbits(codes[..., None], axis=-1, count=bits, bitorder="little")
+    packed = np.packbits(stream.reshape(n, -1), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<u4")
+
+
+@dataclass(frozen=True, slots=True)
+class MLXQuant:
+    """[N, K] weights in MLX's quantized form."""
+
+    wq: Any  # [N, K * bits / 32] uint32
+    scales: Any  # [N, K / 32]
+    biases: Any
+    bits: int
+
+    @property
+    def arrays(self) -> tuple[Any, Any, Any]:
+        return (self.wq, self.scales, self.biases)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays)
+
+    def matmul(self, x: Any) -> Any:
+        return mx.quantized_matmul(x, self.wq, self.scales, self.biases, transpose=True,
+                                   group_size=GROUP, bits=self.bits)  # fmt: skip
+
+    def rows(self, ids: Any) -> Any:
+        """The rows `ids` [n] expanded, [n, K] (the embedding's lookup)."""
+        return mx.dequantize(self.wq[ids], self.scales[ids], self.biases[ids],
+                             group_size=GROUP, bits=self.bits)  # fmt: skip
+
+
+Part = Any  # an MLXQuant, or an mx.array [N, K] in the compute dtype
+
+
+@dataclass(frozen=True, slots=True)
+class MLXMatrix:
+    """A weight matrix [N, K] as row blocks, each quantized or dense: a layer's Q, K and V
+    in one matrix even where their types differ. x @ W.T is one product per block."""
+
+    parts: tuple[Part, ...]
+    source: str  # the GGUF type(s) it came from, e.g. "Q4_1"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.nbytes) for p in self.parts)
+
+    @property
+    def quantized(self) -> bool:
+        return any(isinstance(p, MLXQuant) for p in self.parts)
+
+    def matmul(self, x: Any) -> Any:
+        outs = [p.matmul(x) if isinstance(p, MLXQuant) else x @ p.T for p in self.parts]
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=-1)
+
+    def rows(self, ids: Any) -> Any:
+        (part,) = self.parts  # the embedding is one tensor
+        return part.rows(ids) if isinstance(part, MLXQuant) else part[ids]
+
+
+def _merge(parts: list[Part]) -> tuple[Part, ...]:
+    """Neighbouring blocks of the same form joined into one (fewer products)."""
+    out: list[Part] = []
+    for p in parts:
+        last = out[-1] if out else None
+        if isinstance(p, MLXQuant) and isinstance(last, MLXQuant) and last.bits == p.bits:
+            wq, scales, biases = (mx.concatenate([a, b]) for a, b in
+                                  zip(last.arrays, p.arrays, strict=True))  # fmt: skip
+            out[-1] = MLXQuant(wq, scales, biases, p.bits)
+        elif not isinstance(p, MLXQuant) and last is not None and not isinstance(last, MLXQuant):
+            out[-1] = mx.concatenate([last, p])
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+class _Placer:
+    def __init__(self, tensors: Tensors, quantized: bool, dtype: np.dtype[Any]) -> None:
+        self.tensors, self.quantized, self.dtype = tensors, quantized, dtype
+        self.mx_dtype = mx_dtype(dtype)
+
+    def vector(self, name: str) -> Any:
+        return mx.array(self.tensors.host(name).astype(self.dtype))
+
+    def part(self, name: str, order: np.ndarray | None) -> Part:
+        t = self.tensors.tensor(name)
+        k = self.tensors.shape(name)[1]
+        bits = BITS.get(t.tensor_type)
+        if not self.quantized or bits is None or k % GROUP:
+            w = self.tensors.host(name)
+            return mx.array((w if order is None else w[order]).astype(self.dtype))
+        d = decode(np.asarray(t.data).reshape(self.tensors.shape(name)[0], -1), t.tensor_type)
+        codes, scale, offset = (a if order is None else a[order]
+                                for a in (d.codes, d.scale, d.offset))  # fmt: skip
+        return MLXQuant(mx.array(pack(codes, bits)), mx.array(scale.astype(self.dtype)),
+                        mx.array(offset.astype(self.dtype)), bits)  # fmt: skip
+
+    def matrix(self, names: Sequence[str], orders: Sequence[np.ndarray | None]) -> MLXMatrix:
+        parts = [self.part(n, o) for n, o in zip(names, orders, strict=True)]
+        types = dict.fromkeys(self.tensors.tensor(n).tensor_type.name for n in names)
+        return MLXMatrix(_merge(parts), "+".join(types))
+
+
+def _quantized(mode: str, tensors: Tensors) -> bool:
+    if mode not in WEIGHT_MODES:
+        choices = ", ".join(WEIGHT_MODES)
+        raise InvalidRequestError("weights", f"must be one of {choices}, got {mode!r}")
+    if mode == "float32":
+        return False
+    if mode == "quantized" and not any(t.tensor_type in BITS for t in tensors.by_name.values()):
+        kinds = ", ".join(t.name for t in BITS)
+        raise UnsupportedModelError(
+            f"--weights quantized: no matrix of a type MLX reads quantized ({kinds}); "
+            "use --weights float32"
+        )
+    return True
+
+
+def load_mlx_weights(
+    reader: gguf.GGUFReader, config: ModelConfig, dtype: np.dtype[Any], mode: str = "auto"
+) -> Weights:
+    """The matrices of the types in BITS kept quantized (unless mode is "float32"), the
+    others and the norms in `dtype`, all as MLX arrays."""
+    tensors = Tensors(reader, config)
+    put = _Placer(tensors, _quantized(mode, tensors), dtype)
+    q_order = rope_halves_order(config.num_heads, config.head_dim)
+    k_order = rope_halves_order(config.num_kv_heads, config.head_dim)
+    layers = []
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        layers.append(
+            LayerWeights(
+                attn_norm=put.vector(p + "attn_norm.weight"),
+                wqkv=put.matrix(qkv, [q_order, k_order, None]),
+                wo=put.matrix([p + "attn_output.weight"], [None]),
+                ffn_norm=put.vector(p + "ffn_norm.weight"),
+                w_gate_up=put.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
+                w_down=put.matrix([p + "ffn_down.weight"], [None]),
+            )
+        )
+    embed = put.matrix(["token_embd.weight"], [None])
+    has_output = "output.weight" in tensors.by_name
+    output = put.matrix(["output.weight"], [None]) if has_output else embed
+    quantized = any(m.quantized for m in (embed, output, *(lw.wqkv for lw in layers)))
+    weights = Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
+                      output=output, quantized=quantized)  # fmt: skip
+    mx.eval([p for m in _matrices(weights) for p in _arrays(m)])  # load now, not at step 1
+    return weights
+
+
+def _matrices(w: Weights) -> list[Any]:
+    out: list[Any] = [w.embed, w.output, w.out_norm]
+    for lw in w.layers:
+        out += [lw.attn_norm, lw.wqkv, lw.wo, lw.ffn_norm, lw.w_gate_up, lw.w_down]
+    return out
+
+
+def _arrays(m: Any) -> list[Any]:
+    if isinstance(m, MLXMatrix):
+        return [a for p in m.parts for a in (p.arrays if isinstance(p, MLXQuant) else (p,))]
+    return [m]
