@@ -151,6 +151,9 @@ def forward(
     for i, lw in enumerate(weights.layers):
         x = x + _attention_block(x, lw, i, config, tables, pool, plan)
         x = x + _mlp_block(x, lw, config)
+    if not plan.last_rows.size:  # a prompt's first chunks (and MLX's CPU build dies on
+        mx.eval(pool.k_layers, pool.v_layers)  # a quantized product of zero rows)
+        return np.zeros((0, config.vocab_size), dtype=np.float32)
     h = mx.fast.rms_norm(x[plan.last_rows], weights.out_norm, config.rms_eps)
     logits = weights.output.matmul(h).astype(mx.float32)
     mx.eval(logits, pool.k_layers, pool.v_layers)

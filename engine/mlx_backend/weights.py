@@ -182,9 +182,9 @@ def load_mlx_weights(
     embed = put.matrix(["token_embd.weight"], [None])
     has_output = "output.weight" in tensors.by_name
     output = put.matrix(["output.weight"], [None]) if has_output else embed
-    quantized = any(m.quantized for m in (embed, output, *(lw.wqkv for lw in layers)))
     weights = Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
-                      output=output, quantized=quantized)  # fmt: skip
+                      output=output, quantized=False)  # fmt: skip
+    weights.quantized = any(m.quantized for m in _matrices(weights) if isinstance(m, MLXMatrix))
     mx.eval([p for m in _matrices(weights) for p in _arrays(m)])  # load now, not at step 1
     return weights
 
