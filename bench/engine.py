@@ -1,8 +1,12 @@
-"""Engine benchmark: prefill and batched decode speed on the real model, against its
-memory-bandwidth floor and, where llama-cpp-python is installed, against llama.cpp.
+"""Engine benchmark: prefill and batched decode speed on each device asked for, side by side.
 
-    .venv/bin/python -m bench.engine [--model PATH] [--threads N] [--repeats R]
-                                     [--weights auto|quantized|float32]
+On the real model: cpu (NumPy and the C kernels) against its memory-bandwidth floor and,
+where llama-cpp-python is installed, against llama.cpp; mlx (engine/mlx_backend) against cpu.
+
+    .venv/bin/python -m bench.engine [--model PATH] [--device cpu,mlx] [--threads N]
+                                     [--repeats R] [--mlx-repeats R] [--prompt-tokens N]
+                                     [--decode-tokens N] [--batches 1,4,8,16]
+                                     [--weights auto|quantized|float32] [--no-llamacpp]
 
 Prints a table; every ratio is taken within the same run (the machine is shared and noisy).
 """
@@ -10,263 +14,177 @@ Prints a table; every ratio is taken within the same run (the machine is shared 
 from __future__ import annotations
 
 import argparse
-import resource
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from numba import njit, prange
-
-from bench.llamacpp import llamacpp_available, measure_llamacpp
+from bench.engine_measure import (
+    Bandwidth,
+    Figures,
+    Loaded,
+    Workload,
+    best_of,
+    load,
+    log,
+    make_workload,
+    measure,
+    measure_bandwidth,
+    measure_reference,
+    warm_up,
+)
+from bench.engine_rows import Notes, describe, floor_lines, memory_lines, speed_lines, table
 from bench.table import print_table
-from common.sampling import SamplingParams
-from engine.config import EngineConfig
 from engine.device import set_threads
-from engine.engine import Engine
-from engine.model import Model
-from engine.sequence import Request
 from engine.weights import WEIGHT_MODES
 from warmfleet.models import resolve_model
 
+DEVICES = ("cpu", "mlx")  # the table's column order
 PROMPT_TOKENS = 512
 DECODE_TOKENS = 128
 BATCHES = (1, 4, 8, 16)
-TEXT = (
-    "The history of computing is a story of layers: each generation of engineers builds on "
-    "the abstractions of the last, and the best of them remember what lies underneath. "
-)
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", metavar="PATH")
+    parser.add_argument(
+        "--device",
+        action="append",
+        metavar="cpu|mlx[,...]",
+        help="the devices to measure, repeated or a comma list (default: cpu)",
+    )
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of cpu (and llama.cpp); each figure is the best of its rounds",
+    )
+    parser.add_argument(
+        "--mlx-repeats",
+        type=int,
+        metavar="R",
+        help="rounds of mlx (default: --repeats); on MLX's Linux CPU build one "
+        "round of the default workload takes about 8 minutes",
+    )
+    add_workload_options(parser)
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default="auto")
+    parser.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="skip llama.cpp even where llama-cpp-python is installed",
+    )
+    return parser
 
 
-@njit(parallel=True, cache=True)
-def _parallel_copy(src: np.ndarray, dst: np.ndarray) -> None:  # pragma: no cover
-    chunk = 1 << 16
-    for c in prange(src.shape[0] // chunk):
-        dst[c * chunk : (c + 1) * chunk] = src[c * chunk : (c + 1) * chunk]
+def add_workload_options(parser: argparse.ArgumentParser) -> None:
+    """The options that shape what every device runs: the prompt, the decode, the batches."""
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=PROMPT_TOKENS,
+        metavar="N",
+        help="the prefill's prompt, on every device",
+    )
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=DECODE_TOKENS,
+        metavar="N",
+        help="tokens each decoding sequence makes, on every device",
+    )
+    parser.add_argument(
+        "--batches",
+        action="append",
+        metavar="B[,...]",
+        help="decode batch sizes (default: 1,4,8,16)",
+    )
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def _parallel_sum(src: np.ndarray) -> float:  # pragma: no cover
-    chunk = 1 << 14
-    partial = np.zeros(src.shape[0] // chunk, dtype=np.float32)
-    for c in prange(src.shape[0] // chunk):
-        a0 = a1 = a2 = a3 = np.float32(0.0)
-        for i in range(c * chunk, (c + 1) * chunk, 4):
-            a0 += src[i]
-            a1 += src[i + 1]
-            a2 += src[i + 2]
-            a3 += src[i + 3]
-        partial[c] = a0 + a1 + a2 + a3
-    return float(partial.sum())
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the checked options ask for."""
+
+    devices: list[str]  # in the table's column order
+    batches: tuple[int, ...]  # sorted, 1 first
+    rounds: dict[str, int]  # by device
 
 
-def read_bandwidth_gbs(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Best rate of streaming a weights-sized buffer through the cores (bytes read/s)."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _parallel_sum(src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best / 1e9
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
+    """The devices, batch sizes and rounds the options ask for; exits on a bad option."""
+    asked = parse_list(args.device, ["cpu"])
+    if unknown := sorted(set(asked) - set(DEVICES)):
+        parser.error(f"--device: {', '.join(unknown)} is not one of {', '.join(DEVICES)}")
+    devices = [d for d in DEVICES if d in asked]
+    try:
+        batches = tuple(sorted({int(b) for b in parse_list(args.batches, ["1,4,8,16"])}))
+    except ValueError:
+        parser.error("--batches: whole numbers, e.g. 1,4,8,16")
+    if min(args.repeats, args.mlx_repeats or 1) < 1:
+        parser.error("--repeats and --mlx-repeats: at least 1")
+    if batches[0] != 1:
+        parser.error("--batches must include 1 (the step time and its floor)")
+    if args.prompt_tokens < batches[-1] + 15:
+        parser.error(f"--prompt-tokens: at least {batches[-1] + 15} for batch {batches[-1]}")
+    rounds = {"cpu": args.repeats, "mlx": args.mlx_repeats or args.repeats}
+    return Plan(devices, batches, rounds)
 
 
-def copy_bandwidth_gbs(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Best memory copy rate (bytes copied per second) on all the engine's threads, over a
-    buffer as large as the weights, with every page touched first."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.zeros_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _parallel_copy(src, dst)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best / 1e9
+def parse_list(values: list[str] | None, default: list[str]) -> list[str]:
+    """Repeated options and comma lists, as one list."""
+    return [v.strip() for arg in values or default for v in arg.split(",") if v.strip()]
 
 
-def bench_prefill(model: Model, ids: list[int], repeats: int) -> float:
-    """Tokens/s of prefilling `ids` from an empty cache (one chunk, first token included)."""
-    config = EngineConfig(prefill_chunk_tokens=len(ids), step_prefill_tokens=len(ids))
-    best = float("inf")
-    for r in range(repeats):
-        engine = Engine(model, config)
-        engine.add(Request(f"p{r}", ids, SamplingParams(max_tokens=1)))
-        t = time.perf_counter()
-        engine.step()
-        best = min(best, time.perf_counter() - t)
-    return len(ids) / best
-
-
-def bench_decode(model: Model, prompt: list[int], batch: int, repeats: int) -> float:
-    """Aggregate tokens/s of `batch` sequences decoding DECODE_TOKENS each (after prefill)."""
-    best = float("inf")
-    for r in range(repeats):
-        engine = Engine(model)
-        for i in range(batch):
-            # distinct prompts: the same prompt shifted by one token per sequence
-            ids = prompt[i : i + 16]
-            engine.add(Request(f"d{r}-{i}", ids, SamplingParams(max_tokens=DECODE_TOKENS + 1)))
-        while any(s.prefilling for s in engine.sequences.values()) or engine.scheduler.waiting:
-            engine.step()
-        t = time.perf_counter()
-        steps = 0
-        while engine.has_work:
-            engine.step()
-            steps += 1
-        best = min(best, (time.perf_counter() - t) / steps)
-    return batch / best
-
-
-Row = tuple[str, str, str, str]
-
-
-@dataclass(slots=True)
-class Figures:
-    """This engine's measurements in one run."""
-
-    copy_gbs: float
-    read_gbs: float
-    prefill_tok_s: float
-    decode_tok_s: dict[int, float]  # by batch size
-    peak_rss_mib: float
-
-    def best(self, other: Figures) -> Figures:
-        decode = {b: max(v, other.decode_tok_s[b]) for b, v in self.decode_tok_s.items()}
-        return Figures(max(self.copy_gbs, other.copy_gbs), max(self.read_gbs, other.read_gbs),
-                       max(self.prefill_tok_s, other.prefill_tok_s), decode,
-                       max(self.peak_rss_mib, other.peak_rss_mib))  # fmt: skip
-
-
-def best_of(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    """llama.cpp's figures of two rounds: the higher rates, the shorter times."""
-    return {k: (max if k.endswith("tok_s") else min)(v, b[k]) for k, v in a.items()}
-
-
-def measure(model: Model, ids: list[int], repeats: int) -> Figures:
-    """Memory bandwidth, the prefill of `ids` and decode at every batch size in BATCHES, then
-    the peak RSS so far."""
-    log("measuring memory bandwidth")
-    bw, read_bw = copy_bandwidth_gbs(), read_bandwidth_gbs()
-    log("prefill")
-    prefill = bench_prefill(model, ids, repeats)
-    decode: dict[int, float] = {}
-    for b in BATCHES:
-        log(f"decode, batch {b}")
-        decode[b] = bench_decode(model, ids, b, repeats)
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return Figures(bw, read_bw, prefill, decode, rss_mib)
-
-
-def measure_reference(path: Path, ids: list[int], threads: int, repeats: int) -> dict[str, float]:
-    """llama.cpp's figures on the same file; empty when llama-cpp-python is not installed."""
-    if not llamacpp_available():
-        return {}
-    log("llama.cpp on the same file")
-    return measure_llamacpp(str(path), ids, DECODE_TOKENS, threads, repeats)
-
-
-def ratio(ours: float, theirs: float | None) -> str:
-    """`ours / theirs` as "1.23x"; "-" when there is nothing to compare with."""
-    return f"{ours / theirs:.2f}x" if theirs else "-"
-
-
-def speed_rows(figures: Figures, lc: dict[str, float]) -> list[Row]:
-    """Prefill and decode speed, each against llama.cpp where it was measured."""
-    lc_decode, lc_prefill = lc.get("decode_tok_s"), lc.get("prefill_tok_s")
-    rows = [
-        (
-            f"prefill, {PROMPT_TOKENS}-token prompt (tok/s)",
-            f"{figures.prefill_tok_s:.0f}",
-            f"{lc_prefill:.0f}" if lc_prefill else "-",
-            ratio(figures.prefill_tok_s, lc_prefill),
-        )
-    ]
-    for b in BATCHES:
-        rows.append(
-            (
-                f"decode batch {b}, aggregate (tok/s)",
-                f"{figures.decode_tok_s[b]:.1f}",
-                f"{lc_decode:.1f} (batch 1)" if lc_decode else "-",
-                ratio(figures.decode_tok_s[b], lc_decode),
-            )
-        )
-    return rows
-
-
-def floor_rows(model: Model, figures: Figures) -> list[Row]:
-    """The batch-1 decode step against the time to stream the weights once (copy and read)."""
-    step_ms = 1e3 / figures.decode_tok_s[1]
-    rows = [("decode step, batch 1 (ms)", f"{step_ms:.1f}", "-", "-")]
-    mib = model.weights.nbytes / 2**20
-    for kind, rate in (("copy", figures.copy_gbs), ("read", figures.read_gbs)):
-        floor = model.weights.nbytes / (rate * 1e9) * 1e3
-        rows.append(
-            (
-                f"floor: {mib:.0f} MiB weights / {kind} {rate:.1f} GB/s (ms)",
-                f"{floor:.1f}",
-                "-",
-                f"step/floor {step_ms / floor:.2f}x",
-            )
-        )
-    return rows
-
-
-def memory_rows(
-    model: Model, figures: Figures, lc: dict[str, float], file_bytes: int, loaded_rss: int
-) -> list[Row]:
-    """Weights in memory and the RSS the load added, against the GGUF file's size; KV
-    bytes per token (llama.cpp's from its saved state) and peak RSS."""
-    kv = model.bytes_per_token
-    lc_kv = lc.get("state_bytes", 0) / PROMPT_TOKENS if lc else None
-    mib, file_mib = model.weight_bytes / 2**20, file_bytes / 2**20
-    return [
-        (f"weights in memory, {model.weights_mode} (MiB)", f"{mib:.0f}",
-         f"{file_mib:.0f} (GGUF file)", f"{mib / file_mib:.2f}x file"),
-        ("RSS added by the load (MiB)", f"{loaded_rss / 2**20:.0f}", "-",
-         f"{loaded_rss / file_bytes:.2f}x file"),
-        ("KV bytes per token", f"{kv}", f"{lc_kv:.0f} (f16)" if lc_kv else "-", "-"),
-        ("peak RSS (MiB)", f"{figures.peak_rss_mib:.0f}", "-", "-"),
-    ]  # fmt: skip
-
-
-def rss_bytes() -> int:
-    """This process's resident memory now (Linux)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
+def run_rounds(
+    loaded: dict[str, Loaded],
+    work: Workload,
+    rounds: dict[str, int],
+    reference: Path | None,
+    threads: int,
+) -> tuple[dict[str, Figures], Bandwidth | None, dict[str, float]]:
+    """Each device's figures, the CPU cores' bandwidth where cpu ran, and llama.cpp's figures
+    on `reference` (None: not measured), each the best of its rounds."""
+    # rounds alternate between the devices and llama.cpp, and each figure is the best of its
+    # rounds: this machine's speed drifts by up to 2x over minutes, which one long run of
+    # each would turn into a false ratio
+    figures: dict[str, Figures] = {}
+    bw: Bandwidth | None = None
+    lc: dict[str, float] = {}
+    devices = list(loaded)
+    for r in range(max(rounds[d] for d in devices)):
+        log(f"round {r + 1}")
+        if "cpu" in devices and r < rounds["cpu"]:
+            bw = measure_bandwidth().best(bw)
+        for d in devices:
+            if r < rounds[d]:
+                figures[d] = measure(loaded[d].model, work).best(figures.get(d))
+        if reference is not None and r < rounds["cpu"]:
+            lc = best_of(lc, measure_reference(reference, work, threads))
+    return figures, bw, lc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", metavar="PATH")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--weights", choices=WEIGHT_MODES, default="auto")
+    parser = build_parser()
     args = parser.parse_args()
+    plan = check_options(parser, args)
+    devices, rounds = plan.devices, plan.rounds
+
     threads = set_threads(args.threads)
     path = resolve_model(args.model)
-    log(f"loading {path.name} ({threads} threads, weights {args.weights})")
-    rss_before = rss_bytes()
-    model = Model.load(path, device="cpu", weights=args.weights)
-    loaded_rss = rss_bytes() - rss_before
-    ids = model.tokenizer.encode(TEXT * 40)[:PROMPT_TOKENS]
-    assert len(ids) == PROMPT_TOKENS
+    loaded = {d: load(path, d, args.weights) for d in devices}
+    first = loaded[devices[0]].model
+    work = make_workload(first, args.prompt_tokens, args.decode_tokens, plan.batches)
+    for one in loaded.values():
+        log(f"{one.device}: warming up")
+        warm_up(one.model, work.prompt_ids)
 
-    # rounds alternate between the two engines, and each figure is the best of its rounds:
-    # this machine's speed drifts by up to 2x over minutes, which one long run of each
-    # would turn into a false ratio
-    figures, lc = measure(model, ids, 1), measure_reference(path, ids, threads, 1)
-    for r in range(1, args.repeats):
-        log(f"round {r + 1} of {args.repeats}")
-        figures = figures.best(measure(model, ids, 1))
-        lc = best_of(lc, measure_reference(path, ids, threads, 1))
-    rows = [*speed_rows(figures, lc), *floor_rows(model, figures)]
-    rows += memory_rows(model, figures, lc, path.stat().st_size, loaded_rss)
-    print_table(("figure", "warmfleet", "llama.cpp", "ratio"), rows)
+    use_lc = "cpu" in devices and not args.no_llamacpp
+    figures, bw, lc = run_rounds(loaded, work, rounds, path if use_lc else None, threads)
+    notes = Notes()
+    lines = [*speed_lines(figures, lc, work), *floor_lines(loaded, figures, bw, notes)]
+    lines += memory_lines(loaded, lc, path.stat().st_size, args.prompt_tokens, notes)
+    print(describe(devices, threads, rounds, path))
+    print_table(*table(lines, devices))
+    notes.print()
 
 
 if __name__ == "__main__":
