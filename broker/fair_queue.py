@@ -15,6 +15,19 @@ pinned stream. Every other request waits in its tenant's list until a worker wit
 dispatches it, which moves it onto the worker's pinned stream, where leases and fail-over
 work as for pinned requests. Key names are built inside the scripts from prefixes, so the
 scripts assume one Redis (not a Redis Cluster).
+
+Placement: a queued request (a new session, or one whose KV no live worker holds) goes to
+the least loaded live worker, not to whichever dispatches first. A worker's load is the
+entries on its pinned stream (running, paused, waiting for a restore or not yet read: an
+entry leaves at the request's end) plus the requests it runs from a dead worker's stream
+(`num_adopted` in its heartbeat). DISPATCH takes the head of the queues only if no other
+live worker with a free slot (load under the heartbeat's `max_running`) stands before it by
+(load, idle sessions held, id); else it leaves the request where it is, wakes that worker
+(an entry on its own wake stream) and stops. The order in which requests leave the queues
+is untouched, so the fairness above holds; and the worker first in that order always
+takes, so an idle worker never watches work wait (the exception: a worker that died
+idle is deferred to until its heartbeat lapses). Loads are read inside the script, so two
+workers never both see themselves first.
 """
 
 from __future__ import annotations
@@ -95,8 +108,50 @@ return {'queued', tostring(all + 1)}
 # ARGV: room for each class in priority order (how many requests in all the worker takes
 #       once that class is reached: interactive ones may also take the slots of running
 #       batch requests, which they preempt), request-hash prefix, tenant-count prefix,
-#       then per class in priority order: active set, virtual times, tenant-list prefix
+#       then per class in priority order: active set, virtual times, tenant-list prefix,
+#       then (placement) the worker's id, workers set, heartbeat, draining, pinned-stream
+#       and wake-stream prefixes
 DISPATCH = _stream_field("""
+local me, hb, pinned = ARGV[15], ARGV[17], ARGV[19]
+-- a live worker's (load, idle sessions, id, batch slots); nil if it takes nothing now
+local function standing(w)
+  local raw = redis.call('GET', hb .. w)
+  if not raw or redis.call('EXISTS', ARGV[18] .. w) == 1 then
+    return nil
+  end
+  local ok, s = pcall(cjson.decode, raw)
+  if not ok or type(s) ~= 'table' then
+    s = {}
+  end
+  local load = redis.call('XLEN', pinned .. w) + (tonumber(s.num_adopted) or 0)
+  return {load, tonumber(s.num_sessions) or 0, w, tonumber(s.max_running)}
+end
+local function before(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[3] < b[3]
+end
+local rival, own = nil, nil  -- the first other live worker with a free slot; this one
+local function placed_elsewhere(taken)
+  if not own then
+    own = standing(me) or {redis.call('XLEN', pinned .. me), 0, me}
+    for _, w in ipairs(redis.call('SMEMBERS', ARGV[16])) do
+      local s = w ~= me and standing(w)
+      if s and (not s[4] or s[1] < s[4]) and (not rival or before(s, rival)) then
+        rival = s
+      end
+    end
+  end
+  -- this script's own XADDs make its load grow; the others' loads stand still meanwhile
+  if not rival or not before(rival, {own[1] + taken, own[2], me}) then
+    return false
+  end
+  local wake = ARGV[20] .. rival[3]
+  if redis.call('XLEN', wake) == 0 then  -- one is enough: it wakes, then dispatches
+    redis.call('XADD', wake, '*', 'from', me)
+  end
+  return true
+end
 local n = 0
 for c = 0, 2 do
   local room = tonumber(ARGV[1 + c])
@@ -116,6 +171,9 @@ for c = 0, 2 do
     end
     if not tenant then
       break  -- every tenant of this class is at its bound: the next class may go
+    end
+    if placed_elsewhere(n) then
+      return n  -- a less loaded worker takes it: the queue's order is left as it is
     end
     local list = prefix .. tenant
     local rid = redis.call('LPOP', list)
@@ -212,12 +270,13 @@ class Admission:
 Rooms = tuple[int, int, int]  # how many requests a worker takes, by class (see DISPATCH)
 
 
-def dispatch_args(rooms: Rooms) -> list[str | int]:
-    """ARGV of DISPATCH for a worker with these rooms."""
+def dispatch_args(rooms: Rooms, worker_id: str) -> list[str | int]:
+    """ARGV of DISPATCH for this worker with these rooms."""
     args: list[str | int] = [*rooms, keys.queued_request(""), keys.tenant_queued("")]
     for p in PRIORITIES:
         args += [keys.fair_active(p), keys.fair_state(p), keys.fair_queue(p, "")]
-    return args
+    args += [worker_id, keys.WORKERS, keys.heartbeat_key(""), keys.draining_key("")]
+    return [*args, keys.pinned_stream(""), keys.worker_wake("")]
 
 
 def live_workers_args() -> list[str]:

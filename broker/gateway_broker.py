@@ -47,7 +47,8 @@ class GatewayBroker:
     async def enqueue(self, job: Job, bounds: Bounds) -> Admission:
         """Route and enqueue in one step (see broker/fair_queue.py): onto the pinned stream
         of the live worker that holds the session, else into the tenant's fair queue of its
-        class, unless no worker is alive or the tenant's queue or all queues are full."""
+        class (the least loaded live worker takes it from there), unless no worker is
+        alive or the tenant's queue or all queues are full."""
         sid, tenant, rid = job.session_id, job.tenant, job.request_id
         cost = len(job.prompt_ids) + job.sampling.max_tokens
         ttl_s = max(1, int(job.deadline_at - time.time()) + 1)

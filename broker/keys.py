@@ -21,6 +21,14 @@ def pinned_stream(worker_id: str) -> str:
 
 
 WAKE = "wf:wake"  # stream: an entry per request queued, for idle workers to wake on
+
+
+def worker_wake(worker_id: str) -> str:
+    """Stream: an entry when another worker leaves a queued request to this one (the least
+    loaded), so that it dispatches now rather than when its wait ends."""
+    return f"wf:wake:{worker_id}"
+
+
 QUEUED = "wf:queued"  # count of requests in the fair queues, all tenants
 RUNNING = "wf:running"  # hash: each tenant's requests taken by a worker and not yet ended
 

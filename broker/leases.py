@@ -1,7 +1,8 @@
 """Leases on the entries a worker has taken: renewed while it runs them, taken over when it
 dies. A worker renews its pending entries (XCLAIM to itself) while it runs them; entries
 whose lease lapsed on its own stream (a previous process with its id) are claimed back, and
-the whole pinned stream of a dead worker (no heartbeat) is adopted by a live one."""
+the whole pinned stream of a dead worker (no heartbeat) is adopted by a live one as soon as
+its heartbeat lapses; the lease is the backstop."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from broker.messages import ControlOrder, Job
 from common.errors import ProtocolError
 
 log = logging.getLogger("warmfleet.worker")
+ADOPT_LOCK_MS = 10_000  # one adopter at a time; released when done, this only if it died
+ORPHAN_SCAN = 1000  # pending entries looked at per adoption
 
 
 @dataclass(slots=True)
@@ -73,8 +76,12 @@ class Leases:
         for dead in self._dead_workers():
             if len(taken) >= limit:
                 break
-            if self.r.set(keys.adopt_lock(dead), self.worker_id, nx=True, ex=30):
-                taken += self._adopt(dead, limit - len(taken))
+            lock = keys.adopt_lock(dead)
+            if self.r.set(lock, self.worker_id, nx=True, px=ADOPT_LOCK_MS):
+                try:
+                    taken += self._adopt(dead, limit - len(taken))
+                finally:
+                    self.r.delete(lock)
         return taken
 
     def _autoclaim(self, stream: str, min_idle_ms: int, count: int) -> list[Delivery]:
@@ -86,25 +93,52 @@ class Leases:
         return parse_entries([(stream, reply[1])])
 
     def _dead_workers(self) -> list[str]:
+        """Registered workers without a heartbeat. None while this worker's own heartbeat is
+        missing too: then Redis (or this process) stalled, not the others."""
         others = sorted(w for w in self.r.smembers(keys.WORKERS) if w != self.worker_id)
         if not others:
             return []
         pipe = self.r.pipeline(transaction=False)
-        for w in others:
+        for w in (self.worker_id, *others):
             pipe.exists(keys.heartbeat_key(w))
-        return [w for w, alive in zip(others, pipe.execute(), strict=True) if not alive]
+        mine, *alive = pipe.execute()
+        return [w for w, a in zip(others, alive, strict=True) if not a] if mine else []
 
     def _adopt(self, dead: str, limit: int) -> list[Delivery]:
-        """Take a dead worker's pending and undelivered pinned entries, then retire it."""
+        """Take a dead worker's entries (those pending for a consumer without a heartbeat,
+        any whose lease lapsed, the undelivered ones), then retire it once its stream is
+        empty. Entries a live worker adopted earlier stay with it."""
         stream = keys.pinned_stream(dead)
         if not self.r.exists(stream):
             self.r.srem(keys.WORKERS, dead)
             return []
-        taken = self._autoclaim(stream, 0, limit)
-        reply = self.r.xreadgroup(keys.GROUP, self.worker_id, {stream: ">"}, count=limit)
-        taken += parse_entries(reply or [])
+        taken = self._claim_orphans(stream, limit)
+        taken += self._autoclaim(stream, self.lease_ms, limit - len(taken))
+        if len(taken) < limit:
+            reply = self.r.xreadgroup(
+                keys.GROUP, self.worker_id, {stream: ">"}, count=limit - len(taken)
+            )
+            taken += parse_entries(reply or [])
         pending = self.r.xpending(stream, keys.GROUP)["pending"]
         if not taken and self.r.xlen(stream) == pending == 0:
             self.r.delete(stream)
             self.r.srem(keys.WORKERS, dead)
         return taken
+
+    def _claim_orphans(self, stream: str, limit: int) -> list[Delivery]:
+        """The entries of `stream` pending for consumers with no heartbeat, claimed now
+        (without waiting for their lease)."""
+        if limit <= 0:
+            return []
+        pending = self.r.xpending_range(stream, keys.GROUP, "-", "+", ORPHAN_SCAN)
+        consumers = sorted({p["consumer"] for p in pending} - {self.worker_id})
+        if not consumers:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for c in consumers:
+            pipe.exists(keys.heartbeat_key(c))
+        gone = {c for c, alive in zip(consumers, pipe.execute(), strict=True) if not alive}
+        ids = [p["message_id"] for p in pending if p["consumer"] in gone][:limit]
+        if not ids:
+            return []
+        return parse_entries([(stream, self.r.xclaim(stream, keys.GROUP, self.worker_id, 0, ids))])

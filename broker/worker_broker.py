@@ -51,11 +51,13 @@ class Outbox:
 class WorkerBroker(Leases):
     """Jobs reach a worker on its pinned stream (consumer group `workers`, consumer = the
     worker id): routed there for a warm session, or moved there from the fair queues by
-    the worker's own DISPATCH. An entry stays pending until the worker acks it at the end
-    of the request; see Leases for what happens when a worker dies."""
+    the worker's own DISPATCH, which leaves them to a less loaded live worker and wakes it
+    (see broker/fair_queue.py, Placement). An entry stays pending until the worker acks it
+    at the end of the request; see Leases for what happens when a worker dies."""
 
     def __init__(self, r: redis.Redis, worker_id: str, lease_s: float) -> None:
         super().__init__(r, worker_id, lease_s)
+        self.wake = keys.worker_wake(worker_id)  # another worker leaves it a request
         self._dispatch = r.register_script(fair_queue.DISPATCH)
         self._hand_over = r.register_script(fair_queue.HAND_OVER)
 
@@ -63,7 +65,7 @@ class WorkerBroker(Leases):
         """Create the consumer groups if they are missing (a new Redis), and join: heartbeat
         and membership together (a member without a heartbeat counts as dead), no longer
         draining."""
-        for stream in (self.pinned, keys.WAKE):
+        for stream in (self.pinned, keys.WAKE, self.wake):
             ensure_group(self.r, stream, keys.GROUP)
         pipe = self.r.pipeline(transaction=True)
         pipe.set(keys.heartbeat_key(self.worker_id), json.dumps(status), px=int(ttl_s * 1000))
@@ -102,6 +104,7 @@ class WorkerBroker(Leases):
         pipe.delete(keys.heartbeat_key(self.worker_id))
         pipe.srem(keys.WORKERS, self.worker_id)
         pipe.delete(keys.draining_key(self.worker_id))
+        pipe.delete(self.wake)
         pipe.xlen(self.pinned)
         if pipe.execute()[-1] == 0:
             self.r.delete(self.pinned)
@@ -109,7 +112,8 @@ class WorkerBroker(Leases):
     def read(self, rooms: Rooms, block_ms: int | None) -> list[Delivery]:
         """The entries on the pinned stream, after moving jobs from the fair queues onto it
         as `rooms` allow. With none, waits up to block_ms for a job to be queued (an entry
-        on the wake stream) or pinned, then tries once more."""
+        on the wake stream, or on its own when another worker leaves it one) or pinned, then
+        tries once more."""
         count = max(rooms)
         if count <= 0:
             return []
@@ -117,23 +121,26 @@ class WorkerBroker(Leases):
         if taken or not block_ms:
             return taken
         reply = self.r.xreadgroup(
-            keys.GROUP, self.worker_id, {self.pinned: ">", keys.WAKE: ">"}, count=count,
-            block=block_ms,
+            keys.GROUP, self.worker_id, {self.pinned: ">", keys.WAKE: ">", self.wake: ">"},
+            count=count, block=block_ms,
         )  # fmt: skip
-        wakes = [eid for s, entries in reply or [] if s == keys.WAKE for eid, _ in entries]
-        taken = parse_entries([(s, e) for s, e in reply or [] if s != keys.WAKE])
+        wakes = [(s, [eid for eid, _ in e]) for s, e in reply or [] if s != self.pinned]
+        taken = parse_entries([(s, e) for s, e in reply or [] if s == self.pinned])
         if taken and not wakes:
             return taken
         left = (rooms[0] - len(taken), rooms[1] - len(taken), rooms[2] - len(taken))
         return taken + self._dispatch_and_read(left, wakes)
 
-    def _dispatch_and_read(self, rooms: Rooms, wakes: list[str] | None = None) -> list[Delivery]:
-        """One round trip: ack the wake entries read, dispatch, read the pinned stream."""
+    def _dispatch_and_read(
+        self, rooms: Rooms, wakes: list[tuple[str, list[str]]] | None = None
+    ) -> list[Delivery]:
+        """One round trip: ack the wake entries read (by stream), dispatch, read the pinned
+        stream."""
         rt = Sections(self.r)
-        if wakes:
-            with rt.section("wakes") as pipe:
-                pipe.xack(keys.WAKE, keys.GROUP, *wakes)
-                pipe.xdel(keys.WAKE, *wakes)
+        with rt.section("wakes") as pipe:
+            for stream, ids in wakes or []:
+                pipe.xack(stream, keys.GROUP, *ids)
+                pipe.xdel(stream, *ids)
         self._queue_take(rt, rooms)
         rt.execute()
         (read,) = rt.results("read") or [None]
@@ -146,7 +153,7 @@ class WorkerBroker(Leases):
         with rt.section("dispatch") as pipe:
             self._dispatch(
                 keys=[self.pinned, keys.QUEUED, keys.RUNNING],
-                args=fair_queue.dispatch_args(rooms),
+                args=fair_queue.dispatch_args(rooms, self.worker_id),
                 client=pipe,
             )
         with rt.section("read") as pipe:

@@ -50,6 +50,11 @@ class PromptTooLongError(InvalidRequestError):
         self.context_length = context_length
 
 
+class PromptTooLargeError(InvalidRequestError):
+    """The prompt's size alone shows it cannot fit the context: refused before it is
+    tokenized (no token covers more bytes than the vocabulary's longest one)."""
+
+
 class ServiceError(WarmfleetError):
     """A service this command needs could not be started or reached (Redis, a worker)."""
 
@@ -96,7 +101,8 @@ class PayloadTooLargeError(WarmfleetError):
 
 
 class QueueFullError(WarmfleetError):
-    """A bound on queued requests is reached; retry after `retry_after_ms`."""
+    """A bound on waiting or open requests is reached (the message names it); retry after
+    `retry_after_ms`."""
 
     def __init__(self, message: str, retry_after_ms: int) -> None:
         super().__init__(message)
@@ -118,3 +124,8 @@ class JobFailedError(WarmfleetError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class InternalError(WarmfleetError):
+    """A fault of warmfleet's own (a command Redis refused that it should not have sent):
+    retrying will not help; the message says what failed."""

@@ -13,6 +13,7 @@ from common.grpc_serve import abort
 
 STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [  # the first match wins
     (e.PromptTooLongError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.PromptTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (e.InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (e.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (e.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
@@ -24,6 +25,7 @@ STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [  # the first match win
     (e.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (e.UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (e.ServiceError, grpc.StatusCode.UNAVAILABLE),
+    (e.InternalError, grpc.StatusCode.INTERNAL),
 ]
 
 

@@ -10,8 +10,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.grpc_guard import RequestGuard
+
 # (add_XServicer_to_server, the servicer, the service's full name)
 Service = tuple[Callable[[Any, grpc.Server], None], Any, str]
+DEFAULT_MAX_MESSAGE_BYTES = 4 << 20  # gRPC's own default
 
 
 def serve(
@@ -34,10 +37,21 @@ async def serve_async(
     services: list[Service],
     address: str,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    guard: RequestGuard | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """`serve` for servicers written with grpc.aio: on the caller's event loop, no thread
-    per call. Starts NOT_SERVING; returns the server, its port and its health servicer."""
-    server = grpc.aio.server(interceptors=list(interceptors))
+    per call. Starts NOT_SERVING; returns the server, its port and its health servicer.
+
+    A request message over `max_message_bytes` is refused by gRPC itself (RESOURCE_EXHAUSTED,
+    "Received message larger than max"; slowly: 0.1-3 s measured here for 5 MB, where the
+    guard's size bounds answer in milliseconds); `guard` (innermost of the interceptors)
+    answers undecodable requests INVALID_ARGUMENT and applies its per-method size bounds."""
+    server = grpc.aio.server(
+        interceptors=[*interceptors, guard or RequestGuard()],
+        options=[("grpc.max_receive_message_length", max_message_bytes)],
+    )
     health_servicer = health.aio.HealthServicer()
     names, port = _register(server, services, health_servicer, address)
     for name in ("", *names):

@@ -4,7 +4,6 @@ object) and POST /v1/messages/count_tokens."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -19,7 +18,7 @@ from gateway.http_errors import Shape, error_body
 from gateway.http_jobs import HttpContext, Started, collect, start
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
 from gateway.sse import EventStream, event
-from gateway.validate import GenerateInput, prompt_ids
+from gateway.validate import GenerateInput
 
 
 def text_of(content: Any, where: str) -> str:
@@ -133,5 +132,4 @@ async def count_tokens(ctx: HttpContext, request: Request) -> Response:
     ctx.check_model(get(body, "model", str))
     tenant_of(request, ctx.keys)
     inp = GenerateInput(messages=chat_of(body))
-    ids = await asyncio.to_thread(prompt_ids, inp, ctx.jobs.tokenizer)
-    return JSONResponse({"input_tokens": len(ids)})
+    return JSONResponse({"input_tokens": await ctx.jobs.count_tokens(inp)})

@@ -13,7 +13,8 @@ The file stores keys hashed (sha256), never in clear:
 
 Several keys may name one tenant; they must then agree on its settings (`admin` is the
 key's own: an operator's key and an agent's key may share a tenant). Without a key file
-every caller is the single local tenant, with every priority, and an admin.
+every caller is the single local tenant, with every priority, and an admin; its limits are
+the gateway's flags --local-max-concurrent (16) and --local-max-queued (64).
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ class Tenant:
     weight: int = 1
     max_concurrent: int = 16
     max_queued: int = 64
+    local: bool = False  # the one tenant of a gateway without keys (its limits are flags)
 
     def allows(self, priority: Priority) -> bool:
         """Whether this tenant may send requests of class `priority`."""
         return PRIORITIES.index(priority) >= PRIORITIES.index(self.max_priority)
 
 
-LOCAL = Tenant(DEFAULT_TENANT)
+LOCAL = Tenant(DEFAULT_TENANT, local=True)
 
 
 def hash_key(key: str) -> str:
@@ -57,9 +59,15 @@ def hash_key(key: str) -> str:
 class KeyRing:
     """Maps API keys (by their sha256) to tenants."""
 
-    def __init__(self, by_hash: dict[str, Tenant], admins: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        by_hash: dict[str, Tenant],
+        admins: frozenset[str] = frozenset(),
+        local: Tenant = LOCAL,
+    ) -> None:
         self._by_hash = by_hash
         self._admins = admins  # the hashes of the keys with `admin = true`
+        self._local = local  # every caller's tenant when there are no keys
 
     @property
     def enabled(self) -> bool:
@@ -70,9 +78,12 @@ class KeyRing:
         return sorted({t.name for t in self._by_hash.values()})
 
     @classmethod
-    def open(cls) -> KeyRing:
-        """No keys: every caller is the local tenant."""
-        return cls({})
+    def open(cls, max_concurrent: int = LOCAL.max_concurrent,
+             max_queued: int = LOCAL.max_queued) -> KeyRing:  # fmt: skip
+        """No keys: every caller is the local tenant, with these limits (--local-max-*)."""
+        local = Tenant(DEFAULT_TENANT, max_concurrent=max_concurrent, max_queued=max_queued,
+                       local=True)  # fmt: skip
+        return cls({}, local=local)
 
     @classmethod
     def load(cls, path: str | Path) -> KeyRing:
@@ -128,7 +139,7 @@ class KeyRing:
     def _caller(self, authorization: str | None, api_key: str | None) -> tuple[Tenant, str]:
         """The caller's tenant and its key's hash ("" without a key file)."""
         if not self._by_hash:
-            return LOCAL, ""
+            return self._local, ""
         if api_key is None:
             if authorization is None:
                 raise UnauthenticatedError(
@@ -175,4 +186,6 @@ def _entry(entry: Any, where: str) -> tuple[str, Tenant, bool]:
     admin = entry.get("admin", False)
     if not isinstance(admin, bool):
         raise InvalidRequestError("--keys", f"{where}: admin must be true or false")
-    return digest, Tenant(name, Priority(priority), **numbers), admin
+    tenant = Tenant(name, Priority(priority), numbers["weight"], numbers["max_concurrent"],
+                    numbers["max_queued"])  # fmt: skip
+    return digest, tenant, admin

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from broker.results_hub import ResultsHub
 from common.errors import (
     AlreadyExistsError,
     DeadlineExceededError,
+    InternalError,
     InvalidRequestError,
     JobFailedError,
     NotFoundError,
@@ -29,6 +31,7 @@ from common.errors import (
     QueueFullError,
     ServiceError,
     UnavailableError,
+    WarmfleetError,
 )
 from gateway.auth import Tenant
 from gateway.metrics import GatewayMetrics
@@ -37,6 +40,7 @@ from gateway.worker_watch import WorkerWatch
 log = logging.getLogger("warmfleet.gateway")
 POLL_S = 1.0  # longest single wait for a job's next result
 MAX_PAGE_SIZE = 1000
+PAGE_TOKEN = re.compile(r"[0-9]{1,9}")  # an offset we issued (ASCII digits: str.isdigit takes "²")
 T = TypeVar("T")
 
 
@@ -90,18 +94,26 @@ class GatewayCore:
         while True:
             admission = await self._redis(self.broker.enqueue(job, bounds))
             if admission.kind in ("tenant_full", "full"):
-                whose = "this tenant's" if admission.kind == "tenant_full" else "the"
-                retry = retry_after_ms(admission.queued)
-                raise QueueFullError(
-                    f"{whose} queue is full ({admission.queued} requests waiting); "
-                    f"retry after {retry} ms", retry
-                )  # fmt: skip
+                raise self._queue_full(admission, tenant)
             if admission.kind != "no_worker":
                 return admission
             left = give_up - time.time()
             if left <= 0:
                 raise UnavailableError(f"no worker is running (waited {time.time() - t0:.0f} s)")
             await self.watch.wait_for_worker(min(left, POLL_S))
+
+    def _queue_full(self, admission: Admission, tenant: Tenant) -> QueueFullError:
+        """The refusal naming the limit reached, with a retry hint."""
+        retry, queued = retry_after_ms(admission.queued), admission.queued
+        if admission.kind == "tenant_full":
+            setting = "--local-max-queued" if tenant.local else "max_queued of its key"
+            whose, limit = "this tenant's", f"its limit, {setting}, is {tenant.max_queued}"
+        else:
+            whose, limit = "the", f"the gateway's limit, --max-queued, is {self.config.max_queued}"
+        return QueueFullError(
+            f"{whose} queue is full ({queued} requests waiting; {limit}); retry after {retry} ms",
+            retry,
+        )
 
     async def results(self, job: Job) -> AsyncGenerator[TokenChunk | Completion, None]:
         """The job's chunks, each token index once (a job retried elsewhere replays its
@@ -149,7 +161,7 @@ class GatewayCore:
             except TimeoutError:
                 continue
             if isinstance(item, redis.RedisError):
-                raise UnavailableError(f"queue unavailable: {item}")
+                raise redis_failure(item)
             if isinstance(item, Exception):
                 raise UnavailableError(f"unreadable result: {item}")
             if isinstance(item, JobError):
@@ -185,7 +197,7 @@ class GatewayCore:
         size = page_size or 100
         if not 0 < size <= MAX_PAGE_SIZE:
             raise InvalidRequestError("page_size", f"in [1, {MAX_PAGE_SIZE}], got {size}")
-        if page_token and not (page_token.isdigit() and len(page_token) < 10):
+        if page_token and not PAGE_TOKEN.fullmatch(page_token):
             raise InvalidRequestError("page_token", "not a token we issued")
         offset = int(page_token or "0")
         records = await self._redis(self.broker.list_sessions(tenant, offset, size + 1))
@@ -216,6 +228,27 @@ class GatewayCore:
         try:
             return await call
         except redis.RedisError as e:
-            raise UnavailableError(f"queue unavailable: {e}") from e
+            raise redis_failure(e) from e
         except ServiceError as e:
             raise UnavailableError(str(e)) from e
+
+
+# Redis's refusals that pass (it is loading, busy, out of memory, a replica, failing over):
+# anything else it refuses is a command it should never have been sent
+PASSING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+           redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError,
+           redis.exceptions.MasterDownError)  # fmt: skip
+PASSING_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "NOQUORUM")
+
+
+def redis_failure(e: redis.RedisError) -> WarmfleetError:
+    """A Redis error as a call's outcome: Redis unreachable or refusing for now is
+    UnavailableError (a retry may succeed, clients retry UNAVAILABLE); any other refusal is
+    InternalError, logged: requests are checked before Redis sees them, so it is a fault of
+    ours that a retry would only repeat."""
+    if not isinstance(e, redis.ResponseError) or isinstance(e, PASSING):
+        return UnavailableError(f"queue unavailable: {e}")
+    if str(e).startswith(PASSING_CODES):
+        return UnavailableError(f"queue unavailable: {e}")
+    log.error("Redis refused a command: %s", e)
+    return InternalError(f"Redis refused a command: {e}")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import aclosing, contextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 
@@ -19,20 +16,27 @@ from common.pb_maps import FINISH_REASON, KV_SOURCE, PRIORITY_FROM_PB, tier_pb
 from common.v1 import inference_pb2 as pb
 from common.v1 import inference_pb2_grpc
 from gateway.auth import KeyRing, Tenant
+from gateway.bounds import InputBounds
 from gateway.core import GatewayCore
-from gateway.metrics import GatewayMetrics
 from gateway.validate import GenerateInput, JobBuilder
 
 SESSION_METADATA_KEY = "x-session-id"
 
 
-def input_of(request: pb.GenerateRequest, session_id: str) -> GenerateInput:
+def input_of(request: pb.GenerateRequest, session_id: str, bounds: InputBounds) -> GenerateInput:
+    """The request as any face reads it; lists too long to fit are refused before they are
+    copied."""
+
     def opt(name: str) -> object:
         return getattr(request, name) if request.HasField(name) else None
 
     if request.priority not in PRIORITY_FROM_PB:
         raise InvalidRequestError("priority", f"unknown value {request.priority}")
     kind = request.WhichOneof("input")
+    if kind == "messages":
+        bounds.check_count("messages", len(request.messages.messages))
+    elif kind == "token_ids":
+        bounds.check_count("token_ids", len(request.token_ids.ids))
     return GenerateInput(
         session_id=session_id,
         messages=[{"role": m.role, "content": m.content} for m in request.messages.messages]
@@ -101,7 +105,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             tenant = self._tenant(context)
             metadata = dict(context.invocation_metadata() or ())
             session_id = request.session_id or str(metadata.get(SESSION_METADATA_KEY, ""))
-            inp = input_of(request, session_id)
+            inp = input_of(request, session_id, self.jobs.bounds)
             job = await self.jobs.build(inp, tenant.name, context.time_remaining())
             await self.core.admit(job, tenant)
             async with aclosing(self.core.results(job)) as results:
@@ -157,71 +161,3 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def _tenant(self, context: grpc.aio.ServicerContext) -> Tenant:
         """The caller's tenant (every call is checked first)."""
         return self.keys.tenant(context.invocation_metadata() or ())
-
-
-@dataclass
-class CallState:
-    answered: bool = False  # its completion was sent
-
-
-class CountStatuses(grpc.aio.ServerInterceptor):
-    """Counts the Inference service's calls by the status they ended with (metrics)."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        self.metrics = metrics
-        self.prefix = f"/{pb.DESCRIPTOR.services_by_name['Inference'].full_name}/"
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(self.prefix):
-            return handler
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._unary(handler.unary_unary))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=self._stream(handler.unary_stream))
-        return handler
-
-    def _unary(self, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with self._counting(context):
-                return await call(request, context)
-
-        return counted
-
-    def _stream(self, call: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        async def counted(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with self._counting(context) as call_state:
-                async for response in call(request, context):
-                    if isinstance(response, pb.GenerateResponse) and response.HasField(
-                        "completion"
-                    ):
-                        call_state.answered = True  # a client may close the call now
-                    yield response
-
-        return counted
-
-    @contextmanager
-    def _counting(self, context: grpc.aio.ServicerContext) -> Iterator[CallState]:
-        """Count the call with the status it ends with (OK once its completion was sent,
-        even if the client closes it before the server's end)."""
-        state, ended = CallState(), "OK"
-        try:
-            yield state
-        except grpc.aio.AbortError:
-            ended = "UNKNOWN"  # the status it aborted with, below
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            ended = "OK" if state.answered else "CANCELLED"  # the client went away
-            raise
-        except Exception:
-            ended = "UNKNOWN"
-            raise
-        finally:
-            code = context.code()
-            if not isinstance(code, grpc.StatusCode) or state.answered:
-                code = None
-            self.metrics.responded("grpc", code.name if code is not None else ended)

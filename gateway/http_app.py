@@ -17,7 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.errors import NotFoundError, WarmfleetError
+from common.errors import NotFoundError, QueueFullError, WarmfleetError
 from gateway import anthropic_api, dashboard, openai_api, sessions_api
 from gateway.dashboard import Operator
 from gateway.http_errors import Shape, error_response
@@ -27,7 +27,7 @@ from gateway.metrics import GatewayMetrics
 Endpoint = Callable[[Any, Request], Awaitable[Response]]
 
 
-def build_app(ctx: HttpContext, op: Operator) -> ASGIApp:
+def build_app(ctx: HttpContext, op: Operator, max_open: int = 4096) -> ASGIApp:
     def route(
         path: str, endpoint: Endpoint, method: str, shape: Shape = Shape.OPENAI, on: Any = ctx
     ) -> Route:
@@ -69,15 +69,18 @@ def build_app(ctx: HttpContext, op: Operator) -> ASGIApp:
             Mount("/dashboard/static", StaticFiles(directory=dashboard.STATIC)),
         ],
     )
-    return CountResponses(app, ctx.core.metrics)
+    return CountResponses(app, ctx.core.metrics, max_open)
 
 
 class CountResponses:
-    """Counts the API's responses by HTTP status (`/v1/...`; not scrapes or the dashboard)."""
+    """Bounds the API's open requests (`/v1/...`; not scrapes or the dashboard): one more
+    than `max_open` gets 429 with Retry-After; counts their responses by HTTP status."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, max_open: int = 4096) -> None:
         self.app = app
         self.metrics = metrics
+        self.max_open = max_open
+        self.num_open = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
@@ -89,4 +92,14 @@ class CountResponses:
                 self.metrics.responded("http", str(message["status"]))
             await send(message)
 
-        await self.app(scope, receive, counted)
+        if self.num_open >= self.max_open:
+            error = QueueFullError(f"the gateway has {self.max_open} requests open, its limit "
+                                   "(--max-streams); retry after 1000 ms", 1000)  # fmt: skip
+            shape = Shape.ANTHROPIC if scope["path"].startswith("/v1/messages") else Shape.OPENAI
+            await error_response(error, shape)(scope, receive, counted)
+            return
+        self.num_open += 1
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            self.num_open -= 1

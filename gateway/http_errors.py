@@ -15,6 +15,8 @@ from common import errors as e
 TABLE: list[tuple[type[Exception], int, str, str, str]] = [
     (e.PromptTooLongError, 400, "invalid_request_error", "context_length_exceeded",
      "invalid_request_error"),
+    (e.PromptTooLargeError, 400, "invalid_request_error", "context_length_exceeded",
+     "invalid_request_error"),
     (e.InvalidRequestError, 400, "invalid_request_error", "invalid_value",
      "invalid_request_error"),
     (e.UnauthenticatedError, 401, "authentication_error", "invalid_api_key",

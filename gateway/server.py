@@ -17,6 +17,7 @@ import uvicorn
 
 from broker.gateway_broker import GatewayBroker
 from broker.results_hub import ResultsHub
+from common.grpc_guard import RequestGuard, SizeCheck
 from common.grpc_serve import serve_async
 from common.v1 import inference_pb2, inference_pb2_grpc
 from engine.config import ModelConfig
@@ -25,15 +26,19 @@ from gateway.auth import KeyRing
 from gateway.core import GatewayConfig, GatewayCore
 from gateway.dashboard import Operator
 from gateway.fleet_sampler import FleetSampler
-from gateway.grpc_api import CountStatuses, InferenceService
+from gateway.grpc_api import InferenceService
+from gateway.grpc_calls import CountStatuses
 from gateway.http_app import build_app
 from gateway.http_jobs import HttpContext
+from gateway.memory import HeapTrimmer
 from gateway.metrics import GatewayMetrics
 from gateway.validate import JobBuilder
+from gateway.work_gate import WorkGate
 from gateway.worker_watch import WorkerWatch
 
 log = logging.getLogger("warmfleet.gateway")
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+SPARE_CONNECTIONS = 64  # HTTP connections beyond --max-streams (idle keep-alive ones count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +46,9 @@ class Listen:
     host: str
     grpc_port: int
     http_port: int
-    max_body_bytes: int = 4 << 20
-    max_streams: int = 4096  # open calls and connections at most, each face
+    max_body_bytes: int = 4 << 20  # an HTTP body's
+    max_streams: int = 4096  # open calls at most, each face
+    max_message_bytes: int = 16 << 20  # a gRPC request message's
 
 
 def http_socket(host: str, port: int) -> socket.socket:
@@ -78,7 +84,9 @@ class Gateway:
         self.metrics = GatewayMetrics(lambda: self.sampler.latest)
         self.sampler = FleetSampler(r, self.metrics)
         self.core = GatewayCore(broker, self.hub, config, self.watch, self.metrics)
-        self.jobs = JobBuilder(tokenizer, model_config, config.default_timeout_s)
+        self.trimmer = HeapTrimmer()
+        gate = WorkGate(on_large=self.trimmer.note)
+        self.jobs = JobBuilder(tokenizer, model_config, config.default_timeout_s, gate)
         self.keys = keys
         self.model_names = model_names
         self._grpc: grpc.aio.Server | None = None
@@ -91,9 +99,11 @@ class Gateway:
         service = InferenceService(self.core, self.jobs, self.keys)
         add = inference_pb2_grpc.add_InferenceServicer_to_server
         address = f"{listen.host}:{listen.grpc_port}"
+        calls = CountStatuses(self.metrics, listen.max_streams)
         self._grpc, grpc_port, health = await serve_async(
-            [(add, service, SERVICE_NAME)], address, [CountStatuses(self.metrics)]
-        )
+            [(add, service, SERVICE_NAME)], address, [calls],
+            max_message_bytes=listen.max_message_bytes, guard=RequestGuard(self._size_checks()),
+        )  # fmt: skip
 
         async def set_health(serving: bool) -> None:
             status = 1 if serving else 2  # SERVING, NOT_SERVING
@@ -104,14 +114,16 @@ class Gateway:
         await self.watch.start()
         self.hub.start()
         self.sampler.start()
+        self.trimmer.start()
         sock = http_socket(listen.host, listen.http_port)
         ctx = HttpContext(self.core, self.jobs, self.keys, self.model_names, listen.max_body_bytes)
         operator = Operator(self.core, self.keys, self.sampler)
         config = uvicorn.Config(
-            build_app(ctx, operator),
+            build_app(ctx, operator, listen.max_streams),
             log_level="warning",
             lifespan="off",
-            limit_concurrency=listen.max_streams,
+            # connections, idle ones too: past these uvicorn answers 503 itself
+            limit_concurrency=listen.max_streams + SPARE_CONNECTIONS,
             timeout_graceful_shutdown=10,
         )
         self._http = _Uvicorn(config)
@@ -130,3 +142,17 @@ class Gateway:
                 await asyncio.wait_for(self._http_task, grace_s + 1)
         await self.watch.stop()
         await self.hub.stop()
+        await self.trimmer.stop()
+        self.jobs.gate.close()
+
+    def _size_checks(self) -> dict[str, SizeCheck]:
+        """Generate requests too large to hold a prompt that fits: refused undecoded."""
+        bounds = self.jobs.bounds
+
+        def check(num_bytes: int) -> str | None:
+            why = bounds.check_request(num_bytes)
+            if why is not None:
+                self.trimmer.note()  # its bytes are freed once refused
+            return why
+
+        return {f"/{SERVICE_NAME}/Generate": check}

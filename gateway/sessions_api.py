@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -30,7 +31,7 @@ def session_json(session_id: str, r: SessionRecord) -> dict[str, Any]:
 async def list_sessions(ctx: HttpContext, request: Request) -> Response:
     tenant = tenant_of(request, ctx.keys).name
     size = request.query_params.get("page_size", "100")
-    if not size.isdigit():
+    if not re.fullmatch(r"[0-9]{1,9}", size):
         raise InvalidRequestError("page_size", f"not a number: {size!r}")
     token = request.query_params.get("page_token", "")
     page, next_token = await ctx.core.list_sessions(tenant, token, int(size))

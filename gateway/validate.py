@@ -3,7 +3,6 @@ error naming the field. Everything a request can get wrong is found here, once."
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 import uuid
@@ -11,12 +10,14 @@ from dataclasses import dataclass, field
 
 from broker.messages import Job
 from common.enums import Priority
-from common.errors import InvalidRequestError
+from common.errors import InvalidRequestError, PromptTooLargeError
 from common.ids import check_session_id
 from common.sampling import SamplingParams
 from engine.chat import render_chat, validate_messages
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
+from gateway.bounds import InputBounds
+from gateway.work_gate import WorkGate
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -97,20 +98,55 @@ def build_job(
     )
 
 
-class JobBuilder:
-    """Builds jobs off the event loop: tokenizing a long prompt takes a while, and the
-    loop serves every other stream meanwhile (a bounded pool of threads does the work)."""
+def input_size(inp: GenerateInput, bounds: InputBounds) -> int:
+    """The bytes of the input's text (for token ids, their count); raises PromptTooLargeError
+    (or PromptTooLongError) when its size alone shows it cannot fit. Cheap: nothing is
+    tokenized or copied, so it runs on the event loop, before any expensive step."""
+    if inp.messages is not None:
+        bounds.check_count("messages", len(inp.messages))
+        texts = (m.get("content") for m in inp.messages if isinstance(m, dict))
+        return bounds.check_text("messages", (t for t in texts if isinstance(t, str)))
+    if inp.prompt is not None:
+        return bounds.check_text("prompt", (inp.prompt,))
+    if inp.token_ids is not None:
+        bounds.check_count("token_ids", len(inp.token_ids))
+        return len(inp.token_ids)
+    return 0
 
-    def __init__(self, tokenizer: Tokenizer, config: ModelConfig, default_timeout_s: float) -> None:
+
+class JobBuilder:
+    """Builds jobs off the event loop: tokenizing a long prompt takes a while, and the loop
+    serves every other stream meanwhile. Inputs too large to fit are refused first, by their
+    size, on the loop; the rest wait for one of the gate's few threads (gateway/work_gate.py),
+    which refuses them with a retry hint when too much input waits already."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, config: ModelConfig, default_timeout_s: float, gate: WorkGate
+    ) -> None:
         self.tokenizer = tokenizer
         self.config = config
         self.default_timeout_s = default_timeout_s
+        self.gate = gate
+        self.bounds = InputBounds.of(tokenizer, config)
 
     async def build(self, inp: GenerateInput, tenant: str, time_left_s: float | None) -> Job:
         """The job, with the client's deadline when it sent one (else the default)."""
         timeout_s = self.default_timeout_s
         if time_left_s is not None:
             timeout_s = min(time_left_s, timeout_s)
-        return await asyncio.to_thread(
-            build_job, inp, tenant, self.tokenizer, self.config, timeout_s
+        size = self._size(inp)
+        return await self.gate.run(
+            size, build_job, inp, tenant, self.tokenizer, self.config, timeout_s
         )
+
+    async def count_tokens(self, inp: GenerateInput) -> int:
+        """How many tokens the input's prompt has (the same checks as `build`)."""
+        ids = await self.gate.run(self._size(inp), prompt_ids, inp, self.tokenizer)
+        return len(ids)
+
+    def _size(self, inp: GenerateInput) -> int:
+        try:
+            return input_size(inp, self.bounds)
+        except PromptTooLargeError:
+            self.gate.on_large()  # the request's text is freed soon: trim the heap then
+            raise

@@ -18,6 +18,11 @@ from warmfleet.models import pull_default_model
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    help = "the fuzz suite draws 20 times as many requests, new ones each run"
+    parser.addoption("--long", action="store_true", help=help)
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     return pull_default_model()

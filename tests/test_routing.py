@@ -93,7 +93,7 @@ def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
 
 def test_liveness_beats_rejoins_and_stops_when_the_loop_stalls(r: redis_lib.Redis) -> None:
     broker = worker(r, "w0")
-    liveness = Liveness(broker, lease_s=1.0, interval_s=0.1, stall_s=1.5)
+    liveness = Liveness(broker, lease_s=1.0, interval_s=0.1, stall_s=1.5, heartbeat_ttl_s=1.0)
     liveness.start(json.dumps({"pid": 1}))
     try:
         assert not liveness.kvstore_alive
@@ -106,7 +106,7 @@ def test_liveness_beats_rejoins_and_stops_when_the_loop_stalls(r: redis_lib.Redi
             liveness.update(json.dumps({"pid": 2}), [])
             time.sleep(0.1)
         assert json.loads(r.get(keys.heartbeat_key("w0")) or "{}") == {"pid": 2}
-        # the loop stalls: beats stop, and the heartbeat expires with its lease
+        # the loop stalls: beats stop, and the heartbeat expires with its TTL
         wait_for(lambda: not r.exists(keys.heartbeat_key("w0")), "the heartbeat to lapse")
     finally:
         liveness.stop()

@@ -112,6 +112,44 @@ def test_a_signal_during_start_stops_everything(
     assert all(p.poll() is not None for p in made[0].processes.values())
 
 
+def test_up_starts_a_killed_worker_again_and_still_stops_cleanly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = fake_clusters(monkeypatch, tmp_path)
+    stdout = io.StringIO()
+    monkeypatch.setattr("sys.stdout", stdout)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    killed: list[int] = []
+
+    def back_again() -> bool:
+        """Kill w0 once `up` is up; true once its successor runs (it logged its start)."""
+        if "warmfleet is up" not in stdout.getvalue():
+            return False
+        w0 = made[0].processes["w0"]
+        if not killed:
+            killed.append(w0.pid)
+            os.kill(w0.pid, signal.SIGKILL)
+        return w0.pid != killed[0] and made[0].log_path("w0").read_text().count("argv") == 2
+
+    signal_when(back_again)
+    ports = ["--port", str(free_port()), "--http-port", str(free_port())]
+    code = run_up(["--workers", "2", *ports, "--model", str(model)])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "w0 was killed by SIGKILL after " in err
+    assert "; starting it again in 0.5 s (restart 1)" in err
+    (cluster,) = made
+    assert f"w0 started again (pid {cluster.processes['w0'].pid})" in err
+    assert cluster.processes["w0"].pid != killed[0]
+    assert {n: p.returncode for n, p in cluster.processes.items() if n != "redis"} == {
+        "w0": 0,
+        "w1": 0,
+        "gateway": 0,
+        "kvstore": 0,
+    }  # the stop restarted nothing it stopped
+
+
 def test_first_signal_asks_second_insists() -> None:
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where pytest runs in the background
     signals = StopSignals().install()

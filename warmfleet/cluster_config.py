@@ -35,6 +35,8 @@ class ClusterConfig:
     warm_budget: int | None = None
     disk_budget: int | None = None
     keys_file: PathLike | None = None  # the gateway's API keys (None: one local tenant)
+    local_max_concurrent: int | None = None  # that local tenant's limits (None: the gateway's)
+    local_max_queued: int | None = None
     worker_args: Sequence[str] = ()  # more `warmfleet worker` options
     gateway_args: Sequence[str] = ()  # more `warmfleet gateway` options
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -80,7 +82,9 @@ class ClusterConfig:
     def gateway_argv(self, port: int, http_port: int, redis_url: str) -> list[str]:
         argv = [*self._base("gateway", redis_url), "--port", str(port)]
         argv += ["--http-port", str(http_port)]
-        argv += _options(model=self.model, keys=self.keys_file)
+        argv += _options(model=self.model, keys=self.keys_file,
+                         local_max_concurrent=self.local_max_concurrent,
+                         local_max_queued=self.local_max_queued)  # fmt: skip
         return argv + list(self.gateway_args)
 
 

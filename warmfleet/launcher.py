@@ -11,12 +11,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from broker.keys import heartbeat_key
 from common.errors import ServiceError
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.models import resolve_model
@@ -247,6 +247,12 @@ class Cluster:
         if deadline_s is not None:
             self._wait_ready([child], time.monotonic() + deadline_s)
 
+    def forget_heartbeat(self, worker_id: str) -> None:
+        """Delete the heartbeat of a worker seen to exit, so live workers adopt its requests
+        now rather than when the key's TTL lapses."""
+        assert self._redis is not None
+        self._redis.delete(heartbeat_key(worker_id))
+
     def _child(self, name: str) -> Child:
         for child in self._children():
             if child.name == name:
@@ -288,10 +294,5 @@ class Cluster:
     def __enter__(self) -> Cluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

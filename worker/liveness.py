@@ -4,7 +4,9 @@ A step can take seconds (a long prefill, a busy machine, the first call of a ker
 the heartbeat waited for the loop, a live worker would look dead, another worker would take
 over its requests, and both would run them. The thread beats whatever the loop is doing, as
 long as the loop makes progress: if no pass completes for `stall_s`, it stops, so a worker
-that hangs is taken over like one that died.
+that hangs is taken over like one that died. The heartbeat's TTL is short (a few beats), so
+a dead worker is noticed within about a second; the leases, renewed every lease/4, are the
+backstop.
 """
 
 from __future__ import annotations
@@ -23,10 +25,16 @@ log = logging.getLogger("warmfleet.worker")
 
 class Liveness:
     def __init__(
-        self, broker: WorkerBroker, lease_s: float, interval_s: float, stall_s: float
+        self,
+        broker: WorkerBroker,
+        lease_s: float,
+        interval_s: float,
+        stall_s: float,
+        heartbeat_ttl_s: float,
     ) -> None:
         self.broker = broker
         self.lease_s = lease_s
+        self.heartbeat_ttl_s = heartbeat_ttl_s
         self.interval_s = interval_s
         self.stall_s = stall_s
         self.kvstore_alive = False  # the kvstore's heartbeat was seen at the last beat
@@ -79,7 +87,7 @@ class Liveness:
 
     def _beat(self, renew: tuple[Delivery, ...]) -> None:
         try:
-            beat = self.broker.beat(self._status, self.lease_s, renew)
+            beat = self.broker.beat(self._status, self.heartbeat_ttl_s, renew)
         except LostState:
             self.lost.set()
             return

@@ -45,7 +45,7 @@ class Worker:
         self.handover = Handover(s, self.residency, self.admission)
         self.metrics = WorkerMetrics(s)  # served when the command is given a port
         self.liveness = Liveness(broker, config.lease_s, config.heartbeat_interval_s,
-                                 config.stall_s)  # fmt: skip
+                                 config.stall_s, config.heartbeat_ttl_s)  # fmt: skip
         self.stop_now = False  # second signal: leave at once (leases hand the work over)
         self._next_reclaim = 0.0
         self._published_running: list[str] = []
@@ -71,6 +71,8 @@ class Worker:
             "running": sorted(s.inflight),
             "paused": sorted(engine.paused),
             "num_running": len(s.inflight),
+            # running from a dead worker's stream: DISPATCH adds them to this one's load
+            "num_adopted": sum(f.delivery.stream != s.broker.pinned for f in s.inflight.values()),
             "num_sessions": len(engine.sessions),
             "pool_bytes": engine.sessions.nbytes,  # idle sessions' blocks, each once
             "kv_blocks": self._blocks(),
@@ -99,7 +101,7 @@ class Worker:
     def run(self, max_steps: int | None = None) -> None:
         """Serve until stopped (or until `max_steps` engine steps, for tests)."""
         s = self.state
-        s.broker.register(self.status(), s.config.lease_s)
+        s.broker.register(self.status(), s.config.heartbeat_ttl_s)
         self.liveness.start(json.dumps(self.status()))
         s.outbox.events.append(self.residency.inventory())  # a fresh start holds nothing
         log.info("worker %s ready", s.config.worker_id)
@@ -157,7 +159,7 @@ class Worker:
         s.outbox = Outbox()
         self._published_running = []
         self.liveness.lost.clear()
-        s.broker.register(self.status(), s.config.lease_s)
+        s.broker.register(self.status(), s.config.heartbeat_ttl_s)
         if s.stopping:
             s.broker.set_draining()
         s.outbox.events.append(self.residency.inventory())
@@ -192,7 +194,8 @@ class Worker:
         self.liveness.update(json.dumps(self.status()), [*running, *self.residency.held])
 
     def _housekeeping(self) -> None:
-        """Keep the pool's own limit; take over jobs whose worker died."""
+        """Keep the pool's own limit; take over jobs whose worker died (checked every
+        takeover_check_s: a dead worker is noticed as soon as its heartbeat lapses)."""
         s, pool = self.state, self.state.engine.sessions
         # while the kvstore runs it alone decides spills; the pool only guards memory
         c = s.config
@@ -204,7 +207,7 @@ class Worker:
             for d in s.broker.reclaim(max(0, self.admission.capacity())):
                 log.info("taking over %s from %s", d.entry_id, d.stream)
                 self.admission.start(d)
-            self._next_reclaim = now + c.lease_s / 2
+            self._next_reclaim = now + c.takeover_check_s
 
     def _step(self) -> None:
         s = self.state
@@ -238,7 +241,7 @@ class Worker:
         out, s.outbox = s.outbox, Outbox()
         status = None
         if sorted(s.inflight) != self._published_running:  # keep the status exact
-            status = (self.status(), s.config.lease_s)
+            status = (self.status(), s.config.heartbeat_ttl_s)
             self._published_running = sorted(s.inflight)
         rooms = self.admission.rooms() if s.engine.has_work else (0, 0, 0)
         cancelled, prefetched = s.broker.publish(out, list(s.inflight), status, rooms)

@@ -17,9 +17,11 @@ from common.errors import ServiceError
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf, read_metadata
 from engine.tokenizer import Tokenizer
-from gateway.auth import KeyRing
+from gateway.auth import LOCAL, KeyRing
 from gateway.core import GatewayConfig
-from gateway.server import Gateway, Listen
+from gateway.memory import tune_malloc
+from gateway.server import SPARE_CONNECTIONS, Gateway, Listen
+from gateway.work_gate import MAX_RUNNING
 from warmfleet.commands.common import add_redis_url
 from warmfleet.models import resolve_model
 from warmfleet.parent_watch import watch_parent
@@ -27,7 +29,8 @@ from warmfleet.redis_conn import connect_async
 from warmfleet.sizes import size_arg
 
 DEFAULT_PORT = 50051
-TOKENIZER_THREADS = 4
+OTHER_THREADS = 2  # asyncio.to_thread's (heap trims); tokenizing has its own (WorkGate)
+TOKENIZER_THREADS = MAX_RUNNING + OTHER_THREADS  # the threads both pools may start
 DEFAULT_HTTP_PORT = 8000
 
 DRAIN_S = 10.0
@@ -70,6 +73,7 @@ def register(sub: Any) -> None:
         "without it every caller is the single local tenant",
     )
     _add_limits(p)
+    add_local_limits(p)
     p.set_defaults(run=run)
 
 
@@ -82,12 +86,22 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         help="largest HTTP request body; larger ones get 413 (4M)",
     )
     p.add_argument(
+        "--max-message-bytes",
+        type=size_arg,
+        default=16 << 20,
+        metavar="SIZE",
+        help="largest gRPC request message; larger ones are refused by gRPC itself with "
+        "RESOURCE_EXHAUSTED (16M; a Generate request too large to hold a prompt that fits "
+        "the context is refused before that, unread, at once)",
+    )
+    p.add_argument(
         "--max-streams",
         type=int,
         default=4096,
         metavar="N",
-        help="open calls at most on each face (gRPC calls, HTTP connections); an open stream "
-        "costs a task and a queue, not a thread (4096)",
+        help="open calls at most on each face (gRPC calls, HTTP requests; one more gets "
+        "RESOURCE_EXHAUSTED or 429 with a retry hint); an open stream costs a task and a "
+        "queue, not a thread (4096)",
     )
     p.add_argument(
         "--default-timeout-s",
@@ -114,7 +128,38 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_local_limits(p: argparse.ArgumentParser, passed_on: bool = False) -> None:
+    """The keyless local tenant's limits (`gateway`; `up` passes on those given)."""
+    p.add_argument(
+        "--local-max-concurrent",
+        type=positive_int,
+        default=None if passed_on else LOCAL.max_concurrent,
+        metavar="N",
+        help="without --keys: the local tenant's requests running at once; more wait in its "
+        f"queue ({LOCAL.max_concurrent})",
+    )
+    p.add_argument(
+        "--local-max-queued",
+        type=positive_int,
+        default=None if passed_on else LOCAL.max_queued,
+        metavar="N",
+        help="without --keys: the local tenant's requests waiting; beyond it a request fails "
+        f"at once with RESOURCE_EXHAUSTED (HTTP 429) and a retry hint ({LOCAL.max_queued})",
+    )
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    tune_malloc()  # before any thread starts: see gateway/memory.py
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s gateway: %(message)s"
     )
@@ -123,17 +168,22 @@ def run(args: argparse.Namespace) -> int:
         max_queued=args.max_queued,
         worker_wait_s=args.worker_wait_s,
     )
-    keys = KeyRing.load(args.keys) if args.keys else KeyRing.open()
-    if keys.enabled:
+    if args.keys:
+        keys = KeyRing.load(args.keys)
         logging.info("API keys from %s: tenants %s", args.keys, ", ".join(keys.tenants))
     else:
-        logging.info("no key file (--keys): every caller is the single local tenant")
+        keys = KeyRing.open(args.local_max_concurrent, args.local_max_queued)
+        logging.info("no key file (--keys): every caller is the single local tenant (at most "
+                     "%d running, %d queued)", args.local_max_concurrent,
+                     args.local_max_queued)  # fmt: skip
     path = resolve_model(args.model)
     meta = read_metadata(open_gguf(path))
     model_config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
     names = tuple(args.model_name or [path.name.removesuffix(".gguf")])
-    listen = Listen(args.host, args.port, args.http_port, args.max_body_bytes, args.max_streams)
-    raise_open_files_limit(2 * args.max_streams + REDIS_CONNECTIONS + SPARE_FILES)
+    listen = Listen(args.host, args.port, args.http_port, args.max_body_bytes, args.max_streams,
+                    args.max_message_bytes)  # fmt: skip
+    raise_open_files_limit(2 * args.max_streams + SPARE_CONNECTIONS + REDIS_CONNECTIONS
+                           + SPARE_FILES)  # fmt: skip
     return asyncio.run(_serve(args.redis_url, (tokenizer, model_config), config, keys, names,
                               listen))  # fmt: skip
 
@@ -146,9 +196,9 @@ async def _serve(
     names: tuple[str, ...],
     listen: Listen,
 ) -> int:
-    # tokenizing runs off the loop, on a fixed pool: threads do not grow with the streams
+    # a fixed pool: threads do not grow with the streams
     asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenize")
+        ThreadPoolExecutor(max_workers=OTHER_THREADS, thread_name_prefix="blocking")
     )
     r = connect_async(redis_url, block_ms=1000, pool_size=REDIS_CONNECTIONS, wait_s=REDIS_WAIT_S)
     gateway = Gateway(r, *model, config, keys, names)

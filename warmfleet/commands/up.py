@@ -13,16 +13,16 @@ from common.errors import InvalidRequestError
 from warmfleet.client import KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.commands.common import add_device, add_spill_dir, add_weights
-from warmfleet.commands.gateway import DEFAULT_HTTP_PORT, DEFAULT_PORT
+from warmfleet.commands.gateway import DEFAULT_HTTP_PORT, DEFAULT_PORT, add_local_limits
 from warmfleet.commands.kvstore import DEFAULT_PORT as DEFAULT_KVSTORE_PORT
 from warmfleet.demo import run_demo
 from warmfleet.launcher import Cluster
-from warmfleet.processes import describe_exit, format_tail
 from warmfleet.sizes import format_size, size_arg
 from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
+from warmfleet.supervisor import Supervisor
 
 STOP_TIMEOUT_S = 15.0
-_POLL_S = 0.2
+_POLL_S = 0.1  # how soon an exit is seen: a dead worker's requests are adopted then
 
 
 def register(sub: Any) -> None:
@@ -92,6 +92,7 @@ def _add_part_options(p: argparse.ArgumentParser) -> None:
         help="API keys for the gateway (see `warmfleet gateway --keys`); without it one "
         "local tenant",
     )
+    add_local_limits(p, passed_on=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         disk_budget=args.disk_budget,
         kvstore_port=args.kvstore_port,
         keys_file=args.keys,
+        local_max_concurrent=args.local_max_concurrent,
+        local_max_queued=args.local_max_queued,
     )
     cluster = Cluster(config)  # the model is fetched once, before any worker starts
     signals = StopSignals().install()
@@ -164,17 +167,12 @@ def _banner(cluster: Cluster) -> str:
 
 
 def _supervise(cluster: Cluster, signals: StopSignals) -> int:
-    """Wait for a stop signal (0). Report each child that exits; return 1 if serving stops."""
-    reported: set[str] = set()
+    """Until a stop signal (0), start again each child that exits (warmfleet/supervisor.py);
+    return 1 if the private Redis exits."""
+    supervisor = Supervisor(cluster, cluster.config.progress)
     while not signals.requested:
-        exited = cluster.exited()
-        for name in sorted(exited.keys() - reported):
-            reported.add(name)
-            log = format_tail(cluster.log_path(name), 10)
-            print(f"warmfleet: {name} {describe_exit(exited[name])}; {log}", file=sys.stderr)
-        essential = {"gateway", "redis", "kvstore"} & exited.keys()
-        if essential or set(cluster.worker_ids) <= exited.keys():
-            print("warmfleet: cannot serve any more; stopping", file=sys.stderr)
+        if (reason := supervisor.poll()) is not None:
+            print(f"warmfleet: cannot serve any more, stopping: {reason}", file=sys.stderr)
             return 1
         time.sleep(_POLL_S)
     return 0

@@ -50,7 +50,15 @@ def register(sub: Any) -> None:
         default=5.0,
         metavar="S",
         help="a request whose worker stops renewing its lease this long is taken "
-        "over by another worker",
+        "over by another worker: the backstop of --heartbeat-ttl-s (5)",
+    )
+    p.add_argument(
+        "--heartbeat-ttl-s",
+        type=float,
+        default=1.5,
+        metavar="S",
+        help="the heartbeat, written every third of this by a thread of its own, lapses "
+        "this long after the worker dies; then a live worker adopts its requests (1.5)",
     )
     p.add_argument(
         "--step-budget-ms",
@@ -93,7 +101,13 @@ def run(args: argparse.Namespace) -> int:
         format=f"%(asctime)s worker {args.worker_id}: %(message)s",
     )
     budget = args.warm_budget if args.warm_budget is not None else default_warm_budget_bytes()
-    config = WorkerConfig(worker_id=args.worker_id, lease_s=args.lease_s, warm_budget_bytes=budget)
+    config = WorkerConfig(
+        worker_id=args.worker_id,
+        lease_s=args.lease_s,
+        heartbeat_ttl_s=args.heartbeat_ttl_s,
+        heartbeat_interval_s=args.heartbeat_ttl_s / 3,
+        warm_budget_bytes=budget,
+    )
     if args.step_budget_ms < 0:
         raise InvalidRequestError("--step-budget-ms", "must be >= 0")
     engine_config = EngineConfig(
