@@ -20,6 +20,15 @@ from common.errors import ProtocolError
 log = logging.getLogger("warmfleet.worker")
 ADOPT_LOCK_MS = 10_000  # one adopter at a time; released when done, this only if it died
 ORPHAN_SCAN = 1000  # pending entries looked at per adoption
+# A dead worker leaves the registry, its empty pinned stream and its wake stream go, unless
+# it came back meanwhile (a restart re-registers at once: its new streams must stay).
+# KEYS: its heartbeat, pinned stream, wake stream, keys.WORKERS. ARGV: its id.
+RETIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('XLEN', KEYS[2]) > 0 then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SREM', KEYS[4], ARGV[1])
+return 1
+"""
 
 
 @dataclass(slots=True)
@@ -60,6 +69,7 @@ class Leases:
         self.worker_id = worker_id
         self.lease_ms = int(lease_s * 1000)
         self.pinned = keys.pinned_stream(worker_id)
+        self._retire = r.register_script(RETIRE)
 
     def queue_renew(self, pipe: redis.client.Pipeline, deliveries: Iterable[Delivery]) -> None:
         """Reset the idle time of the entries this worker is running (its lease)."""
@@ -110,7 +120,7 @@ class Leases:
         empty. Entries a live worker adopted earlier stay with it."""
         stream = keys.pinned_stream(dead)
         if not self.r.exists(stream):
-            self.r.srem(keys.WORKERS, dead)
+            self._retire_if_dead(dead)
             return []
         taken = self._claim_orphans(stream, limit)
         taken += self._autoclaim(stream, self.lease_ms, limit - len(taken))
@@ -119,11 +129,13 @@ class Leases:
                 keys.GROUP, self.worker_id, {stream: ">"}, count=limit - len(taken)
             )
             taken += parse_entries(reply or [])
-        pending = self.r.xpending(stream, keys.GROUP)["pending"]
-        if not taken and self.r.xlen(stream) == pending == 0:
-            self.r.delete(stream)
-            self.r.srem(keys.WORKERS, dead)
+        if not taken:
+            self._retire_if_dead(dead)
         return taken
+
+    def _retire_if_dead(self, dead: str) -> None:
+        keys_ = [keys.heartbeat_key(dead), keys.pinned_stream(dead), keys.worker_wake(dead)]
+        self._retire(keys=[*keys_, keys.WORKERS], args=[dead])
 
     def _claim_orphans(self, stream: str, limit: int) -> list[Delivery]:
         """The entries of `stream` pending for consumers with no heartbeat, claimed now

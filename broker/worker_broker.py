@@ -22,6 +22,18 @@ OUT_STREAM_TTL_S = 300  # a finished request's tokens stay readable this long
 KV_EVENTS_MAXLEN = 1_000_000
 AFFINITY_TTL_S = 600  # the index has long caught up by then
 
+# An entry whose request ended leaves its stream, and its tenant (ARGV[3], "" for an order)
+# runs one request fewer. A request taken over from a worker taken for dead may end on two
+# workers: only the one whose XDEL removed the entry counts it.
+# KEYS: the stream, keys.RUNNING. ARGV: group, entry id, tenant.
+END = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 and ARGV[3] ~= '' then
+  redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+end
+return 0
+"""
+
 __all__ = ["Beat", "Delivery", "LostState", "Outbox", "WorkerBroker", "is_lost_group"]
 
 
@@ -60,6 +72,7 @@ class WorkerBroker(Leases):
         self.wake = keys.worker_wake(worker_id)  # another worker leaves it a request
         self._dispatch = r.register_script(fair_queue.DISPATCH)
         self._hand_over = r.register_script(fair_queue.HAND_OVER)
+        self._end = r.register_script(END)
 
     def register(self, status: dict[str, object], ttl_s: float) -> None:
         """Create the consumer groups if they are missing (a new Redis), and join: heartbeat
@@ -210,10 +223,9 @@ class WorkerBroker(Leases):
             if not isinstance(message, TokenChunk):
                 pipe.expire(stream, OUT_STREAM_TTL_S)
         for d in out.acks:
-            pipe.xack(d.stream, keys.GROUP, d.entry_id)
-            pipe.xdel(d.stream, d.entry_id)
-            if d.job is not None:  # it ended: its tenant runs one request fewer
-                pipe.hincrby(keys.RUNNING, d.job.tenant, -1)
+            tenant = d.job.tenant if d.job is not None else ""
+            self._end(keys=[d.stream, keys.RUNNING], args=[keys.GROUP, d.entry_id, tenant],
+                      client=pipe)  # fmt: skip
 
     def _queue_events(self, pipe: redis.client.Pipeline, events: list[SessionEvent]) -> None:
         for e in events:

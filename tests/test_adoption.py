@@ -105,3 +105,37 @@ def test_the_liveness_thread_writes_the_heartbeat_with_its_own_short_ttl(
     finally:
         liveness.stop()
     wait_for(lambda: not r.exists(keys.heartbeat_key("w0")), "the heartbeat to lapse")
+
+
+def test_a_request_that_ends_on_two_workers_leaves_the_running_count_once(
+    r: redis_lib.Redis,
+) -> None:
+    """w0 was taken for dead but was only slow: it and its adopter both end request a."""
+    w0, w1 = worker(r, "w0"), worker(r, "w1")
+    pin(r, "w0", "a", "b")
+    r.hset(keys.RUNNING, "t", 2)  # as DISPATCH counts them
+    mine = w0.read_pinned(2)
+    die(r, "w0")
+    adopted = w1.reclaim(10)
+    assert sorted(d.job.request_id for d in adopted if d.job) == ["a", "b"]
+    w1.publish(Outbox(acks=[d for d in adopted if d.job and d.job.request_id == "a"]), [])
+    w0.publish(Outbox(acks=[d for d in mine if d.job and d.job.request_id == "a"]), [])
+    assert r.hget(keys.RUNNING, "t") == "1"  # b still runs
+    assert r.xlen(keys.pinned_stream("w0")) == 1
+
+
+def test_a_worker_that_came_back_is_not_retired_and_a_dead_ones_streams_go(
+    r: redis_lib.Redis,
+) -> None:
+    """The retirement decided while w0 was dead finds it back (a restart registers at once):
+    its new streams and membership stay. Dead for good, its pinned and wake streams go."""
+    w0, w1 = worker(r, "w0"), worker(r, "w1")
+    die(r, "w0")
+    w0.register({"warm_budget": 0}, ttl_s=60)  # back before w1 acts on what it saw
+    w1._retire_if_dead("w0")
+    assert "w0" in r.smembers(keys.WORKERS)
+    assert r.exists(keys.pinned_stream("w0"), keys.worker_wake("w0")) == 2
+    die(r, "w0")
+    assert w1.reclaim(10) == []
+    assert r.smembers(keys.WORKERS) == {"w1"}
+    assert not r.exists(keys.pinned_stream("w0"), keys.worker_wake("w0"))

@@ -130,6 +130,16 @@ def test_every_error_comes_with_its_status_and_shape(keyed_cluster: KeyedCluster
     check_queue_full(kc)
 
 
+def fleet_state(r: redis_lib.Redis) -> str:
+    """What Redis holds of the queues and workers, for a failure's message."""
+    pinned = {w: (r.xlen(keys.pinned_stream(w)), r.get(keys.heartbeat_key(w)) is not None)
+              for w in r.smembers(keys.WORKERS)}  # fmt: skip
+    return (
+        f"running {r.hgetall(keys.RUNNING)}, tiny queued {r.get(keys.tenant_queued('tiny'))}, "
+        f"fair queue {r.llen(keys.fair_queue('normal', 'tiny'))}, pinned {pinned}"
+    )
+
+
 def check_queue_full(kc: KeyedCluster) -> None:
     """Tenant tiny may run one request and queue one: a third is refused with a hint."""
     # long enough to outlast the checks on any machine (300 tokens once finished before the
@@ -137,14 +147,24 @@ def check_queue_full(kc: KeyedCluster) -> None:
     long = {"messages": CHAT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
     short = {"messages": CHAT, "max_tokens": 2}
 
+    statuses: list[int] = []
+
     def wait_in_line() -> None:
         with http(kc, "tiny") as own:
-            own.post("/v1/chat/completions", json=short)
+            statuses.append(own.post("/v1/chat/completions", json=short).status_code)
 
     r = redis_lib.Redis.from_url(kc.cluster.redis_url, decode_responses=True)
     queued = threading.Thread(target=wait_in_line)
     with http(kc, "tiny") as c, c.stream("POST", "/v1/chat/completions", json=long) as running:
-        next(running.iter_lines())  # it runs
+        next(running.iter_lines())  # admitted (the role chunk comes before a worker takes it)
+        # a worker took it: until then it fills tiny's one queue place, and the next is refused
+        deadline = time.monotonic() + 30
+        while r.hget(keys.RUNNING, "tiny") != "1":
+            assert time.monotonic() < deadline, (
+                f"the first never ran: {fleet_state(r)}; its next line: "
+                f"{next(running.iter_lines())}"
+            )
+            time.sleep(0.05)
         queued.start()
         wait_for(lambda: r.get(keys.tenant_queued("tiny")) == "1", "the second to be queued")
         refused = c.post("/v1/chat/completions", json=short)
@@ -153,6 +173,7 @@ def check_queue_full(kc: KeyedCluster) -> None:
         refused = c.post("/v1/messages", json={**short, "max_tokens": 5})
         anthropic_error(refused, 429, "rate_limit_error")
     queued.join(timeout=120)  # the running one was cancelled as its client left
+    assert statuses == [200]  # the one that waited ran
     r.close()
 
 

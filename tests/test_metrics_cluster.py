@@ -16,6 +16,7 @@ import pytest
 import redis as redis_lib
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker import keys
 from common.v1 import inference_pb2 as pb
 from tests.cluster_helpers import settle, wait_for
 from warmfleet.client import Client, KVStoreClient
@@ -64,6 +65,11 @@ def w(default_cluster: Cluster) -> Iterator[Workload]:
     r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
     with KVStoreClient(cluster.kvstore_target) as kv, Client(cluster.target, timeout_s=180) as c:
         settle(r, kv)
+        admitted_so_far = int(r.hget(keys.STATS, "admitted") or 0)
+        wait_for(  # earlier tests' requests must be in the gateway's look at the fleet
+            lambda: total(scrape(cluster, "gateway"), "warmfleet_queue_admitted_total")
+            == admitted_so_far, "the gateway's look at the fleet to catch up",
+        )  # fmt: skip
         before = {part: scrape(cluster, part) for part in PARTS}
         chat = [{"role": "user", "content": "Count to three."}]
         first = c.complete(sid, messages=chat, max_tokens=6, ignore_eos=True)

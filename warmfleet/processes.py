@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,14 +13,35 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 Process = subprocess.Popen[bytes]
+PRIVATE_PORTS_FROM = 20000  # free_port draws from here up to the ephemeral range
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a child to listen on.
+
+    Drawn below the kernel's ephemeral range: a port the kernel handed out (bind to port 0)
+    can be handed out again to any outgoing connection before the child binds it, seconds
+    later, while ports below the range are only ever taken by listeners that ask for them."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(PRIVATE_PORTS_FROM, low) if low > PRIVATE_PORTS_FROM + 1000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            found: int = s.getsockname()[1]
+            return found
+    raise OSError("no free TCP port on 127.0.0.1")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 49152 elsewhere, IANA's)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def port_is_free(port: int) -> bool:
