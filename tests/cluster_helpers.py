@@ -107,12 +107,29 @@ def assert_exact(model: Model, turns: list[tuple[list[dict[str, str]], Reply]]) 
         assert reply.token_ids == expected, f"turn {i}: {reply.text!r}"
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], what: str | Callable[[], str], timeout_s: float = 30.0
+) -> Any:
+    """The predicate's first true result; `what` (or what it returns, asked only on a
+    timeout: the state worth seeing then) names it in the failure."""
     deadline = time.monotonic() + timeout_s
     while not (result := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            named = what if isinstance(what, str) else what()
+            raise AssertionError(f"timed out waiting for {named}")
         time.sleep(0.05)
     return result
+
+
+def fleet_state(r: redis_lib.Redis) -> str:
+    """What Redis holds of the queues and the workers, for a failure's message."""
+    workers = {
+        w: (r.xlen(keys.pinned_stream(w)), r.get(keys.heartbeat_key(w)),
+            r.xlen(keys.worker_wake(w)))
+        for w in sorted(r.smembers(keys.WORKERS))
+    }  # fmt: skip
+    return (f"running {r.hgetall(keys.RUNNING)}, queued {r.get(keys.QUEUED)}, "
+            f"workers (pinned entries, heartbeat, wake entries) {workers}")  # fmt: skip
 
 
 def records(r: redis_lib.Redis) -> dict[str, dict[str, str]]:

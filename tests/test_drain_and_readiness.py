@@ -21,7 +21,7 @@ from broker import keys
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
-from tests.cluster_helpers import common_prefix, reference, wait_for, worker_status
+from tests.cluster_helpers import common_prefix, fleet_state, reference, wait_for
 from warmfleet.client import Client, Reply, collect
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -30,6 +30,7 @@ from warmfleet.processes import wait_exit
 pytestmark = pytest.mark.slow
 LEASE_S = 2.0
 SERVICES = ("", "warmfleet.v1.Inference")
+OP_TOKENS = 240  # the drained worker's running request: ~5 s here
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +116,14 @@ def test_an_operators_drain_finishes_the_running_request_and_the_worker_leaves(
     cluster: Cluster, client: Client, r: redis_lib.Redis
 ) -> None:
     """The dashboard's action (no key file: the local caller is an admin)."""
-    streams = [iter(client.stream(f"op-{i}", prompt="Count to a hundred.", max_tokens=48,
+    # long enough (seconds) that the drain below comes while both still run, on any machine
+    streams = [iter(client.stream(f"op-{i}", prompt="Count to a hundred.", max_tokens=OP_TOKENS,
                                   ignore_eos=True)) for i in range(2)]  # fmt: skip
     heads = [next(s) for s in streams]  # one runs on each worker (one slot each)
-    wait_for(lambda: all(worker_status(r, w)["num_running"] == 1 for w in cluster.worker_ids),
-             "a request on each worker")  # fmt: skip
+    # each pinned stream holds its request's entry until the request ends (the heartbeats'
+    # num_running is up to a beat old: a short request could end between two looks)
+    wait_for(lambda: all(r.xlen(keys.pinned_stream(w)) == 1 for w in cluster.worker_ids),
+             lambda: f"a request on each worker: {fleet_state(r)}")  # fmt: skip
     process = cluster.processes["w1"]
     drained = httpx.post(f"{cluster.http_url}/dashboard/api/drain", json={"worker_id": "w1"},
                          timeout=30)  # fmt: skip
@@ -127,7 +131,7 @@ def test_an_operators_drain_finishes_the_running_request_and_the_worker_leaves(
     assert r.exists(keys.draining_key("w1"))  # routed nothing more from now on
     done = [collect(itertools.chain([h], s)) for h, s in zip(heads, streams, strict=True)]
     assert sorted(d.completion.worker_id for d in done) == ["w0", "w1"]
-    assert all(len(d.token_ids) == 48 for d in done)  # the running one finished on w1
+    assert all(len(d.token_ids) == OP_TOKENS for d in done)  # the running one finished on w1
     assert wait_exit(process, 60) == 0
     assert "w1" not in r.smembers(keys.WORKERS)
     assert client.complete("after", prompt="Hi", max_tokens=2).completion.worker_id == "w0"

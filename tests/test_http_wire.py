@@ -16,7 +16,7 @@ import redis as redis_lib
 from broker import codec, keys
 from broker.messages import Completion, JobError, TokenChunk
 from common.enums import FinishReason
-from tests.cluster_helpers import wait_for, worker_status
+from tests.cluster_helpers import fleet_state, wait_for, worker_status
 from tests.conftest import MAX_BODY_BYTES, KeyedCluster
 
 pytestmark = pytest.mark.slow
@@ -130,14 +130,9 @@ def test_every_error_comes_with_its_status_and_shape(keyed_cluster: KeyedCluster
     check_queue_full(kc)
 
 
-def fleet_state(r: redis_lib.Redis) -> str:
-    """What Redis holds of the queues and workers, for a failure's message."""
-    pinned = {w: (r.xlen(keys.pinned_stream(w)), r.get(keys.heartbeat_key(w)) is not None)
-              for w in r.smembers(keys.WORKERS)}  # fmt: skip
-    return (
-        f"running {r.hgetall(keys.RUNNING)}, tiny queued {r.get(keys.tenant_queued('tiny'))}, "
-        f"fair queue {r.llen(keys.fair_queue('normal', 'tiny'))}, pinned {pinned}"
-    )
+def tiny_state(r: redis_lib.Redis) -> str:
+    queued = r.get(keys.tenant_queued("tiny")), r.llen(keys.fair_queue("normal", "tiny"))
+    return f"{fleet_state(r)}; tiny's queued count and list {queued}"
 
 
 def check_queue_full(kc: KeyedCluster) -> None:
@@ -158,13 +153,9 @@ def check_queue_full(kc: KeyedCluster) -> None:
     with http(kc, "tiny") as c, c.stream("POST", "/v1/chat/completions", json=long) as running:
         next(running.iter_lines())  # admitted (the role chunk comes before a worker takes it)
         # a worker took it: until then it fills tiny's one queue place, and the next is refused
-        deadline = time.monotonic() + 30
-        while r.hget(keys.RUNNING, "tiny") != "1":
-            assert time.monotonic() < deadline, (
-                f"the first never ran: {fleet_state(r)}; its next line: "
-                f"{next(running.iter_lines())}"
-            )
-            time.sleep(0.05)
+        wait_for(lambda: r.hget(keys.RUNNING, "tiny") == "1",
+                 lambda: f"the first to run: {tiny_state(r)}; its next line: "
+                         f"{next(running.iter_lines())}")  # fmt: skip
         queued.start()
         wait_for(lambda: r.get(keys.tenant_queued("tiny")) == "1", "the second to be queued")
         refused = c.post("/v1/chat/completions", json=short)
