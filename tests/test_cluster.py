@@ -21,8 +21,10 @@ from engine.model import Model
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
 from tests.cluster_helpers import (
     assert_turns_exact_and_warm,
+    records,
     reference,
     talk_in_parallel,
+    wait_for,
     worker_status,
 )
 from warmfleet.client import Client, Reply
@@ -190,4 +192,9 @@ def test_kill_9_mid_generation_resumes_elsewhere_without_duplicates(
     assert completion.worker_id != victim
     assert [c.index for c in chunks if c.token_ids] == list(range(len(expected)))
     assert [t for c in chunks for t in c.token_ids] == expected
+    # the adopter keeps the session warm: the kvstore's orders to the dead worker (FORGET
+    # its copy) came with its stream and must not make the adopter forget its own
+    wait_for(lambda: records(redis)["survivor"]["tier"] == "warm",
+             lambda: f"the survivor warm: {records(redis)['survivor']}")  # fmt: skip
+    assert records(redis)["survivor"]["worker"] == completion.worker_id
     cluster.restart(victim)  # leave the cluster whole

@@ -19,6 +19,7 @@ from worker.residency import Ready, Residency
 from worker.state import InFlight, WorkerState
 
 log = logging.getLogger("warmfleet.worker")
+ADOPTED_ORDERS = (OrderOp.DROP, OrderOp.FORK)  # carried out from a dead worker's stream too
 
 
 class Admission:
@@ -52,7 +53,7 @@ class Admission:
                     log.info("draining (an operator asked): finishing %d running request(s)",
                              len(self.s.inflight))  # fmt: skip
                 self.s.stopping = True
-            elif d.order is not None:
+            elif d.order is not None and self._concerns_me(d):
                 self.residency.carry_out(d.order)
             else:
                 log.warning("unreadable entry %s on %s dropped: %s", d.entry_id, d.stream, d.error)
@@ -69,6 +70,14 @@ class Admission:
         key = keys.cache_key(job.tenant, job.session_id) if job.session_id else None
         if key is None or not self.residency.hold_for_restore(d, key):
             self.admit(d, key)
+
+    def _concerns_me(self, d: Delivery) -> bool:
+        """An order on a dead worker's stream, adopted with its requests, was about that
+        worker's memory (SPILL, FORGET, DRAIN, REPORT): carried out here it would forget
+        or drain this worker's own. DROP and FORK answer a command that waits, and are
+        about the session wherever it is: they are carried out."""
+        assert d.order is not None
+        return d.stream == self.s.broker.pinned or d.order.op in ADOPTED_ORDERS
 
     def admit_ready(self, ready: list[Ready]) -> None:
         for r in ready:
