@@ -48,15 +48,18 @@ class Admission:
         """A delivery read from Redis: an order, or a job to hold or admit."""
         out = self.s.outbox
         if d.order is not None or d.job is None:
-            if d.order is not None and d.order.op == OrderOp.DRAIN:
+            if d.order is None:
+                log.warning("unreadable entry %s on %s dropped: %s", d.entry_id, d.stream, d.error)
+            elif not self._concerns_me(d):
+                log.info("order %s for %s on %s ignored: it was for the dead worker's memory",
+                         d.order.op.name, d.order.key, d.stream)  # fmt: skip
+            elif d.order.op == OrderOp.DRAIN:
                 if not self.s.stopping:
                     log.info("draining (an operator asked): finishing %d running request(s)",
                              len(self.s.inflight))  # fmt: skip
                 self.s.stopping = True
-            elif d.order is not None and self._concerns_me(d):
-                self.residency.carry_out(d.order)
             else:
-                log.warning("unreadable entry %s on %s dropped: %s", d.entry_id, d.stream, d.error)
+                self.residency.carry_out(d.order)
             out.acks.append(d)
             return
         job = d.job
