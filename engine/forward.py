@@ -52,12 +52,11 @@ class RopeTables:
 @dataclass(frozen=True, slots=True)
 class StepLayout:
     """Where a step's rows go, worked out once for all layers: the matrix kernels' row
-    runs, the pool slot of each token's keys and values, and the attention plan."""
+    runs, where each token's keys and values go in the pool, and the attention plan."""
 
     pool: KVPool
     runs: RowRuns
-    blocks: Array  # [N] block id of each token
-    slots: Array  # [N] position inside its block
+    kv_rows: Array  # [N * Hkv] see KVPool.flat_rows
     attention: AttentionPlan
 
     @classmethod
@@ -68,14 +67,9 @@ class StepLayout:
             SMALL_ROWS,
             compiled=pool.xp is np and pool.dtype == np.float32,
         )
-        xp = pool.xp
-        return cls(
-            pool,
-            plan_rows([seg.length for seg in segments]),
-            xp.asarray(np.concatenate([b for b, _ in where])),
-            xp.asarray(np.concatenate([s for _, s in where])),
-            plan,
-        )
+        blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))
+        rows = pool.xp.asarray(pool.flat_rows(blocks, slots))
+        return cls(pool, plan_rows([seg.length for seg in segments]), rows, plan)
 
 
 def attention_block(
@@ -98,8 +92,7 @@ def attention_block(
     k = apply_rope(qkv, config.dim, config.num_kv_heads, hd, tables, positions, xp)
     v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
     pool = step.pool
-    pool.k[layer, step.blocks, :, step.slots] = k  # this step's keys and values first
-    pool.v[layer, step.blocks, :, step.slots] = v
+    pool.write_layer(layer, step.kv_rows, k, v)  # this step's keys and values first
     out = paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp)
     return matmul_t(out, lw.wo, runs)
 
