@@ -7,12 +7,16 @@
          and weight j + 16 (high nibble), as in GGUF's Q4_0/Q4_1 blocks;
      Q8: one unsigned byte per weight;
      F16 / BF16: the half-precision value itself, no scale.
-   A task dequantizes ROWS weight rows into a small float32 buffer (L1-resident) and every
-   activation row then passes over it, so the codes are read from memory once per call.
+   A task dequantizes ROWS weight rows into a small float32 buffer (L1-resident) and the
+   activation rows then pass over it MR at a time (a 4 x 4 tile of accumulators: half the
+   loads per multiply-add of one row at a time), so the codes are read from memory once
+   per call. A single activation row (decode at batch 1) dequantizes FUSED weight rows in
+   registers instead.
 
    Batch invariance: each output element is one activation row against one weight row,
-   summed by the same instructions in the same order whatever the number of activation rows
-   and wherever the row sits; no -ffast-math, so the compiler may not reassociate.
+   summed the same way whatever the number of activation rows and wherever the row sits:
+   one 16-lane accumulator over k in order, then its lanes by a fixed tree (hsum and
+   reduce16 are the same tree); no -ffast-math, so the compiler may not reassociate.
 
    Written with GCC/Clang vector extensions: -march=native turns them into AVX2, AVX-512
    or NEON as the machine has. Threads: OpenMP, the pool Numba's kernels use too. */
@@ -151,93 +155,90 @@ static void dequant_row(int kind, int gshift, const uint8_t *codes, const float 
     }
 }
 
-/* out[m, j] = x[m, :] . w[j, :] for the ROWS weight rows in buf (rows >= nr are padding).
-   Every (m, j) is summed the same way: two 16-lane accumulators over k in order, then
-   hsum(lo + hi); pairing activation rows (where there are registers for it) only shares the
-   weight loads between them. */
-#define DOT_STEP(A, B, X0, X1, W)                                                          \
-    A += X0 * load16((W) + i);                                                             \
-    B += X1 * load16((W) + i + 16);
+/* MR activation rows x ROWS weight rows of buf: 16 accumulators (acc += x[i:i+16] *
+   w[i:i+16] over k in order), their lanes summed 16 at a time. */
+#define MR 4
+static void dot_tile(const float *x, int64_t k, const float *buf, int nr, float *out,
+                     int64_t ldo) {
+    v16f acc[MR * ROWS] = {};
+    for (int64_t i = 0; i < k; i += 16) {
+        v16f xv[MR];
+        for (int r = 0; r < MR; r++) xv[r] = load16(x + r * k + i);
+        for (int j = 0; j < ROWS; j++) {
+            v16f w = load16(buf + j * k + i);
+            for (int r = 0; r < MR; r++) acc[r * ROWS + j] += xv[r] * w;
+        }
+    }
+    v16f sums = reduce16(acc);
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < nr; j++) out[r * ldo + j] = sums[r * ROWS + j];
+}
+
+/* One activation row against the ROWS weight rows of buf. */
+static void dot_one(const float *x, int64_t k, const float *buf, int nr, float *out) {
+    v16f acc[ROWS] = {};
+    for (int64_t i = 0; i < k; i += 16) {
+        v16f xv = load16(x + i);
+        for (int j = 0; j < ROWS; j++) acc[j] += xv * load16(buf + j * k + i);
+    }
+    for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);
+}
 
 static void dot_rows(const float *x, int64_t m_rows, int64_t k, const float *buf, int nr,
                      float *out, int64_t ldo) {
-    const float *w0 = buf, *w1 = buf + k, *w2 = buf + 2 * k, *w3 = buf + 3 * k;
     int64_t m = 0;
-#if defined(__AVX512F__)
-    for (; m + 2 <= m_rows; m += 2) {
-        const float *xr = x + m * k, *xs = xr + k;
-        v16f a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-        v16f c0 = {}, c1 = {}, c2 = {}, c3 = {}, d0 = {}, d1 = {}, d2 = {}, d3 = {};
-        for (int64_t i = 0; i < k; i += 32) {
-            v16f x0 = load16(xr + i), x1 = load16(xr + i + 16);
-            v16f y0 = load16(xs + i), y1 = load16(xs + i + 16);
-            DOT_STEP(a0, b0, x0, x1, w0) DOT_STEP(c0, d0, y0, y1, w0)
-            DOT_STEP(a1, b1, x0, x1, w1) DOT_STEP(c1, d1, y0, y1, w1)
-            DOT_STEP(a2, b2, x0, x1, w2) DOT_STEP(c2, d2, y0, y1, w2)
-            DOT_STEP(a3, b3, x0, x1, w3) DOT_STEP(c3, d3, y0, y1, w3)
-        }
-        float r[ROWS] = {hsum(a0 + b0), hsum(a1 + b1), hsum(a2 + b2), hsum(a3 + b3)};
-        float t[ROWS] = {hsum(c0 + d0), hsum(c1 + d1), hsum(c2 + d2), hsum(c3 + d3)};
-        for (int j = 0; j < nr; j++) {
-            out[m * ldo + j] = r[j];
-            out[(m + 1) * ldo + j] = t[j];
-        }
-    }
-#endif
-    for (; m < m_rows; m++) {
-        const float *xr = x + m * k;
-        v16f a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-        for (int64_t i = 0; i < k; i += 32) {
-            v16f x0 = load16(xr + i), x1 = load16(xr + i + 16);
-            DOT_STEP(a0, b0, x0, x1, w0)
-            DOT_STEP(a1, b1, x0, x1, w1)
-            DOT_STEP(a2, b2, x0, x1, w2)
-            DOT_STEP(a3, b3, x0, x1, w3)
-        }
-        float r[ROWS] = {hsum(a0 + b0), hsum(a1 + b1), hsum(a2 + b2), hsum(a3 + b3)};
-        for (int j = 0; j < nr; j++) out[m * ldo + j] = r[j];
-    }
+    for (; m + MR <= m_rows; m += MR) dot_tile(x + m * k, k, buf, nr, out + m * ldo, ldo);
+    for (; m < m_rows; m++) dot_one(x + m * k, k, buf, nr, out + m * ldo);
 }
 
-/* One activation row against ROWS weight rows dequantized in registers: the same sums as
-   dot_rows (the same weights, accumulators and order), without the trip through buf. */
+/* One activation row against FUSED weight rows dequantized in registers: the same sums as
+   dot_rows (the same weights, accumulator and order), without the trip through buf. The
+   kind is a constant in each instance (fused_kind), so the rows' loop unrolls and the
+   accumulators stay in registers. */
+#define FUSED 8
+static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift,
+                                                             const Row *w, const float *x,
+                                                             int64_t k, int nr, float *out) {
+    v16f acc[FUSED] = {};
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        v16f x0 = load16(x + 32 * blk), x1 = load16(x + 32 * blk + 16);
+#pragma GCC unroll 8
+        for (int j = 0; j < FUSED; j++) {
+            v16f lo, hi;
+            deq32(kind, gshift, w[j].q, w[j].s, w[j].o, blk, &lo, &hi);
+            acc[j] += x0 * lo;
+            acc[j] += x1 * hi;
+        }
+    }
+    for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);
+}
+
 static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, int64_t k,
                           int nr, float *out) {
-    v16f a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-    for (int64_t blk = 0; blk < k / 32; blk++) {
-        v16f x0 = load16(x + 32 * blk), x1 = load16(x + 32 * blk + 16), lo, hi;
-        deq32(kind, gshift, w[0].q, w[0].s, w[0].o, blk, &lo, &hi);
-        a0 += x0 * lo;
-        b0 += x1 * hi;
-        deq32(kind, gshift, w[1].q, w[1].s, w[1].o, blk, &lo, &hi);
-        a1 += x0 * lo;
-        b1 += x1 * hi;
-        deq32(kind, gshift, w[2].q, w[2].s, w[2].o, blk, &lo, &hi);
-        a2 += x0 * lo;
-        b2 += x1 * hi;
-        deq32(kind, gshift, w[3].q, w[3].s, w[3].o, blk, &lo, &hi);
-        a3 += x0 * lo;
-        b3 += x1 * hi;
+    switch (kind) {
+    case KIND_Q4: fused_kind(KIND_Q4, gshift, w, x, k, nr, out); break;
+    case KIND_Q8: fused_kind(KIND_Q8, gshift, w, x, k, nr, out); break;
+    case KIND_F16: fused_kind(KIND_F16, gshift, w, x, k, nr, out); break;
+    default: fused_kind(KIND_BF16, gshift, w, x, k, nr, out);
     }
-    float r[ROWS] = {hsum(a0 + b0), hsum(a1 + b1), hsum(a2 + b2), hsum(a3 + b3)};
-    for (int j = 0; j < nr; j++) out[j] = r[j];
 }
 
 /* out[m, n] (row stride ldo) = x[m, :] . w[n, :] for m < m_rows, n < n_rows; k % 32 == 0. */
 void wf_matmul(int kind, int gshift, const uint8_t *codes, const float *scale,
                const float *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
                float *out, int64_t ldo, int num_threads) {
-    int64_t num_tasks = (n_rows + ROWS - 1) / ROWS;
+    int64_t rows = m_rows == 1 ? FUSED : ROWS; /* weight rows per task */
+    int64_t num_tasks = (n_rows + rows - 1) / rows;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *buf = aligned_alloc(64, sizeof(float) * ROWS * k);
+        float *buf = m_rows == 1 ? NULL : aligned_alloc(64, sizeof(float) * ROWS * k);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < num_tasks; t++) {
-            int64_t n0 = t * ROWS;
-            int nr = n_rows - n0 < ROWS ? (int)(n_rows - n0) : ROWS;
+            int64_t n0 = t * rows;
+            int nr = n_rows - n0 < rows ? (int)(n_rows - n0) : (int)rows;
             if (m_rows == 1) {
-                Row w[ROWS]; /* a short last task repeats its last row */
-                for (int j = 0; j < ROWS; j++)
+                Row w[FUSED]; /* a short last task repeats its last row */
+                for (int j = 0; j < FUSED; j++)
                     w[j] = row_at(kind, gshift, codes, scale, offset, k, n0 + (j < nr ? j : nr - 1));
                 dot_row_fused(kind, gshift, w, x, k, nr, out + n0);
                 continue;
