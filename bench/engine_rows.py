@@ -165,11 +165,24 @@ def plural(num_rounds: int) -> str:
     return f"{num_rounds} round" + ("s" if num_rounds != 1 else "")
 
 
+def blas_kernels() -> str:
+    """Which OpenBLAS kernels NumPy runs (prefill's products): OPENBLAS_CORETYPE, set on some
+    machines, can hold a CPU to slower ones than it would pick (Haswell's AVX2 on an
+    AVX-512 machine: about half the float32 rate)."""
+    from threadpoolctl import threadpool_info
+
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return f"BLAS {blas[0].get('internal_api')} {blas[0].get('architecture')}" if blas else "BLAS ?"
+
+
 def describe(devices: list[str], threads: int, rounds: dict[str, int], path: Path) -> str:
     """One line on what ran where, printed above the table."""
     parts = [f"model {path.name}"]
     if "cpu" in devices:
-        parts.append(f"cpu: NumPy and the C kernels, {threads} threads, {plural(rounds['cpu'])}")
+        parts.append(
+            f"cpu: NumPy and the C kernels, {threads} threads, {plural(rounds['cpu'])}, "
+            f"{blas_kernels()}"
+        )
     if "mlx" in devices:
         import mlx.core as mx
 
