@@ -20,6 +20,7 @@
 #define BLOCK 16
 #define MAX_G 16
 #define MAX_D 256
+static const v16i IOTA16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 /* One task: query row `row`, KV head `kh`. `g` and `nv` (D / 16) are constants where the
    caller dispatches on them, so the accumulators live in registers. */
@@ -50,8 +51,8 @@ static inline __attribute__((always_inline)) void row_task(
                 acc[s] = a;
             }
             v16f sc = reduce16(acc);
-            for (int s = 0; s < BLOCK; s++) /* keys past the row's length */
-                if (b * BLOCK + s >= n) sc[s] = -INFINITY;
+            if (b == nb - 1) /* keys past the row's length */
+                sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
             top[j] = select16(sc > top[j], sc, top[j]);
             store16(p + j * padded + b * BLOCK, sc);
         }
