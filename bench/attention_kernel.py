@@ -1,0 +1,66 @@
+"""Decode attention alone: the compiled paged-attention call of one step, for every layer of
+the default model's shape (30 layers, 9 query heads over 3 KV heads of 64), R rows of C
+positions each, with the rows' blocks laid out three ways: each sequence its own blocks in
+order, the same blocks scattered through the pool, and one sequence shared by every row (its
+keys and values stay in cache).
+
+    .venv/bin/python -m bench.attention_kernel [--rows R] [--context C] [--rounds N]
+
+Prints a table: time per step (all layers), the key and value bytes it read, and the rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from bench.table import print_table
+from engine.attention import _paged_rows_kernel
+
+LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 16
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--context", type=int, default=850)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    rows, ctx = args.rows, args.context
+    nb = -(-ctx // BLOCK)
+    rng = np.random.default_rng(0)
+    shape = (LAYERS, rows * nb, KV_HEADS, BLOCK, DIM)
+    k = rng.standard_normal(shape, dtype=np.float32)
+    v = rng.standard_normal(shape, dtype=np.float32)
+    q = rng.standard_normal((rows, HEADS, DIM), dtype=np.float32)
+    out = np.empty_like(q)
+    lengths = np.full(rows, ctx, np.int32)
+    layouts = {
+        "each row its blocks, in order": np.arange(rows * nb, dtype=np.int32).reshape(rows, nb),
+        "each row its blocks, scattered": rng.permutation(rows * nb)
+        .astype(np.int32)
+        .reshape(rows, nb),
+        "one sequence for every row": np.tile(np.arange(nb, dtype=np.int32), (rows, 1)),
+    }
+    kernel = _paged_rows_kernel()
+    table = []
+    for name, tables in layouts.items():
+        best = float("inf")
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            for layer in range(LAYERS):
+                kernel(q, k[layer], v[layer], tables, lengths, DIM**-0.5, out)
+            best = min(best, time.perf_counter() - t)
+        sequences = 1 if name.startswith("one") else rows
+        read = sequences * LAYERS * KV_HEADS * ctx * DIM * 4 * 2
+        flops = rows * LAYERS * HEADS * ctx * DIM * 4
+        table.append((name, f"{best * 1e3:.2f}", f"{read / 1e6:.0f}", f"{read / best / 1e9:.1f}",
+                      f"{flops / best / 1e9:.1f}"))  # fmt: skip
+    print(f"{rows} rows x {ctx} positions, {LAYERS} layers, best of {args.rounds}")
+    print_table(("blocks", "ms per step", "MB of K/V", "GB/s", "GFLOP/s"), table)
+
+
+if __name__ == "__main__":
+    main()
