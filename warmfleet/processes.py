@@ -26,14 +26,25 @@ def free_port() -> int:
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(PRIVATE_PORTS_FROM, low) if low > PRIVATE_PORTS_FROM + 1000 else 0
+        if port in _handed_out:  # free now, but promised to a child that has not bound it yet
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             found: int = s.getsockname()[1]
+        if found not in _handed_out:  # port 0's answer, where there is no range below
+            _handed_out.add(found)
             return found
     raise OSError("no free TCP port on 127.0.0.1")
+
+
+# Every port free_port returned in this process: two draws for one cluster (its gRPC and
+# HTTP ports, say) must differ, and at 12,000 ports to draw from, a suite starting a few
+# hundred children drew the same port twice about once in eight runs (the second child then
+# failed with "Address already in use"). A few hundred ints a day of restarts at most.
+_handed_out: set[int] = set()
 
 
 def _ephemeral_low() -> int:
