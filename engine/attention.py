@@ -1,12 +1,14 @@
 """Causal attention over the paged KV pool.
 
-Decode rows and short prefill chunks (the rows the matrix kernel computes one by one, see
-kernels.SMALL_ROWS) attend in one compiled call per layer for the whole step: each
-(row, KV head) is a task that walks the row's block table (engine/csrc/attention.c, or
-the Numba kernel below where no C compiler is found). A row is computed by the same
-loop whatever else is in the step, so the result is batch invariant. Longer prefill chunks
-gather their sequence's keys and values once per layer and attend with BLAS (one call per
-chunk, as their matrix products). Other array modules (CuPy) take the gather path for every
+Where the C kernels build, every row of a step attends in one compiled call per layer: each
+(row, KV head) is a task that walks the row's block table (engine/csrc/attention.c), so a
+row is computed by the same loop whatever else is in the step, and whatever chunk of its
+prompt it came in (batch invariant). Long prefill chunks go there too: reading the keys
+from cache per row, with the kernel's vector exp, beats gathering them and attending with
+BLAS and NumPy's softmax 2-3.5x (a 256-row chunk over 700 positions: 66 against 131 ms for
+the 30 layers; bench/RESULTS.md). With only the Numba fallback (no C compiler), prefill
+chunks longer than kernels.SMALL_ROWS gather their sequence's keys and values once per
+layer and attend with BLAS; other array modules (CuPy) take the gather path for every
 segment.
 
 Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block size.
@@ -25,6 +27,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from engine import native
+from engine.kernels import SMALL_ROWS
 
 Array = Any
 
@@ -85,6 +88,18 @@ RowsKernel = Callable[
 ]
 
 
+def _c_kernel_fits(num_heads: int, num_kv_heads: int, dim: int) -> bool:
+    return dim % 16 == 0 and dim <= 256 and num_heads // num_kv_heads <= 16
+
+
+def kernel_row_limit(num_heads: int, num_kv_heads: int, dim: int) -> int | None:
+    """The longest chunk the compiled kernel takes: every one where the C kernel serves
+    these heads; with the Numba fallback (per-key scalar loops), BLAS is faster beyond
+    SMALL_ROWS."""
+    fits = native.library() is not None and _c_kernel_fits(num_heads, num_kv_heads, dim)
+    return None if fits else SMALL_ROWS
+
+
 @functools.cache
 def _paged_rows_kernel() -> RowsKernel:
     """_paged_rows's signature, in C where the engine's C kernels build."""
@@ -99,7 +114,7 @@ def _paged_rows_kernel() -> RowsKernel:
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
             lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip
         num_rows, num_heads, dim = q.shape
-        if dim % 16 or dim > 256 or num_heads // k.shape[1] > 16:  # the C kernel's limits
+        if not _c_kernel_fits(num_heads, k.shape[1], dim):
             _paged_rows(q, k, v, tables, lengths, scale, out)
             return
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
@@ -125,27 +140,30 @@ class AttentionPlan:
 
     @classmethod
     def build(
-        cls, segments: list[tuple[list[int], int, int]], small_rows: int, compiled: bool
+        cls, segments: list[tuple[list[int], int, int]], small_rows: int | None, compiled: bool
     ) -> AttentionPlan:
         """segments: (block ids, start position, length) in row order; chunks longer than
-        `small_rows`, or every segment when there is no compiled kernel, gather."""
+        `small_rows` (None: no limit), or every segment when there is no compiled kernel,
+        gather."""
         rows: list[int] = []
         lengths: list[int] = []
-        row_tables: list[list[int]] = []
+        kernel_segments: list[tuple[list[int], int]] = []  # block ids, rows
         chunks = []
         row = 0
         for blocks, start, n in segments:
-            if compiled and n <= small_rows:
+            if compiled and (small_rows is None or n <= small_rows):
                 rows += range(row, row + n)
                 lengths += range(start + 1, start + n + 1)
-                row_tables += [blocks] * n
+                kernel_segments.append((blocks, n))
             else:
                 chunks.append((row, n, start, np.asarray(blocks, dtype=np.int64)))
             row += n
-        width = max((len(b) for b in row_tables), default=0)
-        tables = np.zeros((len(row_tables), width), dtype=np.int32)
-        for i, b in enumerate(row_tables):
-            tables[i, : len(b)] = b
+        width = max((len(b) for b, _ in kernel_segments), default=0)
+        tables = np.zeros((len(rows), width), dtype=np.int32)
+        i = 0
+        for blocks, n in kernel_segments:  # a segment's rows share its table
+            tables[i : i + n, : len(blocks)] = blocks
+            i += n
         return cls(
             np.asarray(rows, dtype=np.int64), tables, np.asarray(lengths, dtype=np.int32),
             tuple(chunks),

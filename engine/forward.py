@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.attention import AttentionPlan, paged_attention
+from engine.attention import AttentionPlan, kernel_row_limit, paged_attention
 from engine.config import ModelConfig
 from engine.elementwise import rms_norm, silu_mul
 from engine.elementwise import rope as apply_rope
-from engine.kernels import SMALL_ROWS, RowRuns, matmul_t, plan_rows
+from engine.kernels import RowRuns, matmul_t, plan_rows
 from engine.kv_pool import KVPool, PagedKV
 from engine.weights import LayerWeights, Weights
 
@@ -62,9 +62,10 @@ class StepLayout:
     @classmethod
     def build(cls, pool: KVPool, segments: list[Segment]) -> StepLayout:
         where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
+        c = pool.config
         plan = AttentionPlan.build(
             [(seg.kv.blocks, seg.start, seg.length) for seg in segments],
-            SMALL_ROWS,
+            kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
             compiled=pool.xp is np and pool.dtype == np.float32,
         )
         blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from engine import native
-from engine.attention import RowsKernel, _paged_rows, _paged_rows_kernel
+from engine.attention import (
+    AttentionPlan,
+    RowsKernel,
+    _paged_rows,
+    _paged_rows_kernel,
+    paged_attention,
+)
 
 H, HKV, D, BLOCK = 9, 3, 64, 16
 NUM_BLOCKS = 300
@@ -53,3 +59,28 @@ def test_kernels_match_a_dense_softmax_and_each_row_is_alone(
             alone = np.empty((1, H, D), dtype=np.float32)
             kernel(q[r : r + 1], k, v, tables[r : r + 1], lens[r : r + 1], D**-0.5, alone)
             assert np.array_equal(alone[0], out[r])
+
+
+def test_long_chunks_through_the_kernel_equal_the_gather_path(
+    pool: tuple[np.ndarray, np.ndarray],
+) -> None:
+    # a step of a decode row, a 300-row chunk at positions 200..499 and a 40-row one from 0:
+    # every row through the compiled kernel (no row limit, as with the C kernels) against
+    # long chunks gathered and attended with BLAS (the Numba fallback's and CuPy's path)
+    k, v = pool
+    rng = np.random.default_rng(9)
+    segments = [(rng.permutation(NUM_BLOCKS)[:32].tolist(), start, n)
+                for start, n in ((500, 1), (200, 300), (0, 40))]  # fmt: skip
+    q = rng.standard_normal((341, H, D)).astype(np.float32)
+    through_kernel = AttentionPlan.build(segments, None, compiled=True)
+    assert len(through_kernel.kernel_rows) == 341 and not through_kernel.chunks
+    assert (through_kernel.tables[1:301] == segments[1][0]).all()
+    gathered = AttentionPlan.build(segments, 32, compiled=True)
+    assert [c[:3] for c in gathered.chunks] == [(1, 300, 200), (301, 40, 0)]
+    got = paged_attention(q, k, v, through_kernel, np)
+    want = paged_attention(q, k, v, gathered, np)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    np.testing.assert_array_equal(got[:1], want[:1])  # the decode row: the kernel both times
+    row = 1 + 123  # chunk row 123: position 323 sees 324 keys
+    expected = dense(q[row], k, v, np.asarray(segments[1][0]), 324)
+    np.testing.assert_allclose(got[row].reshape(H, D), expected, atol=2e-5)
