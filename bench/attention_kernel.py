@@ -2,11 +2,13 @@
 the default model's shape (30 layers, 9 query heads over 3 KV heads of 64), R rows of C
 positions each, with the rows' blocks laid out three ways: each sequence its own blocks in
 order, the same blocks scattered through the pool, and one sequence shared by every row (its
-keys and values stay in cache).
+keys and values stay in cache). Then prefill chunks: one chunk's attention over its
+sequence through the compiled kernel (what runs with the C kernels) against the gather path
+(keys gathered per layer, BLAS and NumPy's softmax: the Numba fallback's and CuPy's).
 
     .venv/bin/python -m bench.attention_kernel [--rows R] [--context C] [--rounds N]
 
-Prints a table: time per step (all layers), the key and value bytes it read, and the rate.
+Prints two tables: time per step (all layers), bytes read and rate; time per chunk.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import time
 import numpy as np
 
 from bench.table import print_table
-from engine.attention import _paged_rows_kernel
+from engine.attention import AttentionPlan, _paged_rows_kernel, paged_attention
+from engine.kernels import SMALL_ROWS
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 16
+CHUNKS = ((0, 256), (444, 256), (1900, 64), (0, 512))  # (start position, rows)
 
 
 def main() -> None:
@@ -60,6 +64,31 @@ def main() -> None:
                       f"{flops / best / 1e9:.1f}"))  # fmt: skip
     print(f"{rows} rows x {ctx} positions, {LAYERS} layers, best of {args.rounds}")
     print_table(("blocks", "ms per step", "MB of K/V", "GB/s", "GFLOP/s"), table)
+    print()
+    print(f"one prefill chunk's attention, {LAYERS} layers, best of {args.rounds}")
+    print_table(("start", "rows", "kernel (ms)", "gather (ms)"), chunk_rows(rng, args.rounds))
+
+
+def chunk_rows(rng: np.random.Generator, rounds: int) -> list[tuple[str, ...]]:
+    table = []
+    for start, n in CHUNKS:
+        blocks = list(range(-(-(start + n) // BLOCK)))
+        shape = (len(blocks), KV_HEADS, BLOCK, DIM)
+        k = rng.standard_normal(shape, dtype=np.float32)
+        v = rng.standard_normal(shape, dtype=np.float32)
+        q = rng.standard_normal((n, HEADS, DIM), dtype=np.float32)
+        times = []
+        for limit in (None, SMALL_ROWS):
+            plan = AttentionPlan.build([(blocks, start, n)], limit, compiled=True)
+            best = float("inf")
+            for _ in range(rounds):
+                t = time.perf_counter()
+                for _layer in range(LAYERS):
+                    paged_attention(q, k, v, plan, np)
+                best = min(best, time.perf_counter() - t)
+            times.append(f"{best * 1e3:.1f}")
+        table.append((str(start), str(n), *times))
+    return table
 
 
 if __name__ == "__main__":
