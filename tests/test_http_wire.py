@@ -135,6 +135,15 @@ def tiny_state(r: redis_lib.Redis) -> str:
     return f"{fleet_state(r)}; tiny's queued count and list {queued}"
 
 
+def read_lines(response: httpx.Response, lines: list[str]) -> None:
+    """The response's lines into `lines` as they come, until it ends or is closed."""
+    try:
+        for line in response.iter_lines():
+            lines.append(line)
+    except (httpx.HTTPError, httpx.StreamError):
+        pass  # closed by the test when it leaves the stream
+
+
 def check_queue_full(kc: KeyedCluster) -> None:
     """Tenant tiny may run one request and queue one: a third is refused with a hint."""
     # long enough to outlast the checks on any machine (300 tokens once finished before the
@@ -151,11 +160,17 @@ def check_queue_full(kc: KeyedCluster) -> None:
     r = redis_lib.Redis.from_url(kc.cluster.redis_url, decode_responses=True)
     queued = threading.Thread(target=wait_in_line)
     with http(kc, "tiny") as c, c.stream("POST", "/v1/chat/completions", json=long) as running:
-        next(running.iter_lines())  # admitted (the role chunk comes before a worker takes it)
-        # a worker took it: until then it fills tiny's one queue place, and the next is refused
-        wait_for(lambda: r.hget(keys.RUNNING, "tiny") == "1",
-                 lambda: f"the first to run: {tiny_state(r)}; its next line: "
-                         f"{next(running.iter_lines())}")  # fmt: skip
+        lines: list[str] = []  # the long stream as it comes, read aside so a wait never blocks
+        reader = threading.Thread(target=read_lines, args=(running, lines), daemon=True)
+        reader.start()
+        wait_for(lambda: lines, "the role chunk (admitted)")
+        # a worker took it: until then it fills tiny's one queue place, and the next is
+        # refused; its first text says so too (a running count read between two polls)
+        wait_for(lambda: r.hget(keys.RUNNING, "tiny") == "1" or any('"content":"' in ln
+                                                                  for ln in lines[1:]),
+                 lambda: f"the first to run: {tiny_state(r)}; its stream so far: {lines[:4]}"
+                         f"{' ... ' + str(lines[-3:]) if len(lines) > 4 else ''}")  # fmt: skip
+        assert reader.is_alive(), f"the long request ended early: {lines[-3:]}"
         queued.start()
         wait_for(lambda: r.get(keys.tenant_queued("tiny")) == "1", "the second to be queued")
         refused = c.post("/v1/chat/completions", json=short)
