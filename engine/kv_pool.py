@@ -58,9 +58,29 @@ class KVPool:
 
     def put(self, blocks: np.ndarray, slots: np.ndarray, k: Array, v: Array) -> None:
         """Keys and values [layers, kv_heads, n, head_dim] (host or device) into these
-        positions."""
-        self.k[:, blocks, :, slots] = self.xp.asarray(k).transpose(2, 0, 1, 3)
-        self.v[:, blocks, :, slots] = self.xp.asarray(v).transpose(2, 0, 1, 3)
+        positions: whole blocks (the usual case: a restored session) as block copies, the
+        rest position by position."""
+        whole = self._whole_blocks(blocks, slots)
+        for pool, src in ((self.k, self.xp.asarray(k)), (self.v, self.xp.asarray(v))):
+            if whole:
+                layers, heads, _, d = src.shape
+                part = src[:, :, : whole * self.block_size]
+                pool[:, blocks[: whole * self.block_size : self.block_size]] = part.reshape(
+                    layers, heads, whole, self.block_size, d
+                ).transpose(0, 2, 1, 3, 4)
+            rest = slice(whole * self.block_size, None)
+            pool[:, blocks[rest], :, slots[rest]] = src[:, :, rest].transpose(2, 0, 1, 3)
+
+    def _whole_blocks(self, blocks: np.ndarray, slots: np.ndarray) -> int:
+        """How many whole blocks, in order, these positions start with (each block's slots
+        0 .. block_size - 1, one block after another)."""
+        size = self.block_size
+        whole = len(slots) // size
+        head_slots = slots[: whole * size].reshape(whole, size)
+        head_blocks = blocks[: whole * size].reshape(whole, size)
+        full = (head_slots == np.arange(size)).all(axis=1)
+        full &= (head_blocks == head_blocks[:, :1]).all(axis=1)
+        return int(np.argmin(full)) if not full.all() else whole
 
     def flat_rows(self, blocks: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """[n * kv_heads] (position major): where these positions' keys and values are in
@@ -80,10 +100,20 @@ class KVPool:
         self.v.reshape(-1, d)[at] = v.reshape(-1, d)
 
     def take(self, blocks: np.ndarray, slots: np.ndarray) -> tuple[Array, Array]:
-        """Copies of the keys and values at these positions, [layers, kv_heads, n, head_dim]."""
-        k = self.k[:, blocks, :, slots].transpose(1, 2, 0, 3)
-        v = self.v[:, blocks, :, slots].transpose(1, 2, 0, 3)
-        return self.xp.ascontiguousarray(k), self.xp.ascontiguousarray(v)
+        """Copies of the keys and values at these positions, [layers, kv_heads, n, head_dim]:
+        whole blocks as block copies, the rest position by position."""
+        whole, size = self._whole_blocks(blocks, slots), self.block_size
+        out = []
+        for pool in (self.k, self.v):
+            layers, _, heads, _, d = pool.shape
+            parts = [
+                pool[:, blocks[: whole * size : size]]  # [layers, whole, heads, size, d]
+                .transpose(0, 2, 1, 3, 4)
+                .reshape(layers, heads, whole * size, d),
+                pool[:, blocks[whole * size :], :, slots[whole * size :]].transpose(1, 2, 0, 3),
+            ]
+            out.append(self.xp.ascontiguousarray(self.xp.concatenate(parts, axis=2)))
+        return out[0], out[1]
 
     @classmethod
     def sized(
