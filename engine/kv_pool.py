@@ -58,8 +58,7 @@ class KVPool:
 
     def put(self, blocks: np.ndarray, slots: np.ndarray, k: Array, v: Array) -> None:
         """Keys and values [layers, kv_heads, n, head_dim] (host or device) into these
-        positions: whole blocks (the usual case: a restored session) as block copies, the
-        rest position by position."""
+        positions: whole blocks (a restored session) as blocks, the rest one by one."""
         whole = self._whole_blocks(blocks, slots)
         for pool, src in ((self.k, self.xp.asarray(k)), (self.v, self.xp.asarray(v))):
             if whole:
@@ -76,11 +75,10 @@ class KVPool:
         0 .. block_size - 1, one block after another)."""
         size = self.block_size
         whole = len(slots) // size
-        head_slots = slots[: whole * size].reshape(whole, size)
         head_blocks = blocks[: whole * size].reshape(whole, size)
-        full = (head_slots == np.arange(size)).all(axis=1)
+        full = (slots[: whole * size].reshape(whole, size) == np.arange(size)).all(axis=1)
         full &= (head_blocks == head_blocks[:, :1]).all(axis=1)
-        return int(np.argmin(full)) if not full.all() else whole
+        return whole if full.all() else int(np.argmin(full))
 
     def flat_rows(self, blocks: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """[n * kv_heads] (position major): where these positions' keys and values are in
@@ -112,7 +110,7 @@ class KVPool:
                 .reshape(layers, heads, whole * size, d),
                 pool[:, blocks[whole * size :], :, slots[whole * size :]].transpose(1, 2, 0, 3),
             ]
-            out.append(self.xp.ascontiguousarray(self.xp.concatenate(parts, axis=2)))
+            out.append(self.xp.concatenate(parts, axis=2))
         return out[0], out[1]
 
     @classmethod
