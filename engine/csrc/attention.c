@@ -22,42 +22,39 @@
 #define MAX_D 256
 static const v16i IOTA16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-/* One task: query row `row`, KV head `kh`. `g` and `nv` (D / 16) are constants where the
-   caller dispatches on them, so the accumulators live in registers. */
-static inline __attribute__((always_inline)) void row_task(
-    const float *q, const float *k, const float *v, const int32_t *tables, int64_t max_blocks,
-    int64_t n, int64_t row, int64_t kh, int64_t num_heads, int64_t num_kv_heads, int64_t g,
-    int64_t nv, float scale, float *p, int64_t padded, float *out) {
-    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK;
-    const int32_t *table = tables + row * max_blocks;
-    v16f qv[MAX_G][MAX_D / 16];
+#define MAX_KV 8 /* KV heads a whole-row task takes */
+#define INLINE static inline __attribute__((always_inline))
+
+/* The G query heads of a row from q (pointing at the KV head's first), scaled, into qv. */
+INLINE void load_queries(const float *q, int64_t row, int64_t num_heads, int64_t g, int64_t nv,
+                         float scale, v16f qv[MAX_G][MAX_D / 16]) {
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++)
-            qv[j][c] = load16(q + (row * num_heads + kh * g + j) * dim + 16 * c) * splat(scale);
-    v16f top[MAX_G];
-    for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
-    for (int64_t b = 0; b < nb; b++) { /* scores, 16 keys at a time */
-        const float *kb = k + ((int64_t)table[b] * num_kv_heads + kh) * BLOCK * dim;
-        if (b + 1 < nb) { /* the next block's keys: a table walk defeats the prefetcher */
-            const char *next = (const char *)(k + ((int64_t)table[b + 1] * num_kv_heads + kh) *
-                                                      BLOCK * dim);
-            for (int64_t off = 0; off < BLOCK * dim * 4; off += 64) __builtin_prefetch(next + off);
+            qv[j][c] = load16(q + (row * num_heads + j) * 16 * nv + 16 * c) * splat(scale);
+}
+
+/* Scores of block b (16 keys at kb) for the G query heads into p (row stride padded), with
+   keys past n masked and the running maxima in top. */
+INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, int64_t nb,
+                        int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
+    int64_t dim = 16 * nv;
+    for (int64_t j = 0; j < g; j++) {
+        v16f acc[BLOCK];
+        for (int s = 0; s < BLOCK; s++) {
+            v16f a = qv[j][0] * load16(kb + s * dim);
+            for (int64_t c = 1; c < nv; c++) a += qv[j][c] * load16(kb + s * dim + 16 * c);
+            acc[s] = a;
         }
-        for (int64_t j = 0; j < g; j++) {
-            v16f acc[BLOCK];
-            for (int s = 0; s < BLOCK; s++) {
-                v16f a = qv[j][0] * load16(kb + s * dim);
-                for (int64_t c = 1; c < nv; c++) a += qv[j][c] * load16(kb + s * dim + 16 * c);
-                acc[s] = a;
-            }
-            v16f sc = reduce16(acc);
-            if (b == nb - 1) /* keys past the row's length */
-                sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
-            top[j] = select16(sc > top[j], sc, top[j]);
-            store16(p + j * padded + b * BLOCK, sc);
-        }
+        v16f sc = reduce16(acc);
+        if (b == nb - 1) /* keys past the row's length */
+            sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
+        top[j] = select16(sc > top[j], sc, top[j]);
+        store16(p + j * padded + b * BLOCK, sc);
     }
-    v16f acc_v[MAX_G][MAX_D / 16];
+}
+
+/* Each of the G rows of scores in p becomes its softmax. */
+INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const v16f *top) {
     for (int64_t j = 0; j < g; j++) {
         float m = top[j][0];
         for (int i = 1; i < 16; i++) m = top[j][i] > m ? top[j][i] : m;
@@ -70,34 +67,112 @@ static inline __attribute__((always_inline)) void row_task(
         float inv = 1.0f / hsum(total);
         for (int64_t b = 0; b < nb; b++)
             store16(p + j * padded + b * BLOCK, load16(p + j * padded + b * BLOCK) * splat(inv));
-        for (int64_t c = 0; c < nv; c++) acc_v[j][c] = (v16f){};
     }
+}
+
+/* acc_v += the `keys` values at vb weighted by block b's probabilities, for G heads. */
+INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t keys,
+                        const float *p, int64_t padded, int64_t b, int64_t g, int64_t nv) {
+    for (int64_t s = 0; s < keys; s++) {
+        const float *vt = vb + s * 16 * nv;
+        for (int64_t j = 0; j < g; j++) {
+            v16f w = splat(p[j * padded + b * BLOCK + s]);
+            for (int64_t c = 0; c < nv; c++) acc_v[j][c] += w * load16(vt + 16 * c);
+        }
+    }
+}
+
+/* A table walk defeats the hardware prefetcher: ask for `bytes` of the next block (blocks
+   `stride` floats apart from base). */
+INLINE void prefetch_block(const float *base, const int32_t *table, int64_t b, int64_t nb,
+                           int64_t stride, int64_t bytes) {
+    if (b + 1 < nb) {
+        const char *next = (const char *)(base + (int64_t)table[b + 1] * stride);
+        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(next + off);
+    }
+}
+
+/* One task: query row `row`, KV head `kh`. `g` and `nv` (D / 16) are constants where the
+   caller dispatches on them, so the accumulators live in registers. */
+INLINE void row_task(const float *q, const float *k, const float *v, const int32_t *tables,
+                     int64_t max_blocks, int64_t n, int64_t row, int64_t kh, int64_t num_heads,
+                     int64_t hkv, int64_t g, int64_t nv, float scale, float *p, int64_t padded,
+                     float *out) {
+    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
+    const int32_t *table = tables + row * max_blocks;
+    const float *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
+    v16f qv[MAX_G][MAX_D / 16], top[MAX_G], acc_v[MAX_G][MAX_D / 16];
+    load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
+    for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
+    for (int64_t b = 0; b < nb; b++) { /* scores, 16 keys at a time */
+        prefetch_block(kh_k, table, b, nb, stride, BLOCK * dim * 4);
+        score_block(qv, kh_k + table[b] * stride, b, nb, n, g, nv, top, p, padded);
+    }
+    softmax_rows(p, padded, nb, g, top);
+    for (int64_t j = 0; j < g; j++)
+        for (int64_t c = 0; c < nv; c++) acc_v[j][c] = (v16f){};
     for (int64_t b = 0; b < nb; b++) { /* the values, weighted */
-        const float *vb = v + ((int64_t)table[b] * num_kv_heads + kh) * BLOCK * dim;
-        if (b + 1 < nb) {
-            const char *next = (const char *)(v + ((int64_t)table[b + 1] * num_kv_heads + kh) *
-                                                      BLOCK * dim);
-            for (int64_t off = 0; off < BLOCK * dim * 4; off += 64) __builtin_prefetch(next + off);
-        }
+        prefetch_block(kh_v, table, b, nb, stride, BLOCK * dim * 4);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
-        for (int64_t s = 0; s < keys; s++) {
-            const float *vt = vb + s * dim;
-            for (int64_t j = 0; j < g; j++) {
-                v16f w = splat(p[j * padded + b * BLOCK + s]);
-                for (int64_t c = 0; c < nv; c++) acc_v[j][c] += w * load16(vt + 16 * c);
-            }
-        }
+        weigh_block(acc_v, kh_v + table[b] * stride, keys, p, padded, b, g, nv);
     }
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++)
             store16(out + (row * num_heads + kh * g + j) * dim + 16 * c, acc_v[j][c]);
 }
 
-/* The task body specialised for common (G, D / 16): the model families' head layouts. */
+/* All KV heads of one row, block by block (a block's heads are adjacent in the pool: one
+   contiguous run where row_task reads one per head; 15% faster from memory). Per (KV head,
+   query head) the same operations in the same order as row_task: the same bits. acc: room
+   for the row's H * D / 16 value accumulators (they do not fit registers). */
+INLINE void row_all_heads(const float *q, const float *k, const float *v,
+                          const int32_t *tables, int64_t max_blocks, int64_t n, int64_t row,
+                          int64_t num_heads, int64_t hkv, int64_t g, int64_t nv, float scale,
+                          float *p, int64_t padded, float *out, v16f *acc) {
+    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
+    const int32_t *table = tables + row * max_blocks;
+    v16f top[MAX_KV][MAX_G];
+    for (int64_t kh = 0; kh < hkv; kh++)
+        for (int64_t j = 0; j < g; j++) top[kh][j] = splat(-INFINITY);
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(k, table, b, nb, stride, stride * 4);
+        for (int64_t kh = 0; kh < hkv; kh++) {
+            v16f qv[MAX_G][MAX_D / 16];
+            load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
+            score_block(qv, k + table[b] * stride + kh * BLOCK * dim, b, nb, n, g, nv, top[kh],
+                        p + kh * g * padded, padded);
+        }
+    }
+    for (int64_t kh = 0; kh < hkv; kh++) softmax_rows(p + kh * g * padded, padded, nb, g, top[kh]);
+    for (int64_t i = 0; i < num_heads * nv; i++) acc[i] = (v16f){};
+    for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(v, table, b, nb, stride, stride * 4);
+        int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
+        for (int64_t kh = 0; kh < hkv; kh++) {
+            v16f acc_v[MAX_G][MAX_D / 16];
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < nv; c++) acc_v[j][c] = acc[(kh * g + j) * nv + c];
+            weigh_block(acc_v, v + table[b] * stride + kh * BLOCK * dim, keys,
+                        p + kh * g * padded, padded, b, g, nv);
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < nv; c++) acc[(kh * g + j) * nv + c] = acc_v[j][c];
+        }
+    }
+    for (int64_t i = 0; i < num_heads * nv; i++)
+        store16(out + row * num_heads * dim + 16 * i, acc[i]);
+}
+
+/* A task: one (row, KV head), or a whole row (all KV heads) where there are rows enough to
+   keep the threads busy; either way the same bits. Its body is compiled for common
+   (G, D / 16), the model families' head layouts, so accumulators stay in registers. */
 #define SPECIALISED(G, NV)                                                                   \
     if (g == G && nv == NV) {                                                                \
-        row_task(q, k, v, tables, max_blocks, n, row, kh, num_heads, num_kv_heads, G, NV,   \
-                 scale, p, padded, out);                                                     \
+        if (whole_rows)                                                                      \
+            row_all_heads(q, k, v, tables, max_blocks, n, row, num_heads, num_kv_heads, G,  \
+                          NV, scale, p, padded, out, acc);                                   \
+        else                                                                                 \
+            row_task(q, k, v, tables, max_blocks, n, row, kh, num_heads, num_kv_heads, G,   \
+                     NV, scale, p, padded, out);                                             \
         continue;                                                                            \
     }
 
@@ -106,20 +181,23 @@ void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t
                    int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                    float *out, int num_threads) {
     int64_t g = num_heads / num_kv_heads, nv = dim / 16;
-    int64_t longest = 0;
+    int whole_rows = num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
+    int64_t longest = 0, tasks = whole_rows ? num_rows : num_rows * num_kv_heads;
     for (int64_t r = 0; r < num_rows; r++) longest = lengths[r] > longest ? lengths[r] : longest;
     int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *p = aligned_alloc(64, sizeof(float) * g * (padded + BLOCK));
+        float *p = aligned_alloc(64, sizeof(float) * num_heads * (padded + BLOCK));
+        v16f *acc = aligned_alloc(64, sizeof(v16f) * num_heads * nv);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < num_rows * num_kv_heads; task++) {
-            int64_t row = task / num_kv_heads, kh = task % num_kv_heads, n = lengths[row];
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t row = whole_rows ? task : task / num_kv_heads;
+            int64_t kh = whole_rows ? 0 : task % num_kv_heads, n = lengths[row];
             SPECIALISED(3, 4) SPECIALISED(4, 8) SPECIALISED(8, 8) SPECIALISED(7, 8)
             SPECIALISED(1, 4) SPECIALISED(1, 8) SPECIALISED(2, 8) SPECIALISED(4, 4)
-            row_task(q, k, v, tables, max_blocks, n, row, kh, num_heads, num_kv_heads, g, nv,
-                     scale, p, padded, out);
+            SPECIALISED(g, nv) /* any other layout: the same code, not specialised */
         }
         free(p);
+        free(acc);
     }
 }
