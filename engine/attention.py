@@ -1,15 +1,15 @@
 """Causal attention over the paged KV pool.
 
 Where the C kernels build, every row of a step attends in one compiled call per layer: each
-(row, KV head) is a task that walks the row's block table (engine/csrc/attention.c), so a
-row is computed by the same loop whatever else is in the step, and whatever chunk of its
-prompt it came in (batch invariant). Long prefill chunks go there too: reading the keys
-from cache per row, with the kernel's vector exp, beats gathering them and attending with
-BLAS and NumPy's softmax 2-3.5x (a 256-row chunk over 700 positions: 66 against 131 ms for
-the 30 layers; bench/RESULTS.md). With only the Numba fallback (no C compiler), prefill
-chunks longer than kernels.SMALL_ROWS gather their sequence's keys and values once per
-layer and attend with BLAS; other array modules (CuPy) take the gather path for every
-segment.
+(row, KV head), or with rows enough each whole row, is a task that walks the row's block
+table (engine/csrc/attention.c), so a row is computed by the same loop whatever else is
+in the step, and whatever chunk of its prompt it came in (batch invariant). Long prefill
+chunks go there too: reading the keys from cache per row, with the kernel's vector exp,
+beats gathering them and attending with BLAS and NumPy's softmax 2-3.5x (a 256-row chunk
+over 700 positions: 66 against 131 ms for the 30 layers; bench/RESULTS.md). With only the
+Numba fallback (no C compiler), prefill chunks longer than kernels.SMALL_ROWS gather their
+sequence's keys and values once per layer and attend with BLAS; other array modules (CuPy)
+take the gather path for every segment.
 
 Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block size.
 """

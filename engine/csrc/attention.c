@@ -1,6 +1,8 @@
 /* Attention of single query rows over their sequences' keys in the paged KV pool.
 
-   A task is one (row, KV head): its G query heads walk the row's block table. Scores of a
+   A task is one (row, KV head): its G query heads walk the row's block table; with two rows
+   or more per thread, a task is a whole row, its KV heads block by block (a block's heads
+   are adjacent in the pool), computing each (KV head, query head) the same way. Scores of a
    block's 16 keys are 16 dot products summed lane-wise (D / 16 fused multiply-adds each)
    and then reduced across lanes together, by a fixed tree of vector shuffles, instead of
    one horizontal sum per key. Softmax with a vector exp (a fixed polynomial), then the

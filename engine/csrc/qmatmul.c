@@ -158,6 +158,7 @@ static void dequant_row(int kind, int gshift, const uint8_t *codes, const float 
 /* MR activation rows x ROWS weight rows of buf: 16 accumulators (acc += x[i:i+16] *
    w[i:i+16] over k in order), their lanes summed 16 at a time. */
 #define MR 4
+_Static_assert(MR * ROWS == 16, "a tile's outputs are one reduce16");
 static void dot_tile(const float *x, int64_t k, const float *buf, int nr, float *out,
                      int64_t ldo) {
     v16f acc[MR * ROWS] = {};

@@ -12,8 +12,10 @@ from engine.attention import (
     RowsKernel,
     _paged_rows,
     _paged_rows_kernel,
+    kernel_row_limit,
     paged_attention,
 )
+from engine.kernels import SMALL_ROWS
 
 H, HKV, D, BLOCK = 9, 3, 64, 16
 NUM_BLOCKS = 300
@@ -84,3 +86,12 @@ def test_long_chunks_through_the_kernel_equal_the_gather_path(
     row = 1 + 123  # chunk row 123: position 323 sees 324 keys
     expected = dense(q[row], k, v, np.asarray(segments[1][0]), 324)
     np.testing.assert_allclose(got[row].reshape(H, D), expected, atol=2e-5)
+
+
+def test_with_the_c_kernels_every_chunk_goes_to_the_kernel_unless_its_heads_do_not_fit() -> None:
+    if native.library() is None:
+        assert kernel_row_limit(H, HKV, D) == SMALL_ROWS  # the Numba fallback: BLAS beyond
+    else:
+        assert kernel_row_limit(H, HKV, D) is None
+    assert kernel_row_limit(H, HKV, 40) == SMALL_ROWS  # D not a multiple of 16
+    assert kernel_row_limit(34, 2, D) == SMALL_ROWS  # 17 query heads per KV head
