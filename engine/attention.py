@@ -222,8 +222,11 @@ def paged_attention(
     Returns [N, H * D]."""
     n_tok, num_heads, d = q.shape
     out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
-    if len(plan.kernel_rows):
-        rows = plan.kernel_rows
+    rows = plan.kernel_rows
+    if len(rows) == n_tok > 0:  # every row in the kernel (decode): no gather, no scatter
+        qc = np.ascontiguousarray(q)
+        _paged_rows_kernel()(qc, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, out)
+    elif len(rows):
         got = np.empty((len(rows), num_heads, d), dtype=np.float32)
         qr = np.ascontiguousarray(q[rows])
         _paged_rows_kernel()(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got)
