@@ -28,6 +28,7 @@ from numba import get_num_threads, njit, prange
 
 from engine import native
 from engine.kernels import SMALL_ROWS
+from engine.native import address
 
 Array = Any
 
@@ -118,8 +119,8 @@ def _paged_rows_kernel() -> RowsKernel:
             _paged_rows(q, k, v, tables, lengths, scale, out)
             return
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
-        fn(q.ctypes.data, k.ctypes.data, v.ctypes.data, tables.ctypes.data, tables.shape[1],
-           lengths.ctypes.data, num_rows, num_heads, k.shape[1], dim, scale, out.ctypes.data,
+        fn(address(q), address(k), address(v), address(tables), tables.shape[1],
+           address(lengths), num_rows, num_heads, k.shape[1], dim, scale, address(out),
            get_num_threads())  # fmt: skip
 
     return run

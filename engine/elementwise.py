@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine import native
+from engine.native import address
 
 Array = Any
 
@@ -48,8 +49,8 @@ def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
         scale = 1.0 / xp.sqrt(xp.mean(wide * wide, axis=-1, keepdims=True) + eps)
         return (x * scale.astype(x.dtype)) * weight
     out = np.empty_like(x)
-    lib.wf_rms_norm(x.ctypes.data, weight.ctypes.data, eps, x.shape[0], x.shape[1],
-                    out.ctypes.data)  # fmt: skip
+    lib.wf_rms_norm(address(x), address(weight), eps, x.shape[0], x.shape[1],
+                    address(out))  # fmt: skip
     return out
 
 
@@ -70,8 +71,8 @@ def rope(
         return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
     pos = np.ascontiguousarray(positions)
     out = np.empty((n, heads, head_dim), dtype=np.float32)
-    lib.wf_rope(qkv.ctypes.data, qkv.shape[1], col0, n, heads, head_dim, cos_t.ctypes.data,
-                sin_t.ctypes.data, pos.ctypes.data, out.ctypes.data)  # fmt: skip
+    lib.wf_rope(address(qkv), qkv.shape[1], col0, n, heads, head_dim, address(cos_t),
+                address(sin_t), address(pos), address(out))  # fmt: skip
     return out
 
 
@@ -86,5 +87,5 @@ def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
         act *= up
         return act
     out = np.empty((gate_up.shape[0], ffn_dim), dtype=np.float32)
-    lib.wf_silu_mul(gate_up.ctypes.data, gate_up.shape[0], ffn_dim, out.ctypes.data)
+    lib.wf_silu_mul(address(gate_up), gate_up.shape[0], ffn_dim, address(out))
     return out

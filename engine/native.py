@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("*.c")))
@@ -64,6 +66,16 @@ def _compile(cc: str, target: Path) -> None:
         if done.returncode:
             raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
         os.replace(out, target)  # atomic: workers compiling at once each rename a whole file
+
+
+def address(a: np.ndarray) -> int:
+    """The address of a contiguous array's first element, for a kernel's pointer argument:
+    through the buffer protocol in a quarter of the time of `a.ctypes.data` (a decode step
+    passes about a thousand pointers); read-only or empty arrays take the slow way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return int(a.ctypes.data)
 
 
 @functools.cache

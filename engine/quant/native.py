@@ -7,6 +7,7 @@ import ctypes
 import numpy as np
 
 from engine import native
+from engine.native import address
 from engine.quant.matrix import QuantMatrix
 
 
@@ -28,13 +29,13 @@ class NativeKernels:
         """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32."""
         codes, scale, offset = w.pointers
         self._matmul(w.kind, w.gshift, codes, scale, offset, out.shape[1], w.k,
-                     x.ctypes.data, x.shape[0], out.ctypes.data, out.shape[1], threads)  # fmt: skip
+                     address(x), x.shape[0], address(out), out.shape[1], threads)  # fmt: skip
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]."""
         codes, scale, offset = w.pointers
-        self._dequant(w.kind, w.gshift, codes, scale, offset, w.k, rows.ctypes.data,
-                      len(rows), out.ctypes.data, threads)  # fmt: skip
+        self._dequant(w.kind, w.gshift, codes, scale, offset, w.k, address(rows),
+                      len(rows), address(out), threads)  # fmt: skip
 
 
 def load() -> NativeKernels | None:

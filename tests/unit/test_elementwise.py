@@ -78,3 +78,13 @@ def test_rms_norm_in_float16_squares_in_float32() -> None:
     got = rms_norm(x.astype(np.float16), weight.astype(np.float16), 1e-5, np)
     assert got.dtype == np.float16 and np.isfinite(got).all()
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
+
+
+def test_address_is_the_arrays_first_element() -> None:
+    """native.address (the kernels' pointer arguments) names the same byte as ctypes.data,
+    for views with an offset, read-only and empty arrays too."""
+    a = np.zeros((4, 6), dtype=np.float32)
+    frozen = np.zeros(3)
+    frozen.flags.writeable = False
+    for arr in (a, a[1:], a[2], frozen, np.zeros(0, dtype=np.float32)):
+        assert native.address(arr) == arr.ctypes.data
