@@ -2,7 +2,10 @@
 
    A task is one (row, KV head): its G query heads walk the row's block table; with two rows
    or more per thread, a task is a whole row, its KV heads block by block (a block's heads
-   are adjacent in the pool), computing each (KV head, query head) the same way. Scores of a
+   are adjacent in the pool), computing each (KV head, query head) the same way. Where a
+   step holds a chunk (rows of one table at consecutive positions), a task is a run of up
+   to GROUP of its rows for one KV head, block by block, so each block comes from memory
+   once per run instead of once per row. Scores of a
    block's 16 keys are 16 dot products summed lane-wise (D / 16 fused multiply-adds each)
    and then reduced across lanes together, by a fixed tree of vector shuffles, instead of
    one horizontal sum per key. Softmax with a vector exp (a fixed polynomial), then the
@@ -164,12 +167,82 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
         store16(out + row * num_heads * dim + 16 * i, acc[i]);
 }
 
+/* A run of up to GROUP rows of one chunk (one table, consecutive positions) for KV head
+   kh: block by block, each row in turn, so a block read from memory serves every row of
+   the run from cache. Per row the same calls, in the same order, as row_task: the same
+   bits (its value accumulators wait in acc between blocks). */
+#define GROUP 4
+INLINE void group_task(const float *q, const float *k, const float *v, const int32_t *tables,
+                       int64_t max_blocks, const int32_t *lengths, int64_t row0, int64_t rows,
+                       int64_t kh, int64_t num_heads, int64_t hkv, int64_t g, int64_t nv,
+                       float scale, float *p, int64_t padded, float *out, v16f *acc) {
+    int64_t dim = 16 * nv, stride = hkv * BLOCK * dim, nbs[GROUP];
+    int64_t nb_last = (lengths[row0 + rows - 1] + BLOCK - 1) / BLOCK;
+    const int32_t *table = tables + row0 * max_blocks;
+    const float *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
+    v16f top[GROUP][MAX_G];
+    for (int64_t r = 0; r < rows; r++) {
+        nbs[r] = (lengths[row0 + r] + BLOCK - 1) / BLOCK;
+        for (int64_t j = 0; j < g; j++) top[r][j] = splat(-INFINITY);
+    }
+    for (int64_t b = 0; b < nb_last; b++) {
+        prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * dim * 4);
+        for (int64_t r = 0; r < rows; r++) {
+            if (b >= nbs[r]) continue;
+            v16f qv[MAX_G][MAX_D / 16];
+            load_queries(q + kh * g * dim, row0 + r, num_heads, g, nv, scale, qv);
+            score_block(qv, kh_k + table[b] * stride, b, nbs[r], lengths[row0 + r], g, nv,
+                        top[r], p + r * g * padded, padded);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) softmax_rows(p + r * g * padded, padded, nbs[r], g, top[r]);
+    for (int64_t i = 0; i < rows * g * nv; i++) acc[i] = (v16f){};
+    for (int64_t b = 0; b < nb_last; b++) {
+        prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * dim * 4);
+        for (int64_t r = 0; r < rows; r++) {
+            if (b >= nbs[r]) continue;
+            int64_t n = lengths[row0 + r], keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
+            v16f acc_v[MAX_G][MAX_D / 16], *held = acc + r * g * nv;
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < nv; c++) acc_v[j][c] = held[j * nv + c];
+            weigh_block(acc_v, kh_v + table[b] * stride, keys, p + r * g * padded, padded, b, g,
+                        nv);
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < nv; c++) held[j * nv + c] = acc_v[j][c];
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < g; j++)
+            for (int64_t c = 0; c < nv; c++)
+                store16(out + ((row0 + r) * num_heads + kh * g + j) * dim + 16 * c,
+                        acc[(r * g + j) * nv + c]);
+}
+
+/* Runs of rows for group_task: a row joins the previous one's run where it is the next
+   position of the same table (a chunk's rows), up to GROUP; starts[i] is run i's first
+   row, starts[count] = num_rows. Returns the count. */
+static int64_t find_runs(const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
+                         int64_t num_rows, int64_t *starts) {
+    int64_t count = 0;
+    for (int64_t r = 0; r < num_rows; r++) {
+        int joins = r > 0 && r - starts[count - 1] < GROUP && lengths[r] == lengths[r - 1] + 1 &&
+                    !memcmp(tables + r * max_blocks, tables + (r - 1) * max_blocks,
+                            sizeof(int32_t) * max_blocks);
+        if (!joins) starts[count++] = r;
+    }
+    starts[count] = num_rows;
+    return count;
+}
+
 /* A task: one (row, KV head), or a whole row (all KV heads) where there are rows enough to
    keep the threads busy; either way the same bits. Its body is compiled for common
    (G, D / 16), the model families' head layouts, so accumulators stay in registers. */
 #define SPECIALISED(G, NV)                                                                   \
     if (g == G && nv == NV) {                                                                \
-        if (whole_rows)                                                                      \
+        if (grouped)                                                                         \
+            group_task(q, k, v, tables, max_blocks, lengths, row, starts[run + 1] - row, kh, \
+                       num_heads, num_kv_heads, G, NV, scale, p, padded, out, acc);          \
+        else if (whole_rows)                                                                 \
             row_all_heads(q, k, v, tables, max_blocks, n, row, num_heads, num_kv_heads, G,  \
                           NV, scale, p, padded, out, acc);                                   \
         else                                                                                 \
@@ -183,17 +256,24 @@ void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t
                    int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                    float *out, int num_threads) {
     int64_t g = num_heads / num_kv_heads, nv = dim / 16;
-    int whole_rows = num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
-    int64_t longest = 0, tasks = whole_rows ? num_rows : num_rows * num_kv_heads;
+    int64_t *starts = malloc(sizeof(int64_t) * (num_rows + 1));
+    int64_t runs = find_runs(tables, max_blocks, lengths, num_rows, starts);
+    int grouped = runs < num_rows; /* some chunk's rows: runs of rows per KV head */
+    int whole_rows = !grouped && num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
+    int64_t longest = 0, tasks = grouped      ? runs * num_kv_heads
+                                 : whole_rows ? num_rows
+                                              : num_rows * num_kv_heads;
     for (int64_t r = 0; r < num_rows; r++) longest = lengths[r] > longest ? lengths[r] : longest;
     int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;
+    int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *p = aligned_alloc(64, sizeof(float) * num_heads * (padded + BLOCK));
-        v16f *acc = aligned_alloc(64, sizeof(v16f) * num_heads * nv);
+        float *p = aligned_alloc(64, sizeof(float) * heads_room * (padded + BLOCK));
+        v16f *acc = aligned_alloc(64, sizeof(v16f) * heads_room * nv);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
-            int64_t row = whole_rows ? task : task / num_kv_heads;
+            int64_t run = grouped ? task / num_kv_heads : 0;
+            int64_t row = grouped ? starts[run] : whole_rows ? task : task / num_kv_heads;
             int64_t kh = whole_rows ? 0 : task % num_kv_heads, n = lengths[row];
             SPECIALISED(3, 4) SPECIALISED(4, 8) SPECIALISED(8, 8) SPECIALISED(7, 8)
             SPECIALISED(1, 4) SPECIALISED(1, 8) SPECIALISED(2, 8) SPECIALISED(4, 4)
@@ -202,4 +282,5 @@ void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t
         free(p);
         free(acc);
     }
+    free(starts);
 }

@@ -95,3 +95,34 @@ def test_with_the_c_kernels_every_chunk_goes_to_the_kernel_unless_its_heads_do_n
         assert kernel_row_limit(H, HKV, D) is None
     assert kernel_row_limit(H, HKV, 40) == SMALL_ROWS  # D not a multiple of 16
     assert kernel_row_limit(34, 2, D) == SMALL_ROWS  # 17 query heads per KV head
+
+
+@pytest.mark.parametrize("chunk", [2, 4, 5, 9])
+def test_a_chunks_rows_together_equal_each_row_alone(
+    pool: tuple[np.ndarray, np.ndarray], chunk: int
+) -> None:
+    # a decode row, then `chunk` rows of one sequence at positions 700.. (one table, so the
+    # C kernel walks them in runs, a block at a time for several rows), then another
+    # decode row whose length happens to follow the chunk's last: bit for bit each row
+    # alone, the batch-invariance the engine relies on
+    k, v = pool
+    rng = np.random.default_rng(chunk)
+    tables, lengths = [rng.permutation(NUM_BLOCKS)[:50]], [300]
+    shared = rng.permutation(NUM_BLOCKS)[:50]
+    tables += [shared] * chunk
+    lengths += list(range(701, 701 + chunk))
+    tables.append(rng.permutation(NUM_BLOCKS)[:50])
+    lengths.append(701 + chunk)
+    table = np.stack(tables).astype(np.int32)
+    lens = np.asarray(lengths, dtype=np.int32)
+    q = rng.standard_normal((len(lengths), H, D)).astype(np.float32)
+    kernel = _paged_rows_kernel()
+    out = np.empty_like(q)
+    kernel(q, k, v, table, lens, D**-0.5, out)
+    for r in range(len(lengths)):
+        alone = np.empty((1, H, D), dtype=np.float32)
+        kernel(q[r : r + 1], k, v, table[r : r + 1], lens[r : r + 1], D**-0.5, alone)
+        assert np.array_equal(alone[0], out[r]), f"row {r}"
+    row = 1 + chunk - 1
+    expected = dense(q[row], k, v, shared, 700 + chunk)
+    np.testing.assert_allclose(out[row], expected, atol=2e-5)
