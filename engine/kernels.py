@@ -8,7 +8,8 @@ kernel that blocks several rows together sums a row in a block differently from 
 activation row through one and the same loop, one row at a time; decode rows always go
 through it, and only prefill chunks longer than SMALL_ROWS go to BLAS, each in a call of its
 own. Streaming each weight block once for all rows keeps it in cache for the next row, so
-one row at a time costs little (see bench/RESULTS.md).
+one row at a time costs little (see bench/RESULTS.md). Quantized weights with the C
+kernels (engine/quant) take every row there, long chunks too.
 """
 
 from __future__ import annotations
@@ -110,13 +111,15 @@ def matmul_t(x: Array, w: Array | QuantMatrix, runs: RowRuns | None = None) -> A
 
 
 def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.ndarray:
-    """matmul_t on quantized weights: kernel rows in the quantized kernel; long chunks with
-    BLAS against the weights expanded into a scratch buffer (in slabs of rows for a large
-    matrix, once for all the step's long chunks), reused from call to call."""
+    """matmul_t on quantized weights: every row in the C kernel; with the Numba fallback,
+    kernel rows in its kernel and long chunks with BLAS against the weights expanded into
+    a scratch buffer (in slabs of rows for a large matrix, once for all the step's long
+    chunks), reused from call to call."""
     kernels, threads = quant_kernels(), get_num_threads()
     n = w.shape[0]
     out = np.empty((x.shape[0], n), dtype=np.float32)
-    runs = runs or ((0, x.shape[0], True),)
+    if runs is None or kernels.every_row:
+        runs = ((0, x.shape[0], True),)
     for start, stop, _ in (r for r in runs if r[2]):
         kernels.matmul(w, x[start:stop], out[start:stop], threads)
     chunks = [(start, stop) for start, stop, kernel in runs if not kernel]

@@ -19,6 +19,7 @@ from engine.quant.matrix import QuantMatrix
 
 class Kernels(Protocol):
     name: str
+    every_row: bool  # long chunks too (else they go to BLAS on expanded weights)
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None: ...
 

@@ -76,6 +76,7 @@ def _dequant(kind, gshift, codes, scale, offset, k, rows, out):  # type: ignore[
 
 class NumbaKernels:
     name = "numba"
+    every_row = False  # per-row scalar loops: BLAS on expanded weights is faster for chunks
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         _matmul(w.kind, w.gshift, w.codes, w.scale, w.offset, w.k, x, out)

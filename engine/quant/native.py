@@ -15,6 +15,11 @@ class NativeKernels:
     """wf_matmul and wf_dequant."""
 
     name = "c"
+    # Every row, long prefill chunks too: on 2 Zen 4 cores as fast as expanding the weights
+    # for BLAS, with no expansion, and no hand-over between BLAS's and OpenMP's threads
+    # (each woke the other's sleeping thread: ~0.5 ms, several times a layer): a 512-token
+    # prefill 1.08-1.15 s -> 0.73-0.75 s (bench/RESULTS.md).
+    every_row = True
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
