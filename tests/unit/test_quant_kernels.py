@@ -154,23 +154,32 @@ def test_reconstruct_matches_for_every_type(
         assert np.array_equal(reconstruct(decode(raw, qtype)), gguf.quants.dequantize(raw, qtype))
 
 
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda i: i.name)
 @pytest.mark.parametrize("scratch_bytes", [32 << 20, 4 * K * 8])  # one slab; slabs of 8 rows
 def test_matmul_t_runs_kernel_rows_and_long_chunks_on_quantized_weights(
     stored: dict[T, tuple[QuantMatrix, np.ndarray]],
+    impl: Kernels,
     scratch_bytes: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # the C kernels take every row; the Numba fallback sends long chunks to BLAS on
+    # weights expanded into the scratch buffer (in slabs when it is small)
     monkeypatch.setattr(kernels_module, "SCRATCH_BYTES", scratch_bytes)
+    monkeypatch.setattr(kernels_module, "quant_kernels", lambda: impl)
     matrix, w = stored[T.Q4_1]
-    lengths = [1, 40, 3, 33, 1]  # decode rows, two chunks for BLAS, a short chunk
+    lengths = [1, 40, 3, 33, 1]  # decode rows, two long chunks, a short chunk
     runs = plan_rows(lengths)
     assert [kernel for _, _, kernel in runs] == [True, False, True, False, True]
     x = np.random.default_rng(9).standard_normal((sum(lengths), K)).astype(np.float32)
     got = matmul_t(x, matrix, runs)
     np.testing.assert_allclose(got, x.astype(np.float64) @ w.T.astype(np.float64), atol=1e-3)
-    # a chunk's rows are what its BLAS call alone gives, whatever else the step holds
+    # a chunk's rows are what it gives alone, whatever else the step holds
     alone = matmul_t(x[1:41], matrix, plan_rows([40]))
     assert np.array_equal(got[1:41], alone)
+    if impl.every_row:  # and every row what it gives alone, a decode row's bits
+        one = np.empty((1, N), dtype=np.float32)
+        impl.matmul(matrix, x[20:21], one, 2)
+        assert np.array_equal(got[20:21], one)
 
 
 def test_the_c_kernels_build_wherever_a_compiler_is_found() -> None:
