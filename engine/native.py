@@ -45,6 +45,11 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def wide_vectors() -> bool:
+    """Whether the kernels' 16-lane vectors are single registers here (AVX-512)."""
+    return "avx512f" in _cpu_flags().split()
+
+
 def _library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.blake2b(digest_size=10)

@@ -15,13 +15,15 @@ class NativeKernels:
     """wf_matmul and wf_dequant."""
 
     name = "c"
-    # Every row, long prefill chunks too: on 2 Zen 4 cores as fast as expanding the weights
-    # for BLAS, with no expansion, and no hand-over between BLAS's and OpenMP's threads
-    # (each woke the other's sleeping thread: ~0.5 ms, several times a layer): a 512-token
-    # prefill 1.08-1.15 s -> 0.73-0.75 s (bench/RESULTS.md).
-    every_row = True
 
     def __init__(self, lib: ctypes.CDLL) -> None:
+        # Every row, long prefill chunks too, where a 16-lane vector is one register
+        # (AVX-512): on 2 Zen 4 cores as fast as expanding the weights for BLAS, with no
+        # expansion and no hand-over between BLAS's and OpenMP's threads (each woke the
+        # other's sleeping thread: ~0.5 ms, several times a layer): a 512-token prefill
+        # 1.08-1.15 s -> 0.73-0.75 s (bench/RESULTS.md). Built for AVX2 or NEON the tiles
+        # spill their registers and run ~10x below BLAS: long chunks go there.
+        self.every_row = native.wide_vectors()
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._matmul = lib.wf_matmul
         self._matmul.argtypes = [i, i, p, p, p, i64, i64, p, i64, p, i64, i]
