@@ -1,13 +1,13 @@
 """Model runtime: GGUF loading, tokenizer, forward pass, batch-first engine. No Redis, no gRPC.
 
-Two thread pools share the cores: OpenBLAS's (long prefill chunks on float32 weights or
-with the Numba fallback) and OpenMP's (the C and Numba kernels). A step that mixes both
+Two thread pools share the cores: OpenBLAS's (long prefill chunks, unless the quantized C
+kernels take them: Kernels.every_row) and OpenMP's (the C and Numba kernels). A step that mixes both
 calls them in turn, layer after layer, and each pool's idle threads spin after a call:
 OpenBLAS's by default for about 2^28 cycles, which took a core from the kernels for every
 call and made a mixed step up to three times slower (bench/RESULTS.md, issue 12). Both are
 told to sleep almost at once, before NumPy and Numba load their libraries; a value set in
 the environment wins. Waking a sleeping thread costs ~0.3-0.5 ms on a VM, which is why
-quantized weights with the C kernels keep prefill off BLAS altogether.
+quantized weights with the C kernels on AVX-512 keep prefill off BLAS altogether.
 """
 
 import os

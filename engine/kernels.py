@@ -9,7 +9,8 @@ activation row through one and the same loop, one row at a time; decode rows alw
 through it, and only prefill chunks longer than SMALL_ROWS go to BLAS, each in a call of its
 own. Streaming each weight block once for all rows keeps it in cache for the next row, so
 one row at a time costs little (see bench/RESULTS.md). Quantized weights with the C
-kernels (engine/quant) take every row there, long chunks too.
+kernels on an AVX-512 CPU (engine/quant, Kernels.every_row) take every row there, long
+chunks too.
 """
 
 from __future__ import annotations
@@ -111,10 +112,10 @@ def matmul_t(x: Array, w: Array | QuantMatrix, runs: RowRuns | None = None) -> A
 
 
 def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.ndarray:
-    """matmul_t on quantized weights: every row in the C kernel; with the Numba fallback,
-    kernel rows in its kernel and long chunks with BLAS against the weights expanded into
-    a scratch buffer (in slabs of rows for a large matrix, once for all the step's long
-    chunks), reused from call to call."""
+    """matmul_t on quantized weights: every row in the kernel where it takes long chunks
+    (`every_row`); elsewhere kernel rows in the kernel and long chunks with BLAS against
+    the weights expanded into a scratch buffer (in slabs of rows for a large matrix, once
+    for all the step's long chunks), reused from call to call."""
     kernels, threads = quant_kernels(), get_num_threads()
     n = w.shape[0]
     out = np.empty((x.shape[0], n), dtype=np.float32)

@@ -12,9 +12,9 @@
    (a 4 x 4 tile of accumulators, both operands held in registers: half a load per
    multiply-add), the last m % MR rows in one narrower tile; so the codes are read from
    memory once per call. A single activation row (decode at batch 1) dequantizes 4 or 8
-   weight rows (fused_rows) in registers instead, the next task's rows asked for too. With AVX-512 a 4-bit group's 16 possible values are
-   computed once and each code looked up (vpermps), with the same products as converting
-   every code.
+   weight rows (fused_rows) in registers instead, the next task's rows asked for too.
+   With AVX-512 a 4-bit group's 16 possible values are computed once and each code looked
+   up (vpermps), with the same products as converting every code.
 
    Batch invariance: each output element is one activation row against one weight row,
    summed the same way whatever the number of activation rows and wherever the row sits:
