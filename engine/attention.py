@@ -89,7 +89,7 @@ RowsKernel = Callable[
 ]
 
 
-def _c_kernel_fits(num_heads: int, num_kv_heads: int, dim: int) -> bool:
+def c_kernel_fits(num_heads: int, num_kv_heads: int, dim: int) -> bool:
     return dim % 16 == 0 and dim <= 256 and num_heads // num_kv_heads <= 16
 
 
@@ -97,7 +97,7 @@ def kernel_row_limit(num_heads: int, num_kv_heads: int, dim: int) -> int | None:
     """The longest chunk the compiled kernel takes: every one where the C kernel serves
     these heads; with the Numba fallback (per-key scalar loops), BLAS is faster beyond
     SMALL_ROWS."""
-    fits = native.library() is not None and _c_kernel_fits(num_heads, num_kv_heads, dim)
+    fits = native.library() is not None and c_kernel_fits(num_heads, num_kv_heads, dim)
     return None if fits else SMALL_ROWS
 
 
@@ -115,7 +115,7 @@ def _paged_rows_kernel() -> RowsKernel:
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
             lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip
         num_rows, num_heads, dim = q.shape
-        if not _c_kernel_fits(num_heads, k.shape[1], dim):
+        if not c_kernel_fits(num_heads, k.shape[1], dim):
             _paged_rows(q, k, v, tables, lengths, scale, out)
             return
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32

@@ -17,8 +17,9 @@ from engine.attention import AttentionPlan, kernel_row_limit, paged_attention
 from engine.config import ModelConfig
 from engine.elementwise import rms_norm, silu_mul
 from engine.elementwise import rope as apply_rope
-from engine.kernels import RowRuns, matmul_t, plan_rows
+from engine.kernels import RowRuns, get_num_threads, matmul_t, plan_rows
 from engine.kv_pool import KVPool, PagedKV
+from engine.native_layers import native_layers
 from engine.weights import LayerWeights, Weights
 
 Array = Any
@@ -128,9 +129,11 @@ def forward(
     step = StepLayout.build(pool, segments)
     runs = step.runs
     x = weights.embed_rows(tokens, xp)  # [N, dim]
-    for i, lw in enumerate(weights.layers):
-        x = x + attention_block(x, lw, i, config, rope, positions, step, xp)
-        x = x + mlp_block(x, lw, config, runs, xp)
+    native = native_layers(weights, config) if xp is np else None
+    if native is None or not native.run(x, positions, rope, pool, step, get_num_threads()):
+        for i, lw in enumerate(weights.layers):
+            x = x + attention_block(x, lw, i, config, rope, positions, step, xp)
+            x = x + mlp_block(x, lw, config, runs, xp)
     last_rows, row = [], 0
     for seg in segments:
         row += seg.length

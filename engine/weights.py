@@ -40,6 +40,7 @@ class Weights:
     out_norm: Array  # [dim]
     output: Matrix  # [vocab, dim]; the same object as embed when the model ties them
     quantized: bool  # the matrices are QuantMatrix where their type has a kernel
+    native: Any = None  # engine/native_layers.py's C descriptors (False: none), on first use
 
     @property
     def nbytes(self) -> int:

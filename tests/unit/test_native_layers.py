@@ -1,0 +1,62 @@
+"""The layers in one C call (engine/native_layers.py) give the bits of forward.py's per-op
+loop: the same logits and the same keys and values in the pool, for decode rows, a short
+chunk and a long one in one step, on tiny quantized models whose shapes it takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+
+from engine import native
+from engine.model import Model
+from engine.native_layers import NativeLayers, native_layers
+from tests.paged import new_kv, pool_of, run_segments, step
+from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
+Q = gguf.GGMLQuantizationType
+# head_dim 32: the smallest whose rope halves fill a 16-lane vector
+SHAPE: dict[str, Any] = {"dim": 256, "num_heads": 8, "num_kv_heads": 2, "ffn_dim": 256}
+
+
+@pytest.mark.parametrize("matrix_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
+def test_one_call_equals_the_per_op_loop(matrix_type: Q, tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=matrix_type, seed=4, **SHAPE)
+    model = Model.load(path, device="cpu", weights="quantized")
+    assert isinstance(native_layers(model.weights, model.config), NativeLayers)
+    rng = np.random.default_rng(2)
+    kvs = [new_kv(model) for _ in range(3)]
+    for kv in kvs:  # sequences with 20-50 positions already held
+        run_segments(model, [(kv, [int(t) for t in rng.integers(3, VOCAB_SIZE, size=20)])])
+    run_segments(model, [(kvs[0], [int(t) for t in rng.integers(3, VOCAB_SIZE, size=30)])])
+    long_chunk = [int(t) for t in rng.integers(3, VOCAB_SIZE, size=45)]
+    parts = [(kvs[0], [7]), (new_kv(model), long_chunk), (kvs[1], [9, 11, 13]), (kvs[2], [5])]
+    pool = pool_of(model)
+    before = pool.k.copy(), pool.v.copy()
+
+    model.weights.native = False  # the per-op loop
+    per_op = step(model, parts)
+    written = pool.k.copy(), pool.v.copy()
+    pool.k[...], pool.v[...] = before
+    model.weights.native = None  # one call, built again
+    one_call = step(model, parts)
+
+    assert model.weights.native, "the step did not take the one-call path"
+    assert np.array_equal(per_op, one_call), np.abs(per_op - one_call).max()
+    assert np.array_equal(written[0], pool.k) and np.array_equal(written[1], pool.v)
+    assert not np.array_equal(before[0], pool.k)  # the step did write its keys
+
+
+def test_shapes_it_cannot_take_stay_on_the_per_op_loop(tmp_path: Path) -> None:
+    head16 = write_tiny_llama(tmp_path / "h16.gguf", matrix_type=Q.Q8_0)  # head_dim 16
+    f32 = write_tiny_llama(tmp_path / "f32.gguf", **SHAPE)
+    for path, weights in ((head16, "quantized"), (f32, "float32")):
+        model = Model.load(path, device="cpu", weights=weights)
+        assert native_layers(model.weights, model.config) is None
+        logits = step(model, [(new_kv(model), [3, 4, 5])])
+        assert logits.shape == (1, model.config.vocab_size) and np.isfinite(logits).all()
+        assert model.weights.native is False
