@@ -75,10 +75,11 @@ INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const 
     }
 }
 
-/* acc_v += the `keys` values at vb weighted by block b's probabilities, for G heads. */
-INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t keys,
-                        const float *p, int64_t padded, int64_t b, int64_t g, int64_t nv) {
-    for (int64_t s = 0; s < keys; s++) {
+/* acc_v += values s0 .. keys - 1 at vb weighted by block b's probabilities, for G heads. */
+INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t s0,
+                        int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
+                        int64_t nv) {
+    for (int64_t s = s0; s < keys; s++) {
         const float *vt = vb + s * 16 * nv;
         for (int64_t j = 0; j < g; j++) {
             v16f w = splat(p[j * padded + b * BLOCK + s]);
@@ -119,7 +120,7 @@ INLINE void row_task(const float *q, const float *k, const float *v, const int32
     for (int64_t b = 0; b < nb; b++) { /* the values, weighted */
         prefetch_block(kh_v, table, b, nb, stride, BLOCK * dim * 4);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
-        weigh_block(acc_v, kh_v + table[b] * stride, keys, p, padded, b, g, nv);
+        weigh_block(acc_v, kh_v + table[b] * stride, 0, keys, p, padded, b, g, nv);
     }
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++)
@@ -157,7 +158,7 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
             v16f acc_v[MAX_G][MAX_D / 16];
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < nv; c++) acc_v[j][c] = acc[(kh * g + j) * nv + c];
-            weigh_block(acc_v, v + table[b] * stride + kh * BLOCK * dim, keys,
+            weigh_block(acc_v, v + table[b] * stride + kh * BLOCK * dim, 0, keys,
                         p + kh * g * padded, padded, b, g, nv);
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < nv; c++) acc[(kh * g + j) * nv + c] = acc_v[j][c];
@@ -167,11 +168,43 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
         store16(out + row * num_heads * dim + 16 * i, acc[i]);
 }
 
+/* weigh_block for all GROUP rows of a run at once, keys 0 .. keys - 1: each value vector
+   is loaded once for the run's GROUP * G query heads, CW of its D / 16 parts at a time so
+   the accumulators fit the registers. Each accumulator gets the same multiply-adds in the
+   same order as weigh_block row by row: the same bits. acc: [GROUP][G][nv], in memory. */
+#define GROUP 4
+#define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
+INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, int64_t padded,
+                      int64_t b, int64_t g, int64_t nv) {
+    int64_t w = ROW_ACCS / (GROUP * g) < nv ? ROW_ACCS / (GROUP * g) : nv;
+    while (nv % w) w--; /* a constant where g and nv are: the parts go w at a time */
+    for (int64_t c0 = 0; c0 < nv; c0 += w) {
+        v16f a[GROUP][MAX_G][ROW_ACCS];
+        for (int64_t r = 0; r < GROUP; r++)
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < w; c++) a[r][j][c] = acc[(r * g + j) * nv + c0 + c];
+        for (int64_t s = 0; s < keys; s++) {
+            v16f vv[ROW_ACCS];
+            for (int64_t c = 0; c < w; c++) {
+                vv[c] = load16(vb + s * 16 * nv + 16 * (c0 + c));
+                IN_REGISTER(vv[c]);
+            }
+            for (int64_t r = 0; r < GROUP; r++)
+                for (int64_t j = 0; j < g; j++) {
+                    v16f wt = splat(p[(r * g + j) * padded + b * BLOCK + s]);
+                    for (int64_t c = 0; c < w; c++) a[r][j][c] += wt * vv[c];
+                }
+        }
+        for (int64_t r = 0; r < GROUP; r++)
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t c = 0; c < w; c++) acc[(r * g + j) * nv + c0 + c] = a[r][j][c];
+    }
+}
+
 /* A run of up to GROUP rows of one chunk (one table, consecutive positions) for KV head
    kh: block by block, each row in turn, so a block read from memory serves every row of
    the run from cache. Per row the same calls, in the same order, as row_task: the same
    bits (its value accumulators wait in acc between blocks). */
-#define GROUP 4
 INLINE void group_task(const float *q, const float *k, const float *v, const int32_t *tables,
                        int64_t max_blocks, const int32_t *lengths, int64_t row0, int64_t rows,
                        int64_t kh, int64_t num_heads, int64_t hkv, int64_t g, int64_t nv,
@@ -199,14 +232,20 @@ INLINE void group_task(const float *q, const float *k, const float *v, const int
     for (int64_t i = 0; i < rows * g * nv; i++) acc[i] = (v16f){};
     for (int64_t b = 0; b < nb_last; b++) {
         prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * dim * 4);
+        const float *vb = kh_v + table[b] * stride;
+        int64_t common = 0; /* keys every row of the run sees in this block (row 0's) */
+        if (rows == GROUP && GROUP * g <= ROW_ACCS && b < nbs[0]) {
+            common = lengths[row0] - b * BLOCK < BLOCK ? lengths[row0] - b * BLOCK : BLOCK;
+            weigh_run(acc, vb, common, p, padded, b, g, nv);
+        }
         for (int64_t r = 0; r < rows; r++) {
             if (b >= nbs[r]) continue;
             int64_t n = lengths[row0 + r], keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
+            if (keys <= common) continue;
             v16f acc_v[MAX_G][MAX_D / 16], *held = acc + r * g * nv;
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < nv; c++) acc_v[j][c] = held[j * nv + c];
-            weigh_block(acc_v, kh_v + table[b] * stride, keys, p + r * g * padded, padded, b, g,
-                        nv);
+            weigh_block(acc_v, vb, common, keys, p + r * g * padded, padded, b, g, nv);
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < nv; c++) held[j * nv + c] = acc_v[j][c];
         }
