@@ -70,19 +70,24 @@ static inline v16f exp16(v16f x0) {
 
 /* r[i] = sum of the lanes of a[i], for 16 vectors: four levels of pairwise shuffles, the
    same tree as hsum (lane l + lane l + 8, then + 4, + 2, + 1), so r[i] == hsum(a[i]) bit for
-   bit. */
-static inline v16f reduce16(const v16f *a) {
-    v16f b[8], c[4], d[2];
-    for (int i = 0; i < 8; i++) /* lanes 0-7: halves of a[2i]; 8-15: of a[2i+1] */
+   bit. The first two levels only combine vectors within a quarter (a[4i] .. a[4i+3]), so
+   they run per quarter (reduce4: 16 lanes -> 4 per vector) and reduce_quarters finishes. */
+static inline v16f reduce4(const v16f *a) {
+    v16f b[2];
+    for (int i = 0; i < 2; i++) /* lanes 0-7: halves of a[2i]; 8-15: of a[2i+1] */
         b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
                                        18, 19, 20, 21, 22, 23) +
                __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15,
                                        24, 25, 26, 27, 28, 29, 30, 31);
-    for (int i = 0; i < 4; i++) /* quarters: a[4i], a[4i+1], a[4i+2], a[4i+3] */
-        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16,
-                                       17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20,
-                                       21, 22, 23, 28, 29, 30, 31);
+    /* quarters of lanes: a[0], a[1], a[2], a[3] */
+    return __builtin_shufflevector(b[0], b[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                                   26, 27) +
+           __builtin_shufflevector(b[0], b[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
+                                   29, 30, 31);
+}
+
+static inline v16f reduce_quarters(const v16f *c) {
+    v16f d[2];
     for (int i = 0; i < 2; i++) /* pairs of lanes: a[8i] .. a[8i+7] */
         d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16,
                                        17, 20, 21, 24, 25, 28, 29) +
@@ -93,6 +98,12 @@ static inline v16f reduce16(const v16f *a) {
                                    26, 28, 30) +
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
                                    27, 29, 31);
+}
+
+static inline v16f reduce16(const v16f *a) {
+    v16f c[4];
+    for (int i = 0; i < 4; i++) c[i] = reduce4(a + 4 * i);
+    return reduce_quarters(c);
 }
 
 #endif

@@ -126,3 +126,31 @@ def test_a_chunks_rows_together_equal_each_row_alone(
     row = 1 + chunk - 1
     expected = dense(q[row], k, v, shared, 700 + chunk)
     np.testing.assert_allclose(out[row], expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("heads", [(32, 8, 128), (16, 2, 128), (8, 8, 64), (14, 2, 64),
+                                   (4, 4, 64), (12, 4, 48)], ids=str)  # fmt: skip
+def test_each_task_shape_gives_a_row_its_bits_alone(heads: tuple[int, int, int]) -> None:
+    # the kernel's three task shapes (a run of a chunk's rows per KV head, one row per KV
+    # head, a whole row) for the head layouts it is compiled for, and one it is not
+    # (D = 48): a row's bits must not depend on which one computed it
+    num_heads, hkv, d = heads
+    rng = np.random.default_rng(d + num_heads)
+    k, v = (rng.standard_normal((120, hkv, BLOCK, d)).astype(np.float32) for _ in range(2))
+    shared = rng.permutation(120)[:60]
+    tables = [rng.permutation(120)[:60]] + [shared] * 6 + [rng.permutation(120)[:60]]
+    lengths = [300, *range(501, 507), 507]
+    table, lens = np.stack(tables).astype(np.int32), np.asarray(lengths, dtype=np.int32)
+    q = rng.standard_normal((len(lengths), num_heads, d)).astype(np.float32)
+    kernel = _paged_rows_kernel()
+    alone = np.empty_like(q)
+    for r in range(len(lengths)):
+        kernel(q[r : r + 1], k, v, table[r : r + 1], lens[r : r + 1], d**-0.5, alone[r : r + 1])
+    together, decode_rows = np.empty_like(q), np.empty_like(q)
+    kernel(q, k, v, table, lens, d**-0.5, together)  # the chunk's rows in runs
+    lens_apart = lens + np.arange(len(lengths), dtype=np.int32) % 2  # no runs: whole rows
+    kernel(q, k, v, table, lens_apart, d**-0.5, decode_rows)
+    for r in range(len(lengths)):
+        assert np.array_equal(alone[r], together[r]), f"row {r} in a run"
+        if lens_apart[r] == lens[r]:
+            assert np.array_equal(alone[r], decode_rows[r]), f"row {r} as a whole row"
