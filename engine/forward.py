@@ -124,7 +124,9 @@ def forward(
     tokens, positions: [N] integer arrays, segments in the order their tokens appear.
     Each segment's blocks must be its own for the positions it writes (PagedKV.prepare_write);
     the caller commits the token ids. A segment's rows are computed the same way whatever
-    else is in the batch (see kernels and attention).
+    else is in the batch (see kernels and attention). Where every part of the step runs in
+    the C kernels, the layers are one call of them (engine/native_layers.py): the same bits
+    as the loop below.
     """
     step = StepLayout.build(pool, segments)
     runs = step.runs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,11 @@ from engine.config import ModelConfig
 from engine.native import address
 from engine.quant import kernels as quant_kernels
 from engine.quant.matrix import QuantMatrix
+
+if TYPE_CHECKING:
+    from engine.forward import RopeTables, StepLayout
+    from engine.kv_pool import KVPool
+    from engine.weights import Weights
 
 Array = Any
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
@@ -55,11 +60,11 @@ class NativeLayers:
 
     layers: ctypes.Array[_Layer]
     config: ModelConfig
-    weights: Any  # engine.weights.Weights
+    weights: Weights  # what the descriptors point into
     fn: Any  # wf_layers
 
     @classmethod
-    def build(cls, weights: Any, config: ModelConfig) -> NativeLayers | None:
+    def build(cls, weights: Weights, config: ModelConfig) -> NativeLayers | None:
         """None where some part would not run in the C kernels (then forward.py loops)."""
         lib, c = native.library(), config
         if not (
@@ -83,8 +88,8 @@ class NativeLayers:
         fn.restype = None
         return cls((_Layer * len(descriptors))(*descriptors), config, weights, fn)
 
-    def run(self, x: np.ndarray, positions: np.ndarray, rope: Any, pool: Any, step: Any,
-            threads: int) -> bool:  # fmt: skip
+    def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
+            step: StepLayout, threads: int) -> bool:  # fmt: skip
         """Every layer over x [N, dim] in place, writing the step's keys and values into
         `pool`; False (nothing done) where this step has rows outside the kernels."""
         c, plan = self.config, step.attention
@@ -92,6 +97,7 @@ class NativeLayers:
         if not (
             every_row and len(plan.kernel_rows) == x.shape[0]
             and pool.xp is np and pool.dtype == np.float32
+            and pool.k.flags.c_contiguous and pool.v.flags.c_contiguous
             and x.dtype == np.float32 and x.flags.c_contiguous
             and positions.dtype == np.int64 and positions.flags.c_contiguous
             and _vector(rope.cos) is not None and _vector(rope.sin) is not None
@@ -108,7 +114,7 @@ class NativeLayers:
         return True
 
 
-def native_layers(weights: Any, config: ModelConfig) -> NativeLayers | None:
+def native_layers(weights: Weights, config: ModelConfig) -> NativeLayers | None:
     """The weights' NativeLayers, built on first use and kept on the weights (None where
     the model's layers do not all run in the C kernels)."""
     if weights.native is None:
