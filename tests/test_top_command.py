@@ -85,9 +85,12 @@ def usage_json(kv: KVStoreClient) -> dict[str, Any]:
 
 
 def published_usage(r: redis_lib.Redis, kv: KVStoreClient) -> dict[str, Any] | None:
-    """GetUsage's report, once the copy the kvstore publishes in Redis is the same."""
+    """GetUsage's report, once the copy the kvstore publishes in Redis is the same and each
+    worker's own count of its pool (its heartbeat, every 0.5 s) has caught up with the
+    index: until then a heartbeat can change the report while top reads it."""
     now = usage_json(kv)
-    return now if json.loads(r.get(keys.KV_USAGE) or "null") == now else None
+    caught_up = all(w["pool_bytes"] == w["warm_bytes"] for w in now["workers"])
+    return now if caught_up and json.loads(r.get(keys.KV_USAGE) or "null") == now else None
 
 
 def responses_in_redis(r: redis_lib.Redis) -> dict[str, int]:
