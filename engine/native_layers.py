@@ -85,13 +85,14 @@ class NativeLayers:
         fn = lib.wf_layers
         p = _ptr
         fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]
-        fn.restype = None
+        fn.restype = ctypes.c_int
         return cls((_Layer * len(descriptors))(*descriptors), config, weights, fn)
 
     def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
             step: StepLayout, threads: int) -> bool:  # fmt: skip
         """Every layer over x [N, dim] in place, writing the step's keys and values into
-        `pool`; False (nothing done) where this step has rows outside the kernels."""
+        `pool`; False (nothing done) where this step has rows outside the kernels. Raises
+        MemoryError (nothing done) where the step's scratch cannot be allocated."""
         c, plan = self.config, step.attention
         every_row = quant_kernels().every_row or all(kernel for *_, kernel in step.runs)
         if not (
@@ -107,10 +108,13 @@ class NativeLayers:
         shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_dim, layer_floats,
                        c.rms_eps, c.head_dim**-0.5)  # fmt: skip
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
-        self.fn(self.layers, len(self.layers), ctypes.byref(shape), address(x), x.shape[0],
-                address(positions), address(rope.cos), address(rope.sin), address(pool.k),
-                address(pool.v), address(kv_rows), address(plan.tables), plan.tables.shape[1],
-                address(plan.lengths), threads)  # fmt: skip
+        failed = self.fn(self.layers, len(self.layers), ctypes.byref(shape), address(x),
+                         x.shape[0], address(positions), address(rope.cos), address(rope.sin),
+                         address(pool.k), address(pool.v), address(kv_rows),
+                         address(plan.tables), plan.tables.shape[1], address(plan.lengths),
+                         threads)  # fmt: skip
+        if failed:
+            raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row step")
         return True
 
 

@@ -46,7 +46,7 @@ INLINE void load_queries(const float *q, int64_t row, int64_t num_heads, int64_t
 INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, int64_t nb,
                         int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
     int64_t dim = 16 * nv;
-    v16f quarters[MAX_G][4];
+    v16f quarters[MAX_G][4]; /* [head][keys 4 q4 .. 4 q4 + 3] */
     if (g > 4) { /* too many accumulators for the G heads at once: one head at a time */
         for (int64_t j = 0; j < g; j++)
             for (int q4 = 0; q4 < 4; q4++) {
@@ -58,21 +58,22 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
                 }
                 quarters[j][q4] = reduce4(acc);
             }
-    }
-    for (int q4 = 0; q4 < 4 && g <= 4; q4++) { /* keys 4 q4 .. 4 q4 + 3, loaded once for G heads */
-        v16f acc[MAX_G][4];
-        for (int s = 0; s < 4; s++) {
-            v16f kv = load16(kb + (4 * q4 + s) * dim);
-            IN_REGISTER(kv);
-            for (int64_t j = 0; j < g; j++) acc[j][s] = qv[j][0] * kv;
-        }
-        for (int64_t c = 1; c < nv; c++)
+    } else {
+        for (int q4 = 0; q4 < 4; q4++) {
+            v16f acc[MAX_G][4]; /* each key vector loaded once for the G heads */
             for (int s = 0; s < 4; s++) {
-                v16f kv = load16(kb + (4 * q4 + s) * dim + 16 * c);
+                v16f kv = load16(kb + (4 * q4 + s) * dim);
                 IN_REGISTER(kv);
-                for (int64_t j = 0; j < g; j++) acc[j][s] += qv[j][c] * kv;
+                for (int64_t j = 0; j < g; j++) acc[j][s] = qv[j][0] * kv;
             }
-        for (int64_t j = 0; j < g; j++) quarters[j][q4] = reduce4(acc[j]);
+            for (int64_t c = 1; c < nv; c++)
+                for (int s = 0; s < 4; s++) {
+                    v16f kv = load16(kb + (4 * q4 + s) * dim + 16 * c);
+                    IN_REGISTER(kv);
+                    for (int64_t j = 0; j < g; j++) acc[j][s] += qv[j][c] * kv;
+                }
+            for (int64_t j = 0; j < g; j++) quarters[j][q4] = reduce4(acc[j]);
+        }
     }
     for (int64_t j = 0; j < g; j++) {
         v16f sc = reduce_quarters(quarters[j]);
@@ -194,7 +195,7 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
 }
 
 /* weigh_block for all GROUP rows of a run at once, keys 0 .. keys - 1: each value vector
-   is loaded once for the run's GROUP * G query heads, CW of its D / 16 parts at a time so
+   is loaded once for the run's GROUP * G query heads, w of its D / 16 parts at a time so
    the accumulators fit the registers. Each accumulator gets the same multiply-adds in the
    same order as weigh_block row by row: the same bits. acc: [GROUP][G][nv], in memory. */
 #define GROUP 4

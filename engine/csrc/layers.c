@@ -53,17 +53,18 @@ static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
-void wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
-               int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
-               float *k_pool, float *v_pool, const int64_t *kv_rows, const int32_t *tables,
-               int64_t max_blocks, const int32_t *lengths, int threads) {
+/* 0, or -1 (nothing done) where its scratch could not be allocated. */
+int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
+              int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
+              float *k_pool, float *v_pool, const int64_t *kv_rows, const int32_t *tables,
+              int64_t max_blocks, const int32_t *lengths, int threads) {
     int64_t d = s->head_dim, q_dim = s->heads * d, kv_dim = s->kv_heads * d;
     int64_t qkv_cols = q_dim + 2 * kv_dim, wide = s->dim > q_dim ? s->dim : q_dim;
     /* scratch: h [R, dim], qkv [R, qkv_cols], q and attention out [R, q_dim], k [R, kv_dim],
        gate_up [R, 2 * ffn], act [R, ffn], o [R, wide] */
     int64_t floats = rows * (s->dim + qkv_cols + 2 * q_dim + kv_dim + 3 * s->ffn_dim + wide);
     float *h = malloc(sizeof(float) * floats);
-    if (!h) abort();
+    if (!h) return -1;
     float *qkv = h + rows * s->dim, *q = qkv + rows * qkv_cols, *att = q + rows * q_dim;
     float *k = att + rows * q_dim, *gate_up = k + rows * kv_dim;
     float *act = gate_up + rows * 2 * s->ffn_dim, *o = act + rows * s->ffn_dim;
@@ -91,4 +92,5 @@ void wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, floa
         add_into(x, o, rows * s->dim);
     }
     free(h);
+    return 0;
 }
