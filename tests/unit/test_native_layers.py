@@ -24,7 +24,9 @@ SHAPE: dict[str, Any] = {"dim": 256, "num_heads": 8, "num_kv_heads": 2, "ffn_dim
 
 
 @pytest.mark.parametrize("matrix_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
-def test_one_call_equals_the_per_op_loop(matrix_type: Q, tmp_path: Path) -> None:
+def test_one_call_equals_the_per_op_loop(
+    matrix_type: Q, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=matrix_type, seed=4, **SHAPE)
     model = Model.load(path, device="cpu", weights="quantized")
     assert isinstance(native_layers(model.weights, model.config), NativeLayers)
@@ -43,9 +45,17 @@ def test_one_call_equals_the_per_op_loop(matrix_type: Q, tmp_path: Path) -> None
     written = pool.k.copy(), pool.v.copy()
     pool.k[...], pool.v[...] = before
     model.weights.native = None  # one call, built again
+    taken: list[bool] = []
+    run = NativeLayers.run
+
+    def recorded(*args: Any) -> bool:
+        taken.append(run(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(NativeLayers, "run", recorded)
     one_call = step(model, parts)
 
-    assert model.weights.native, "the step did not take the one-call path"
+    assert taken == [True], "the step did not take the one-call path"
     assert np.array_equal(per_op, one_call), np.abs(per_op - one_call).max()
     assert np.array_equal(written[0], pool.k) and np.array_equal(written[1], pool.v)
     assert not np.array_equal(before[0], pool.k)  # the step did write its keys
