@@ -19,7 +19,7 @@ from engine import kernels
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
-def _cupy_with_gpu() -> ModuleType | None:
+def cupy_with_gpu() -> ModuleType | None:
     try:
         cupy = importlib.import_module("cupy")
         return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
@@ -55,7 +55,7 @@ def array_module(device: str) -> ModuleType:
                 "mlx asked for, but mlx is not installed "
                 "(install the extra: pip install 'warmfleet[mlx]')",
             )
-    cupy = _cupy_with_gpu()
+    cupy = cupy_with_gpu()
     if cupy is not None:
         return cupy
     if device == "cuda":

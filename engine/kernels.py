@@ -22,6 +22,8 @@ import numpy as np
 from numba import config, get_num_threads, njit, prange, set_num_threads
 
 from engine.quant import kernels as quant_kernels
+from engine.quant.cuda import GpuQuantMatrix
+from engine.quant.cuda import matmul_t as gpu_matmul_t
 from engine.quant.matrix import QuantMatrix
 
 MAX_THREADS: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # pool size at start
@@ -92,11 +94,16 @@ def plan_rows(lengths: Sequence[int]) -> RowRuns:
     return tuple(runs)
 
 
-def matmul_t(x: Array, w: Array | QuantMatrix, runs: RowRuns | None = None) -> Array:
+def matmul_t(
+    x: Array, w: Array | QuantMatrix | GpuQuantMatrix, runs: RowRuns | None = None
+) -> Array:
     """x @ w.T for x [M, K] and w [N, K]. On NumPy float32 the rows go as `runs` says (None:
-    all through the kernel); anything else is one matmul of the array module."""
+    all through the kernel); quantized weights on a GPU through its kernel; anything else is
+    one matmul of the array module."""
     if isinstance(w, QuantMatrix):
         return _quant_matmul(np.ascontiguousarray(x, dtype=np.float32), w, runs)
+    if isinstance(w, GpuQuantMatrix):
+        return gpu_matmul_t(x, w)  # every row through the GPU kernel
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and w.dtype == np.float32):
         return x @ w.T
     if runs is None:

@@ -14,11 +14,12 @@ import numpy as np
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.config import ModelConfig
 from engine.quant import kernels as quant_kernels
+from engine.quant.cuda import GpuQuantMatrix, dequant_rows
 from engine.quant.formats import SUPPORTED, decode
 from engine.quant.matrix import QuantMatrix, concat, is_supported
 
 Array = Any  # numpy.ndarray or cupy.ndarray
-Matrix = Any  # an Array, or a QuantMatrix (CPU, --weights quantized)
+Matrix = Any  # an Array, or a QuantMatrix (CPU) / GpuQuantMatrix (CuPy), --weights quantized
 WEIGHT_MODES = ("auto", "quantized", "float32")
 MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -39,7 +40,7 @@ class Weights:
     layers: list[LayerWeights]
     out_norm: Array  # [dim]
     output: Matrix  # [vocab, dim]; the same object as embed when the model ties them
-    quantized: bool  # the matrices are QuantMatrix where their type has a kernel
+    quantized: bool  # the matrices are (Gpu)QuantMatrix where their type has a kernel
     native: Any = None  # engine/native_layers.py's C descriptors (False: none), on first use
 
     @property
@@ -54,6 +55,8 @@ class Weights:
 
     def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
         """[N, dim] float embeddings of the token ids [N]."""
+        if isinstance(self.embed, GpuQuantMatrix):
+            return dequant_rows(self.embed, tokens)
         if not isinstance(self.embed, QuantMatrix):
             return self.embed[tokens]
         ids = np.ascontiguousarray(tokens, dtype=np.int64)
@@ -151,7 +154,7 @@ class Tensors:
                 and not is_supported(t.tensor_type, self.shape(name)[1])]  # fmt: skip
 
 
-def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any], xp: ModuleType) -> bool:
+def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any]) -> bool:
     """Whether `--weights mode` keeps the matrices quantized here; an error names what
     stands in the way when "quantized" was asked for and cannot be had."""
     if mode not in WEIGHT_MODES:
@@ -160,9 +163,7 @@ def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any], xp: ModuleT
     if mode == "float32":
         return False
     why = ""
-    if xp is not np:
-        why = "the GPU path dequantizes the weights to the compute dtype (no GPU kernel yet)"
-    elif dtype != np.float32:
+    if dtype != np.float32:
         why = f"quantized kernels compute in float32, not {dtype}"
     elif missing := tensors.without_kernel():
         why = f"no quantized kernel for {', '.join(missing[:4])} (kernels: {', '.join(SUPPORTED)})"
@@ -191,8 +192,14 @@ class _Placer:
         return m.take(order) if isinstance(m, QuantMatrix) else m[order]
 
     def matrix(self, name: str, order: np.ndarray | None = None) -> Matrix:
-        m = self._matrix(name, order)
-        return m if isinstance(m, QuantMatrix) else self.dev(m)
+        return self.placed(self._matrix(name, order))
+
+    def placed(self, m: QuantMatrix | np.ndarray) -> Matrix:
+        """A quantized matrix kept as it is (uploaded as it is to a GPU), an array put on
+        the device in the compute dtype."""
+        if not isinstance(m, QuantMatrix):
+            return self.dev(m)
+        return m if self.xp is np else GpuQuantMatrix.upload(m, self.xp)
 
     def stacked(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
         """The matrices' rows in one matrix (one product instead of several)."""
@@ -200,7 +207,7 @@ class _Placer:
         if all(isinstance(p, QuantMatrix) for p in parts):
             joined = concat(parts)
             if joined is not None:
-                return joined
+                return self.placed(joined)
         return self.dev(np.concatenate([_dense(p) for p in parts]))
 
 
@@ -214,7 +221,7 @@ def load_weights(
     """Every matrix kept quantized (see use_quantized) or dequantized to `dtype` on `xp`'s
     device; norms in `dtype`."""
     tensors = Tensors(reader, config)
-    quantized = use_quantized(mode, tensors, dtype, xp)
+    quantized = use_quantized(mode, tensors, dtype)
     put = _Placer(tensors, quantized, dtype, xp)
     q_order = rope_halves_order(config.num_heads, config.head_dim)
     k_order = rope_halves_order(config.num_kv_heads, config.head_dim)

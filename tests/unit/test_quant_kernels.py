@@ -1,9 +1,8 @@
 """The quantized kernels against gguf's own dequantization followed by a float32 product.
 
-Every supported type is written into a tiny GGUF file with gguf.GGUFWriter: values through
-gguf.quants.quantize where gguf-py can quantize the type, random valid blocks for the
-K-quants (gguf-py only dequantizes those). Both implementations (the C kernels and the
-Numba fallback) are held to the same bound, for every activation row count 1..64.
+Every supported type is written into a tiny GGUF file (quant_cases.py). Both implementations
+(the C kernels and the Numba fallback) are held to the same bound, for every activation row
+count 1..64.
 
 The bound: the dequantized weights are exact (formats.py), so the only error is the float32
 summation of K products, |y - y64| <= gamma_K * sum_k |x_k w_k| with gamma_K = K u / (1 - K u)
@@ -24,50 +23,25 @@ from engine import kernels as kernels_module
 from engine.kernels import matmul_t, plan_rows
 from engine.quant import Kernels, fallback, native
 from engine.quant.formats import decode, reconstruct
-from engine.quant.matrix import QuantMatrix, concat
-
-T = gguf.GGMLQuantizationType
-TYPES = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16)
-K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
-N, K = 37, 512  # 37 rows: the last task of 4 rows is short
-MAX_ROWS = 64
-U = 2.0**-24
-
-
-def random_blocks(rng: np.random.Generator, qtype: T, rows: int, k: int) -> np.ndarray:
-    """[rows, row bytes] of valid blocks: random codes and sub-scales, finite f16 scales."""
-    block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
-    raw = rng.integers(0, 256, (rows, k // 256, block_bytes), dtype=np.uint8)
-    scale_at = (208,) if qtype == T.Q6_K else (0, 2)  # d (and dmin) of each super-block
-    for at in scale_at:
-        d = rng.uniform(0.001, 0.05, raw.shape[:2]).astype(np.float16)
-        raw[..., at : at + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return raw.reshape(rows, -1)
+from engine.quant.matrix import concat
+from tests.unit.quant_cases import (
+    K_QUANTS,
+    MAX_ROWS,
+    TYPES,
+    K,
+    N,
+    Stored,
+    T,
+    U,
+    random_blocks,
+    summation_bound,
+    write_and_read,
+)
 
 
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[T, tuple[QuantMatrix, np.ndarray]]:
-    """Each type's matrix as the loader builds it from the file, with gguf's float32
-    dequantization of the same tensor."""
-    rng = np.random.default_rng(7)
-    path = Path(tmp_path_factory.mktemp("quant")) / "types.gguf"
-    writer = gguf.GGUFWriter(path, "llama")
-    for qtype in TYPES:
-        if qtype in K_QUANTS:
-            data = random_blocks(rng, qtype, N, K)
-        else:
-            data = gguf.quants.quantize(rng.standard_normal((N, K)).astype(np.float32), qtype)
-        writer.add_tensor(f"w.{qtype.name}", data, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    out = {}
-    for t in gguf.GGUFReader(path).tensors:
-        raw = np.asarray(t.data).reshape(N, -1)
-        matrix = QuantMatrix.from_decoded(decode(raw, t.tensor_type), t.tensor_type.name)
-        out[t.tensor_type] = (matrix, gguf.quants.dequantize(raw, t.tensor_type))
-    return out
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
+    return write_and_read(Path(tmp_path_factory.mktemp("quant")) / "types.gguf")
 
 
 def implementations() -> list[Kernels]:
@@ -81,9 +55,7 @@ IMPLS = implementations()
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_decoded_weights_equal_ggufs_dequantization_bit_for_bit(
-    stored: dict[T, tuple[QuantMatrix, np.ndarray]], qtype: T
-) -> None:
+def test_decoded_weights_equal_ggufs_dequantization_bit_for_bit(stored: Stored, qtype: T) -> None:
     matrix, reference = stored[qtype]
     assert matrix.shape == (N, K) and reference.shape == (N, K)
     out = np.empty((N, K), dtype=np.float32)
@@ -95,13 +67,13 @@ def test_decoded_weights_equal_ggufs_dequantization_bit_for_bit(
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda i: i.name)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_product_within_float32_summation_error_for_1_to_64_rows(
-    stored: dict[T, tuple[QuantMatrix, np.ndarray]], qtype: T, impl: Kernels
+    stored: Stored, qtype: T, impl: Kernels
 ) -> None:
     matrix, w = stored[qtype]
     rng = np.random.default_rng(int(qtype))
     x = rng.standard_normal((MAX_ROWS, K)).astype(np.float32)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
-    bound = K * U / (1 - K * U) * (np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64))
+    bound = summation_bound(x, w)
     alone = np.empty((MAX_ROWS, N), dtype=np.float32)
     for m in range(MAX_ROWS):
         impl.matmul(matrix, x[m : m + 1], alone[m : m + 1], 2)
@@ -114,7 +86,7 @@ def test_product_within_float32_summation_error_for_1_to_64_rows(
 
 
 def test_the_two_implementations_agree_within_the_bound(
-    stored: dict[T, tuple[QuantMatrix, np.ndarray]],
+    stored: Stored,
 ) -> None:
     if len(IMPLS) < 2:
         pytest.skip("no C compiler here: only the Numba kernels run")
@@ -129,7 +101,7 @@ def test_the_two_implementations_agree_within_the_bound(
 
 
 def test_concat_widens_codes_and_splits_groups_without_changing_a_weight(
-    stored: dict[T, tuple[QuantMatrix, np.ndarray]],
+    stored: Stored,
 ) -> None:
     parts = [stored[t][0] for t in (T.Q4_1, T.Q6_K, T.Q8_0)]  # 4-bit / 16-groups / 8-bit
     joined = concat(parts)
@@ -142,7 +114,7 @@ def test_concat_widens_codes_and_splits_groups_without_changing_a_weight(
 
 
 def test_reconstruct_matches_for_every_type(
-    stored: dict[T, tuple[QuantMatrix, np.ndarray]],
+    stored: Stored,
 ) -> None:
     rng = np.random.default_rng(3)
     for qtype in TYPES:
@@ -157,7 +129,7 @@ def test_reconstruct_matches_for_every_type(
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda i: i.name)
 @pytest.mark.parametrize("scratch_bytes", [32 << 20, 4 * K * 8])  # one slab; slabs of 8 rows
 def test_matmul_t_runs_kernel_rows_and_long_chunks_on_quantized_weights(
-    stored: dict[T, tuple[QuantMatrix, np.ndarray]],
+    stored: Stored,
     impl: Kernels,
     scratch_bytes: int,
     monkeypatch: pytest.MonkeyPatch,

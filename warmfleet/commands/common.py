@@ -63,9 +63,10 @@ def add_weights(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
         "--weights",
         choices=WEIGHT_MODES,
         default=None if passed_on else os.environ.get("WARMFLEET_WEIGHTS", "auto"),
-        help="quantized: matrices stay in the GGUF's blocks (CPU kernels); float32: expanded "
-        "at load (the GPU path always expands, to --dtype); auto: quantized where a kernel "
-        "reads every matrix type (default: $WARMFLEET_WEIGHTS, else auto)",
+        help="quantized: matrices stay in the GGUF's blocks (CPU and CUDA kernels, float32 "
+        "compute); float32: expanded at load (to float16 with --dtype float16); auto: "
+        "quantized where a kernel reads every matrix type and the dtype is float32 "
+        "(default: $WARMFLEET_WEIGHTS, else auto)",
     )
 
 

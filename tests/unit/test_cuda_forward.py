@@ -1,0 +1,73 @@
+"""The forward pass on the GPU with the weights kept quantized (engine/quant/cuda.py) against
+the float64 NumPy reference of test_forward_tiny.py, on tiny random models of two types.
+Skipped where no CUDA GPU is found (CI); `warmfleet doctor --device cuda` checks the real
+model there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+
+from engine.device import cupy_with_gpu
+from engine.model import Model
+from engine.quant.cuda import GpuQuantMatrix
+from tests.paged import new_kv, run_segments
+from tests.tiny_gguf import write_tiny_llama
+from tests.unit.test_forward_tiny import ATOL, PROMPT, Reference, read_reference, reference_logits
+
+pytestmark = pytest.mark.skipif(
+    cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy (none here)"
+)
+T = gguf.GGMLQuantizationType
+VARIANTS: dict[str, dict[str, Any]] = {
+    "q8-tied": {"matrix_type": T.Q8_0, "tie_embeddings": True},
+    "q4_1-untied": {"matrix_type": T.Q4_1, "seed": 5},
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path: Path = write_tiny_llama(
+        tmp_path_factory.mktemp("gpu") / "m.gguf", **VARIANTS[request.param]
+    )
+    return Model.load(path, device="cuda"), read_reference(path)
+
+
+def test_the_matrices_stay_quantized_in_gpu_memory(case: tuple[Model, Reference]) -> None:
+    model, _ = case
+    assert (model.device, model.weights_mode) == ("cuda", "quantized")
+    layer = model.weights.layers[0]
+    for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, model.weights.embed):
+        assert isinstance(m, GpuQuantMatrix)
+        assert type(m.codes).__module__.startswith("cupy")
+
+
+def test_decode_and_prefill_match_the_reference(case: tuple[Model, Reference]) -> None:
+    model, ref = case
+    expected = reference_logits(ref, PROMPT)
+    cache = new_kv(model)
+    decoded = np.concatenate([run_segments(model, [(cache, [t])]) for t in PROMPT])
+    assert np.abs(decoded - expected).max() < ATOL
+    assert np.array_equal(decoded.argmax(-1), expected.argmax(-1))
+    parts = [(new_kv(model), PROMPT[:n]) for n in range(1, len(PROMPT) + 1)]
+    prefixes = run_segments(model, parts)  # every prefix in one step, each its own sequence
+    assert np.abs(prefixes - expected).max() < ATOL
+
+
+def test_mixed_batch_agrees_with_separate_runs(case: tuple[Model, Reference]) -> None:
+    model, _ = case
+    a, b = PROMPT[:9], PROMPT[4:15]
+    solo_a, solo_b = new_kv(model), new_kv(model)
+    run_segments(model, [(solo_a, a[:-1])])
+    alone = np.stack(
+        [run_segments(model, [(solo_a, a[-1:])])[0], run_segments(model, [(solo_b, b)])[0]]
+    )
+    cache_a, cache_b = new_kv(model), new_kv(model)
+    run_segments(model, [(cache_a, a[:-1])])
+    together = run_segments(model, [(cache_a, a[-1:]), (cache_b, b)])
+    assert np.abs(together - alone).max() < 1e-5
+    assert cache_a.token_ids == a and cache_b.token_ids == b
