@@ -2,7 +2,7 @@
 the commit before a change), measured alternately in one run.
 
     .venv/bin/python -m bench.engine_context [--baseline DIR] [--batches 1 8 16 32]
-        [--contexts 128 2000] [--steps 32] [--threads N]
+        [--contexts 128 2000] [--steps 32] [--threads N] [--device cpu|cuda]
 
 Each configuration prefills `batch` distinct prompts of `context` tokens, then times
 `steps` decode steps of the whole batch (aggregate tokens/s). With --baseline (a checkout
@@ -27,7 +27,7 @@ TEXT = (
 )
 
 
-def measure(batch: int, context: int, steps: int) -> float:
+def measure(batch: int, context: int, steps: int, device: str = "cpu") -> float:
     """Aggregate decode tokens/s of `batch` sequences `context` tokens deep (this checkout)."""
     from common.sampling import SamplingParams
     from engine.config import EngineConfig
@@ -36,7 +36,7 @@ def measure(batch: int, context: int, steps: int) -> float:
     from engine.sequence import Request
     from warmfleet.models import resolve_model
 
-    model = Model.load(resolve_model(None), device="cpu")
+    model = Model.load(resolve_model(None), device=device)
     ids = model.tokenizer.encode(TEXT * (context // 20 + 40))
     config = EngineConfig(max_running=batch, prefill_chunk_tokens=2048, step_prefill_tokens=2048)
     engine = Engine(model, config)
@@ -52,13 +52,16 @@ def measure(batch: int, context: int, steps: int) -> float:
     return batch * steps / (time.perf_counter() - t)
 
 
-def run_in(checkout: Path, batch: int, context: int, steps: int, threads: int | None) -> float:
+def run_in(
+    checkout: Path, batch: int, context: int, steps: int, threads: int | None, device: str
+) -> float:
     """measure() in a fresh process of `checkout`'s code."""
     # this file's measure() (the other checkout may not have it) on that checkout's engine
-    env = dict(os.environ, PYTHONPATH=f"{Path(__file__).resolve().parent}:{checkout}")
+    paths = [str(Path(__file__).resolve().parent), str(checkout), os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, PYTHONPATH=":".join(p for p in paths if p))
     if threads:
         env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
-    call = f"measure({batch}, {context}, {steps})"
+    call = f"measure({batch}, {context}, {steps}, {device!r})"
     code = f"import json; from engine_context import measure; print(json.dumps({call}))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=checkout, env=env, check=True, capture_output=True,
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 2000])
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--threads", type=int)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args(argv)
     from bench.table import print_table
 
@@ -82,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     for context in args.contexts:
         for batch in args.batches:
             print(f"context {context}, batch {batch}", file=sys.stderr, flush=True)
-            base = run_in(args.baseline, batch, context, args.steps, args.threads) if (
-                args.baseline) else None  # fmt: skip
-            now = run_in(here, batch, context, args.steps, args.threads)
+            run = (batch, context, args.steps, args.threads, args.device)
+            base = run_in(args.baseline, *run) if args.baseline else None
+            now = run_in(here, *run)
             rows.append((
                 str(context), str(batch), f"{base:.1f}" if base else "-", f"{now:.1f}",
                 f"{now / base:.2f}x" if base else "-",

@@ -8,8 +8,9 @@ chunks go there too: reading the keys from cache per row, with the kernel's vect
 beats gathering them and attending with BLAS and NumPy's softmax 2-3.5x (a 256-row chunk
 over 700 positions: 66 against 131 ms for the 30 layers; bench/RESULTS.md). With only the
 Numba fallback (no C compiler), prefill chunks longer than kernels.SMALL_ROWS gather their
-sequence's keys and values once per layer and attend with BLAS; other array modules (CuPy)
-take the gather path for every segment.
+sequence's keys and values once per layer and attend with BLAS. On CuPy float32 every row
+of a step is one launch of engine/csrc/attention.cu per layer (gpu_ops.paged_attention);
+float16 takes the gather path for every segment.
 
 Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block size.
 """
@@ -19,14 +20,14 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from engine import native
+from engine import gpu_ops, native
 from engine.kernels import SMALL_ROWS
 from engine.native import address
 
@@ -135,9 +136,14 @@ class AttentionPlan:
     gathers and uses BLAS."""
 
     kernel_rows: np.ndarray  # [R] int64
-    tables: np.ndarray  # [R, max_blocks] int32
-    lengths: np.ndarray  # [R] int32
+    tables: Array  # [R, max_blocks] int32 (on the GPU for its kernel: see `to`)
+    lengths: Array  # [R] int32
     chunks: tuple[tuple[int, int, int, np.ndarray], ...]
+
+    def to(self, xp: ModuleType) -> AttentionPlan:
+        """The plan with the kernel's tables and lengths in `xp`'s memory (one copy a step,
+        not one a layer)."""
+        return replace(self, tables=xp.asarray(self.tables), lengths=xp.asarray(self.lengths))
 
     @classmethod
     def build(
@@ -222,8 +228,11 @@ def paged_attention(
     values written already); q: [N, H, D], k_layer, v_layer: [num_blocks, Hkv, B, D].
     Returns [N, H * D]."""
     n_tok, num_heads, d = q.shape
-    out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
     rows = plan.kernel_rows
+    if len(rows) == n_tok > 0 and xp is not np:  # CuPy: every row in one launch
+        got = gpu_ops.paged_attention(q, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5)
+        return got.reshape(n_tok, num_heads * d)
+    out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
     if len(rows) == n_tok > 0:  # every row in the kernel (decode): no gather, no scatter
         qc = np.ascontiguousarray(q)
         _paged_rows_kernel()(qc, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, out)

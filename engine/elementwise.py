@@ -1,6 +1,7 @@
 """A layer's elementwise steps: RMS norm, rope, SiLU(gate) * up. On NumPy float32 each is
-one C call (engine/csrc/elementwise.c) where the C kernels build; otherwise NumPy (and
-CuPy) expressions. Shapes: N rows, D head_dim."""
+one C call (engine/csrc/elementwise.c) where the C kernels build, on CuPy float32 one
+launch (engine/gpu_ops.py); otherwise NumPy (and CuPy) expressions. Shapes: N rows, D
+head_dim."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import native
+from engine import gpu_ops, native
 from engine.native import address
 
 Array = Any
@@ -42,6 +43,8 @@ def _compiled(*arrays: Array, multiple_of: int) -> ctypes.CDLL | None:
 
 def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
     # x: [N, dim]
+    if gpu_ops.gpu_float32(x, weight):
+        return gpu_ops.rms_norm(x, weight, eps)
     lib = _compiled(x, weight, multiple_of=x.shape[-1])
     if lib is None:
         # the squares in float32 at least: a float16 activation past 256 squares to inf
@@ -61,6 +64,8 @@ def rope(
     """[N, heads, D]: columns col0 .. col0 + heads * D of qkv [N, C] rotated at their
     positions; tables: cos and sin [context, D/2]."""
     cos_t, sin_t = tables
+    if gpu_ops.gpu_float32(qkv, cos_t, sin_t):
+        return gpu_ops.rope(qkv, col0, heads, head_dim, tables, positions)
     n = qkv.shape[0]
     lib = _compiled(qkv, cos_t, sin_t, multiple_of=head_dim // 2)
     if lib is None or positions.dtype != np.int64:
@@ -78,6 +83,8 @@ def rope(
 
 def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
     # gate_up: [N, 2 * ffn] -> [N, ffn]
+    if gpu_ops.gpu_float32(gate_up):
+        return gpu_ops.silu_mul(gate_up, ffn_dim)
     lib = _compiled(gate_up, multiple_of=ffn_dim)
     if lib is None:
         gate, up = gate_up[:, :ffn_dim], gate_up[:, ffn_dim:]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import gpu_ops
 from engine.attention import AttentionPlan, kernel_row_limit, paged_attention
 from engine.config import ModelConfig
 from engine.elementwise import rms_norm, silu_mul
@@ -64,11 +65,15 @@ class StepLayout:
     def build(cls, pool: KVPool, segments: list[Segment]) -> StepLayout:
         where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
         c = pool.config
-        plan = AttentionPlan.build(
-            [(seg.kv.blocks, seg.start, seg.length) for seg in segments],
-            kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
-            compiled=pool.xp is np and pool.dtype == np.float32,
-        )
+        spans = [(seg.kv.blocks, seg.start, seg.length) for seg in segments]
+        if pool.xp is np:
+            plan = AttentionPlan.build(
+                spans, kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
+                compiled=pool.dtype == np.float32,
+            )  # fmt: skip
+        else:  # CuPy: every row in the kernel where it takes this pool
+            gpu = pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
+            plan = AttentionPlan.build(spans, None, compiled=gpu).to(pool.xp)
         blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))
         rows = pool.xp.asarray(pool.flat_rows(blocks, slots))
         return cls(pool, plan_rows([seg.length for seg in segments]), rows, plan)
@@ -90,11 +95,17 @@ def attention_block(
     qkv = matmul_t(h, lw.wqkv, runs)  # [N, dim + 2 * kv_dim]
     hd, kvd = config.head_dim, config.kv_dim
     tables = (rope.cos, rope.sin)
-    q = apply_rope(qkv, 0, config.num_heads, hd, tables, positions, xp)  # [N, H, D]
-    k = apply_rope(qkv, config.dim, config.num_kv_heads, hd, tables, positions, xp)
-    v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
     pool = step.pool
-    pool.write_layer(layer, step.kv_rows, k, v)  # this step's keys and values first
+    # this step's keys and values into the pool first
+    if gpu_ops.gpu_float32(qkv, pool.k):  # CuPy: q, k and v in one launch
+        q = gpu_ops.rope_into_pool(qkv, config.num_heads, config.num_kv_heads, hd, tables,
+                                   positions, step.kv_rows, pool.row_shift(layer), pool.k,
+                                   pool.v)  # fmt: skip
+    else:
+        q = apply_rope(qkv, 0, config.num_heads, hd, tables, positions, xp)  # [N, H, D]
+        k = apply_rope(qkv, config.dim, config.num_kv_heads, hd, tables, positions, xp)
+        v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
+        pool.write_layer(layer, step.kv_rows, k, v)
     out = paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp)
     return matmul_t(out, lw.wo, runs)
 

@@ -1,5 +1,5 @@
 """Quantized matrices on the GPU: the kernels' form (formats.py) in CuPy arrays, multiplied
-by engine/csrc/qmatmul.cu (compiled by CuPy with NVRTC on first use, cached by CuPy).
+by engine/csrc/qmatmul.cu (compiled by CuPy's NVRTC on first use: engine/gpu_ops.py).
 
 Activations and sums are float32, the weights dequantized in registers: the results equal
 the float32 product of gguf's dequantized weights up to summation order (tests/unit/
@@ -9,18 +9,16 @@ rows computed with it.
 
 from __future__ import annotations
 
-import functools
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from engine.gpu_ops import compiled
 from engine.quant.matrix import QuantMatrix
 
-SOURCE = Path(__file__).parent.parent / "csrc" / "qmatmul.cu"
 TILE_ROWS, WARPS = 8, 8  # as in qmatmul.cu: activation rows per warp, output columns per block
 DEQUANT_THREADS = 256
 Array = Any  # cupy.ndarray
@@ -58,12 +56,6 @@ class GpuQuantMatrix:
                 np.int32(self.group.bit_length() - 1), np.int32(self.scale.shape[1]))  # fmt: skip
 
 
-@functools.cache
-def _module() -> Any:
-    cupy = importlib.import_module("cupy")
-    return cupy.RawModule(code=SOURCE.read_text(), options=("--std=c++17",))
-
-
 def matmul_t(x: Array, w: GpuQuantMatrix) -> Array:
     """x @ w.T for x [M, K] (cast to contiguous float32) -> [M, N] float32."""
     cupy = importlib.import_module("cupy")
@@ -73,7 +65,7 @@ def matmul_t(x: Array, w: GpuQuantMatrix) -> Array:
     if m_rows == 0 or n == 0:
         return out
     grid = (-(-n // WARPS), -(-m_rows // TILE_ROWS))
-    _module().get_function("wf_qmatmul")(
+    compiled("qmatmul.cu").get_function("wf_qmatmul")(
         grid, (32 * WARPS,),
         (*w._args(), x, out, np.int32(n), np.int32(w.k), np.int64(w.codes.shape[1]),
          np.int32(m_rows)),
@@ -88,7 +80,7 @@ def dequant_rows(w: GpuQuantMatrix, ids: Array) -> Array:
     out = cupy.empty((len(ids), w.k), dtype=cupy.float32)
     if len(ids):
         grid = (-(-w.k // DEQUANT_THREADS), len(ids))
-        _module().get_function("wf_dequant_rows")(
+        compiled("qmatmul.cu").get_function("wf_dequant_rows")(
             grid, (DEQUANT_THREADS,),
             (*w._args(), ids, out, np.int32(w.k), np.int64(w.codes.shape[1])),
         )  # fmt: skip

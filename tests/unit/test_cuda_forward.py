@@ -1,10 +1,12 @@
-"""The forward pass on the GPU with the weights kept quantized (engine/quant/cuda.py) against
-the float64 NumPy reference of test_forward_tiny.py, on tiny random models of two types.
+"""The forward pass on the GPU with the weights kept quantized (engine/quant/cuda.py) and the
+layer kernels (engine/gpu_ops.py) against the float64 NumPy reference of
+test_forward_tiny.py, on tiny random models of two types and three head sizes.
 Skipped where no CUDA GPU is found (CI); `warmfleet doctor --device cuda` checks the real
 model there."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
+from engine import gpu_ops
 from engine.device import cupy_with_gpu
 from engine.model import Model
 from engine.quant.cuda import GpuQuantMatrix
@@ -23,9 +26,10 @@ pytestmark = pytest.mark.skipif(
     cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy (none here)"
 )
 T = gguf.GGMLQuantizationType
-VARIANTS: dict[str, dict[str, Any]] = {
-    "q8-tied": {"matrix_type": T.Q8_0, "tie_embeddings": True},
-    "q4_1-untied": {"matrix_type": T.Q4_1, "seed": 5},
+VARIANTS: dict[str, dict[str, Any]] = {  # head_dim 16: attention takes the gather path
+    "q8-tied-d16": {"matrix_type": T.Q8_0, "tie_embeddings": True},
+    "q8-tied-d32": {"matrix_type": T.Q8_0, "tie_embeddings": True, "dim": 128, "ffn_dim": 256},
+    "q4_1-untied-d64-g4": {"matrix_type": T.Q4_1, "seed": 5, "dim": 256, "num_kv_heads": 1},
 }
 
 
@@ -71,3 +75,23 @@ def test_mixed_batch_agrees_with_separate_runs(case: tuple[Model, Reference]) ->
     together = run_segments(model, [(cache_a, a[-1:]), (cache_b, b)])
     assert np.abs(together - alone).max() < 1e-5
     assert cache_a.token_ids == a and cache_b.token_ids == b
+
+
+def test_every_layer_runs_the_gpu_kernels(
+    case: tuple[Model, Reference], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, _ = case
+    calls: Counter[str] = Counter()
+    for name in ("rms_norm", "rope", "rope_into_pool", "silu_mul", "paged_attention"):
+        real = getattr(gpu_ops, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(gpu_ops, name, counted)
+    run_segments(model, [(new_kv(model), PROMPT[:5]), (new_kv(model), PROMPT[:1])])
+    layers = model.config.num_layers
+    attention = layers if gpu_ops.attention_fits(model.config.head_dim) else 0
+    assert calls == Counter(rms_norm=2 * layers + 1, rope_into_pool=layers, silu_mul=layers,
+                            paged_attention=attention)  # fmt: skip
