@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.blocks import BlockAllocator, chain_hash, scope_hash
 from engine.config import ModelConfig
+from engine.device import to_host
 from engine.spill_file import SpilledKV
 
 Array = Any
@@ -297,7 +298,9 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def detach(kv: PagedKV) -> SpilledKV:
-    """The table's keys, values and tokens copied out of the pool, its blocks released."""
-    copy = SpilledKV(*kv.state(), scope=kv.scope)
+    """The table's keys, values and tokens copied out of the pool into host memory (what
+    the spill files are written from), its blocks released."""
+    k, v, token_ids = kv.state()
+    copy = SpilledKV(to_host(k), to_host(v), token_ids, scope=kv.scope)
     kv.release()
     return copy

@@ -16,9 +16,11 @@ import pytest
 
 from engine import gpu_ops
 from engine.device import cupy_with_gpu
+from engine.kv_pool import detach
 from engine.model import Model
 from engine.quant.cuda import GpuQuantMatrix
-from tests.paged import new_kv, run_segments
+from engine.spill_file import SpillStore
+from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import write_tiny_llama
 from tests.unit.test_forward_tiny import ATOL, PROMPT, Reference, read_reference, reference_logits
 
@@ -95,3 +97,27 @@ def test_every_layer_runs_the_gpu_kernels(
     attention = layers if gpu_ops.attention_fits(model.config.head_dim) else 0
     assert calls == Counter(rms_norm=2 * layers + 1, rope_into_pool=layers, silu_mul=layers,
                             paged_attention=attention)  # fmt: skip
+
+
+def test_a_session_spills_to_disk_and_comes_back(
+    case: tuple[Model, Reference], tmp_path: Path
+) -> None:
+    """The pool's keys and values come to host memory for the spill file, and go back to
+    the GPU's pool when read: the next token's logits are the ones it gets unspilled."""
+    model, _ = case
+    c = model.config
+    kept = new_kv(model)
+    run_segments(model, [(kept, PROMPT[:-1])])
+    expected = run_segments(model, [(kept, PROMPT[-1:])])
+    spilled_kv = new_kv(model)
+    run_segments(model, [(spilled_kv, PROMPT[:-1])])
+    kv = detach(spilled_kv)
+    assert type(kv.k) is np.ndarray and kv.k.shape == (c.num_layers, c.num_kv_heads,
+                                                       len(PROMPT) - 1, c.head_dim)  # fmt: skip
+    store = SpillStore(tmp_path, fingerprint=model.fingerprint)
+    store.write("local/s", kv)
+    back = store.read("local/s", like=(c.num_layers, c.num_kv_heads, c.head_dim),
+                      dtype=model.dtype)  # fmt: skip
+    assert back is not None and back.token_ids == PROMPT[:-1]
+    restored = pool_of(model).load("", back.k, back.v, back.token_ids)
+    assert np.array_equal(run_segments(model, [(restored, PROMPT[-1:])]), expected)
