@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -73,6 +74,7 @@ class Model:
             xp=xp,
         )
         del reader, meta  # the header's values and the file mapping
+        gc.collect()  # the reader's fields hold cycles: freed now, not at some later pass
         release_freed_memory()  # the load's temporaries: tens of MB the heap would keep
         return model
 

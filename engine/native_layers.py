@@ -46,7 +46,7 @@ class _Shape(ctypes.Structure):
 
 def _matrix(w: QuantMatrix) -> _Matrix:
     codes, scale, offset = w.pointers
-    return _Matrix(w.kind, w.gshift, codes, scale, offset, w.shape[0], w.k)
+    return _Matrix(w.c_kind, w.gshift, codes, scale, offset, w.shape[0], w.k)
 
 
 def _vector(a: Array) -> int | None:

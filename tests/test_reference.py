@@ -106,10 +106,12 @@ def test_greedy_chats_match_transformers(any_model: Model) -> None:
         assert got == chat["completion_ids"], chat["name"]
 
 
-def test_quantized_weights_take_at_most_1_3x_the_file(model: Model) -> None:
-    """The matrices stay in the GGUF's blocks (scales widened to float32): the weights in
-    memory, as the worker's heartbeat and `generate --json` report them."""
+def test_quantized_weights_take_the_files_size(model: Model) -> None:
+    """The matrices stay in the GGUF's blocks, Q4_1's and Q8_0's scales as the file's own
+    float16 values: the weights in memory, as the worker's heartbeat and `generate --json`
+    report them, take the file's size (at most 1.3x, issue 13; float32 scales took 1.17x)."""
     size = model.path.stat().st_size
     assert model.weights_mode == "quantized"
-    assert 0.9 * size < model.weight_bytes <= 1.3 * size
+    assert 0.9 * size < model.weight_bytes <= 1.01 * size
     assert model.weights.layers[0].wqkv.source == "Q4_1" and model.weights.embed.source == "Q8_0"
+    assert model.weights.layers[0].wqkv.half and model.weights.embed.half

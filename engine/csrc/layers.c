@@ -16,8 +16,8 @@
 typedef struct {
     int kind, gshift;
     const uint8_t *codes;
-    const float *scale, *offset;
-    int64_t n, k; /* [n, k] */
+    const void *scale, *offset; /* float32, or float16 for the kinds Q4H and Q8H */
+    int64_t n, k;               /* [n, k] */
 } WfMatrix;
 
 typedef struct {
@@ -35,8 +35,8 @@ void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_
 void wf_rope(const float *src, int64_t src_stride, int64_t col0, int64_t rows, int64_t heads,
              int64_t d, const float *cos_t, const float *sin_t, const int64_t *pos, float *dst);
 void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
-void wf_matmul(int kind, int gshift, const uint8_t *codes, const float *scale,
-               const float *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
+void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
+               const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
                float *out, int64_t ldo, int num_threads);
 void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
                    int64_t max_blocks, const int32_t *lengths, int64_t num_rows,

@@ -6,6 +6,9 @@
      Q4: two 4-bit codes per byte; byte j of a 32-weight group holds weight j (low nibble)
          and weight j + 16 (high nibble), as in GGUF's Q4_0/Q4_1 blocks;
      Q8: one unsigned byte per weight;
+     Q4H, Q8H: the same codes with the scales and offsets stored as float16, where they are
+         exactly float16 (Q4_0, Q4_1, Q8_0: the file's own values): the same float32
+         values once converted, so the same bits, in the file's size;
      F16 / BF16: the half-precision value itself, no scale.
    A task dequantizes ROWS weight rows into a small float32 buffer (L1-resident), asks
    for the next task's rows, and the activation rows then pass over the buffer MR at a time
@@ -32,7 +35,12 @@
 
 typedef uint8_t v16b __attribute__((vector_size(16)));
 
-enum { KIND_Q4 = 0, KIND_Q8 = 1, KIND_F16 = 2, KIND_BF16 = 3 };
+enum { KIND_Q4 = 0, KIND_Q8 = 1, KIND_F16 = 2, KIND_BF16 = 3, KIND_Q4H = 4, KIND_Q8H = 5 };
+
+/* The codes' kind (Q4H reads as Q4, Q8H as Q8), and whether groups are float16. */
+static inline int code_kind(int kind) { return kind >= KIND_Q4H ? kind - KIND_Q4H : kind; }
+static inline int half_groups(int kind) { return kind >= KIND_Q4H; }
+static inline int64_t group_bytes(int kind) { return half_groups(kind) ? 2 : 4; }
 #define ROWS 4 /* weight rows per task */
 
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
@@ -103,9 +111,19 @@ static inline v16f half_to_float(const uint8_t *p) {
     return out;
 }
 
+/* Group g's scale or offset as float32 (exact from float16 too). */
+static inline float group_value(int kind, const void *p, int64_t g) {
+    if (half_groups(kind)) {
+        _Float16 h;
+        memcpy(&h, (const uint8_t *)p + 2 * g, sizeof h);
+        return (float)h;
+    }
+    return ((const float *)p)[g];
+}
+
 /* Bytes of one stored row of `k` weights. */
 static int64_t row_bytes(int kind, int64_t k) {
-    switch (kind) {
+    switch (code_kind(kind)) {
     case KIND_Q4: return k / 2;
     case KIND_Q8: return k;
     default: return 2 * k;
@@ -113,9 +131,16 @@ static int64_t row_bytes(int kind, int64_t k) {
 }
 
 /* Weights 32b .. 32b + 31 of a row as two 16-lane vectors; q, s, o point at the row. */
-static inline void deq32(int kind, int gshift, const uint8_t *q, const float *s,
-                         const float *o, int64_t b, v16f *lo, v16f *hi) {
+static inline void deq32(int kind, int gshift, const uint8_t *q, const void *sp,
+                         const void *op, int64_t b, v16f *lo, v16f *hi) {
     int64_t g0 = (32 * b) >> gshift, g1 = (32 * b + 16) >> gshift;
+    float s[2] = {0, 0}, o[2] = {0, 0}; /* the two halves' groups, as float32 */
+    if (code_kind(kind) <= KIND_Q8) {
+        s[0] = group_value(kind, sp, g0), o[0] = group_value(kind, op, g0);
+        s[1] = group_value(kind, sp, g1), o[1] = group_value(kind, op, g1);
+    }
+    g0 = 0, g1 = g1 == (32 * b) >> gshift ? 0 : 1;
+    kind = code_kind(kind);
     if (kind == KIND_Q4) {
         v16i wide = widen_u8(q + 16 * b);
 #if defined(__AVX512F__)
@@ -155,13 +180,14 @@ static inline void deq32(int kind, int gshift, const uint8_t *q, const float *s,
 
 typedef struct {
     const uint8_t *q;
-    const float *s, *o;
+    const void *s, *o;
 } Row;
 
-static inline Row row_at(int kind, int gshift, const uint8_t *codes, const float *scale,
-                         const float *offset, int64_t k, int64_t n) {
-    Row r = {codes + n * row_bytes(kind, k), scale + n * (k >> gshift),
-             offset + n * (k >> gshift)};
+static inline Row row_at(int kind, int gshift, const uint8_t *codes, const void *scale,
+                         const void *offset, int64_t k, int64_t n) {
+    int64_t at = n * (k >> gshift) * group_bytes(kind);
+    Row r = {codes + n * row_bytes(kind, k), (const uint8_t *)scale + at,
+             (const uint8_t *)offset + at};
     return r;
 }
 
@@ -178,14 +204,18 @@ static inline __attribute__((always_inline)) void dequant_kind(int kind, int gsh
     }
 }
 
-static void dequant_row(int kind, int gshift, const uint8_t *codes, const float *scale,
-                        const float *offset, int64_t k, int64_t n, float *dst) {
+static void dequant_row(int kind, int gshift, const uint8_t *codes, const void *scale,
+                        const void *offset, int64_t k, int64_t n, float *dst) {
     Row r = row_at(kind, gshift, codes, scale, offset, k, n);
     switch (kind * 2 + (gshift == 5)) {
     case KIND_Q4 * 2: dequant_kind(KIND_Q4, gshift, &r, k, dst); break;
     case KIND_Q4 * 2 + 1: dequant_kind(KIND_Q4, 5, &r, k, dst); break;
     case KIND_Q8 * 2: dequant_kind(KIND_Q8, gshift, &r, k, dst); break;
     case KIND_Q8 * 2 + 1: dequant_kind(KIND_Q8, 5, &r, k, dst); break;
+    case KIND_Q4H * 2: dequant_kind(KIND_Q4H, gshift, &r, k, dst); break;
+    case KIND_Q4H * 2 + 1: dequant_kind(KIND_Q4H, 5, &r, k, dst); break;
+    case KIND_Q8H * 2: dequant_kind(KIND_Q8H, gshift, &r, k, dst); break;
+    case KIND_Q8H * 2 + 1: dequant_kind(KIND_Q8H, 5, &r, k, dst); break;
     case KIND_F16 * 2:
     case KIND_F16 * 2 + 1: dequant_kind(KIND_F16, gshift, &r, k, dst); break;
     default: dequant_kind(KIND_BF16, gshift, &r, k, dst);
@@ -240,14 +270,14 @@ static void dot_rows(const float *x, int64_t m_rows, int64_t k, const float *buf
 
 /* Ask for weight rows [n, n + rows) ahead of their task: a task computes for much longer
    than memory takes to answer, so the next task's codes arrive meanwhile. */
-static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const float *scale,
-                          const float *offset, int64_t k, int64_t n, int64_t rows) {
-    int64_t code_bytes = row_bytes(kind, k) * rows, group_bytes = 4 * (k >> gshift) * rows;
-    const char *q = (const char *)(codes + n * row_bytes(kind, k));
-    const char *s = (const char *)(scale + n * (k >> gshift));
-    const char *o = (const char *)(offset + n * (k >> gshift));
+static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const void *scale,
+                          const void *offset, int64_t k, int64_t n, int64_t rows) {
+    int64_t code_bytes = row_bytes(kind, k) * rows;
+    int64_t groups = (k >> gshift) * group_bytes(kind) * rows;
+    Row r = row_at(kind, gshift, codes, scale, offset, k, n);
+    const char *q = (const char *)r.q, *s = (const char *)r.s, *o = (const char *)r.o;
     for (int64_t off = 0; off < code_bytes; off += 64) __builtin_prefetch(q + off);
-    for (int64_t off = 0; off < group_bytes; off += 64) {
+    for (int64_t off = 0; off < groups; off += 64) {
         __builtin_prefetch(s + off);
         __builtin_prefetch(o + off);
     }
@@ -259,7 +289,7 @@ static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const floa
    the accumulators stay in registers. f: 4 rows of 4-bit codes (their 12 row pointers fit
    the general registers; 5% faster than 8 on Zen 4), 8 of wider codes (faster there). */
 #define FUSED 8 /* the most rows a single-row task takes */
-static inline int fused_rows(int kind) { return kind == KIND_Q4 ? 4 : FUSED; }
+static inline int fused_rows(int kind) { return code_kind(kind) == KIND_Q4 ? 4 : FUSED; }
 
 static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
                                                              const Row *w, const float *x,
@@ -286,6 +316,10 @@ static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, in
     case KIND_Q4 * 2 + 1: fused_kind(KIND_Q4, 5, 4, w, x, k, nr, out); break;
     case KIND_Q8 * 2: fused_kind(KIND_Q8, gshift, FUSED, w, x, k, nr, out); break;
     case KIND_Q8 * 2 + 1: fused_kind(KIND_Q8, 5, FUSED, w, x, k, nr, out); break;
+    case KIND_Q4H * 2: fused_kind(KIND_Q4H, gshift, 4, w, x, k, nr, out); break;
+    case KIND_Q4H * 2 + 1: fused_kind(KIND_Q4H, 5, 4, w, x, k, nr, out); break;
+    case KIND_Q8H * 2: fused_kind(KIND_Q8H, gshift, FUSED, w, x, k, nr, out); break;
+    case KIND_Q8H * 2 + 1: fused_kind(KIND_Q8H, 5, FUSED, w, x, k, nr, out); break;
     case KIND_F16 * 2:
     case KIND_F16 * 2 + 1: fused_kind(KIND_F16, gshift, FUSED, w, x, k, nr, out); break;
     default: fused_kind(KIND_BF16, gshift, FUSED, w, x, k, nr, out);
@@ -293,8 +327,8 @@ static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, in
 }
 
 /* out[m, n] (row stride ldo) = x[m, :] . w[n, :] for m < m_rows, n < n_rows; k % 32 == 0. */
-void wf_matmul(int kind, int gshift, const uint8_t *codes, const float *scale,
-               const float *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
+void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
+               const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
                float *out, int64_t ldo, int num_threads) {
     int64_t rows = m_rows == 1 ? fused_rows(kind) : ROWS; /* weight rows per task */
     int64_t num_tasks = (n_rows + rows - 1) / rows;
@@ -326,8 +360,8 @@ void wf_matmul(int kind, int gshift, const uint8_t *codes, const float *scale,
 }
 
 /* out[i, :] = w[rows[i], :] as float32, for i < num (an embedding lookup, or a slab). */
-void wf_dequant(int kind, int gshift, const uint8_t *codes, const float *scale,
-                const float *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
+void wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale,
+                const void *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
                 int num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t i = 0; i < num; i++)

@@ -39,7 +39,8 @@ class GpuQuantMatrix:
 
     @classmethod
     def upload(cls, m: QuantMatrix, xp: ModuleType) -> GpuQuantMatrix:
-        codes, scale, offset = (xp.asarray(a) for a in m.arrays)
+        # float16 groups widened (exact): the CUDA kernel reads float32 ones
+        codes, scale, offset = (xp.asarray(a) for a in (m.codes, *m.float32_groups()))
         return cls(m.kind, m.group, codes, scale, offset, m.k, m.source)
 
     @property

@@ -78,8 +78,10 @@ class NumbaKernels:
     name = "numba"
     every_row = False  # per-row scalar loops: BLAS on expanded weights is faster for chunks
 
+    # Numba reads no float16 on the CPU: float16 groups are widened for each call (exact)
+
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-        _matmul(w.kind, w.gshift, w.codes, w.scale, w.offset, w.k, x, out)
+        _matmul(w.kind, w.gshift, w.codes, *w.float32_groups(), w.k, x, out)
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
-        _dequant(w.kind, w.gshift, w.codes, w.scale, w.offset, w.k, rows, out)
+        _dequant(w.kind, w.gshift, w.codes, *w.float32_groups(), w.k, rows, out)

@@ -1,6 +1,6 @@
 """GGUF weight blocks turned into the kernels' form: codes plus a float32 scale and offset
 per group of 16 or 32 weights, w = scale * code + offset, or half-precision values as they
-are.
+are (matrix.py keeps the scales and offsets as float16 where they are exactly float16).
 
 The product scale * code is exact in float32 for every type here (an f16 scale has 11
 significant bits, a K-quant's sub-scale 6 or 8 more, a code at most 8), so one rounding of
@@ -19,6 +19,7 @@ import numpy as np
 T = gguf.GGMLQuantizationType
 
 KIND_Q4, KIND_Q8, KIND_F16, KIND_BF16 = 0, 1, 2, 3  # as in qmatmul.c
+HALF_GROUPS = 4  # qmatmul.c's kind of the same codes with float16 scales: Q4H = Q4 + 4
 KIND_NAMES = {KIND_Q4: "4-bit codes", KIND_Q8: "8-bit codes", KIND_F16: "f16", KIND_BF16: "bf16"}
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from engine.quant.formats import (
     DECODERS,
+    HALF_GROUPS,
     KIND_BF16,
     KIND_F16,
     KIND_Q4,
@@ -23,7 +24,9 @@ GROUP_SHIFT = {16: 4, 32: 5}
 
 @dataclass(frozen=True, slots=True)
 class QuantMatrix:
-    """[N, K] weights: codes [N, row bytes] and per-group scale and offset [N, K / group]."""
+    """[N, K] weights: codes [N, row bytes] and per-group scale and offset [N, K / group],
+    float16 where every value is exactly a float16 (Q4_0, Q4_1, Q8_0: the file's own
+    scales, so the matrix takes the file's size), else float32."""
 
     kind: int
     group: int
@@ -42,7 +45,23 @@ class QuantMatrix:
     def from_decoded(cls, d: Decoded, source: str) -> QuantMatrix:
         k = d.codes.shape[1] // 2 if d.kind in (KIND_F16, KIND_BF16) else d.codes.shape[1]
         codes = pack_nibbles(d.codes) if d.kind == KIND_Q4 else d.codes
-        return cls(d.kind, d.group, codes, d.scale, d.offset, k, source)
+        scale, offset = _narrowed(d.scale, d.offset)
+        return cls(d.kind, d.group, codes, scale, offset, k, source)
+
+    @property
+    def half(self) -> bool:
+        """The scales and offsets are stored as float16."""
+        return bool(self.scale.dtype == np.float16)
+
+    @property
+    def c_kind(self) -> int:
+        """The kind as qmatmul.c reads it (Q4H/Q8H: float16 scales)."""
+        return self.kind + HALF_GROUPS if self.half else self.kind
+
+    def float32_groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """The scales and offsets as float32 (a copy where they are float16)."""
+        return (self.scale.astype(np.float32, copy=False),
+                self.offset.astype(np.float32, copy=False))  # fmt: skip
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -76,6 +95,20 @@ class QuantMatrix:
             offset = np.repeat(offset, self.group // group, axis=1)
         return QuantMatrix(kind, group, np.ascontiguousarray(codes), scale, offset, self.k,
                            self.source)  # fmt: skip
+
+
+def _narrowed(scale: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The groups as float16 where both arrays hold float16 values exactly (the same
+    float32 values once widened), else as they are."""
+    if not scale.size:
+        return scale, offset
+    with np.errstate(over="ignore"):
+        s16, o16 = scale.astype(np.float16), offset.astype(np.float16)
+    if np.array_equal(s16.astype(np.float32), scale) and np.array_equal(
+        o16.astype(np.float32), offset
+    ):
+        return s16, o16
+    return scale, offset
 
 
 def concat(parts: Sequence[QuantMatrix]) -> QuantMatrix | None:

@@ -35,13 +35,13 @@ class NativeKernels:
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32."""
         codes, scale, offset = w.pointers
-        self._matmul(w.kind, w.gshift, codes, scale, offset, out.shape[1], w.k,
+        self._matmul(w.c_kind, w.gshift, codes, scale, offset, out.shape[1], w.k,
                      address(x), x.shape[0], address(out), out.shape[1], threads)  # fmt: skip
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]."""
         codes, scale, offset = w.pointers
-        self._dequant(w.kind, w.gshift, codes, scale, offset, w.k, address(rows),
+        self._dequant(w.c_kind, w.gshift, codes, scale, offset, w.k, address(rows),
                       len(rows), address(out), threads)  # fmt: skip
 
 

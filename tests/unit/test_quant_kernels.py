@@ -85,6 +85,20 @@ def test_product_within_float32_summation_error_for_1_to_64_rows(
         assert np.array_equal(out, alone[:rows]), f"{rows} rows"
 
 
+def test_the_files_own_scales_stay_float16_and_products_of_scales_float32(
+    stored: Stored,
+) -> None:
+    # Q4_0, Q4_1, Q8_0: a block's scale (and min) is a float16 in the file, kept as it is;
+    # a K-quant's is a float16 times a 6- or 8-bit sub-scale, not a float16 in general
+    for qtype in TYPES:
+        matrix, _ = stored[qtype]
+        half = qtype in (T.Q4_0, T.Q4_1, T.Q8_0)
+        assert matrix.half == half, qtype.name
+        assert matrix.scale.dtype == matrix.offset.dtype == (np.float16 if half else np.float32)
+    q8 = stored[T.Q8_0][0]
+    assert q8.nbytes == N * K + 2 * 2 * N * K // 32  # the codes and two float16 per block
+
+
 def test_the_two_implementations_agree_within_the_bound(
     stored: Stored,
 ) -> None:
