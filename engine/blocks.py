@@ -116,3 +116,12 @@ class BlockAllocator:
         assert not set(held) & (set(self._free) | set(self._cached))
         assert len(self._free) + len(self._cached) + len(held) == self.num_blocks
         assert all(self._by_hash[h] == b for b, h in self._hash_of.items())
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

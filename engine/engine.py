@@ -11,10 +11,10 @@ import numpy as np
 from common.enums import FinishReason
 from common.errors import InvalidRequestError
 from common.sampling import SamplingParams
-from engine.blocks import PoolExhaustedError
+from engine.blocks import PoolExhaustedError, common_prefix_len
 from engine.config import EngineConfig
 from engine.detokenizer import StreamDecoder
-from engine.kv_pool import PagedKV, common_prefix_len, detach
+from engine.kv_pool import PagedKV, detach
 from engine.model import Model
 from engine.runner import ModelRunner
 from engine.sampling import make_rng, sample

@@ -288,15 +288,6 @@ class PagedKV:
         return (*self.pool.take(*self.slots(0, self.offset)), list(self.token_ids))
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def detach(kv: PagedKV) -> SpilledKV:
     """The table's keys, values and tokens copied out of the pool into host memory (what
     the spill files are written from), its blocks released."""
