@@ -6,9 +6,10 @@
      Q4: two 4-bit codes per byte; byte j of a 32-weight group holds weight j (low nibble)
          and weight j + 16 (high nibble), as in GGUF's Q4_0/Q4_1 blocks;
      Q8: one unsigned byte per weight;
-     Q4H, Q8H: the same codes with the scales and offsets stored as float16, where they are
-         exactly float16 (Q4_0, Q4_1, Q8_0: the file's own values): the same float32
-         values once converted, so the same bits, in the file's size;
+     Q4H, Q8H: the same codes, the scales and offsets stored as float16 (where they are
+         exactly float16: Q4_0, Q4_1, Q8_0 keep the file's own values, the file's size).
+         A task widens its rows' groups into float32 first (a few vector instructions per
+         row), then runs as Q4 or Q8: the same values, so the same bits;
      F16 / BF16: the half-precision value itself, no scale.
    A task dequantizes ROWS weight rows into a small float32 buffer (L1-resident), asks
    for the next task's rows, and the activation rows then pass over the buffer MR at a time
@@ -37,10 +38,9 @@ typedef uint8_t v16b __attribute__((vector_size(16)));
 
 enum { KIND_Q4 = 0, KIND_Q8 = 1, KIND_F16 = 2, KIND_BF16 = 3, KIND_Q4H = 4, KIND_Q8H = 5 };
 
-/* The codes' kind (Q4H reads as Q4, Q8H as Q8), and whether groups are float16. */
+/* The codes' kind (Q4H reads as Q4, Q8H as Q8), and whether the groups are float16. */
 static inline int code_kind(int kind) { return kind >= KIND_Q4H ? kind - KIND_Q4H : kind; }
 static inline int half_groups(int kind) { return kind >= KIND_Q4H; }
-static inline int64_t group_bytes(int kind) { return half_groups(kind) ? 2 : 4; }
 #define ROWS 4 /* weight rows per task */
 
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
@@ -111,16 +111,6 @@ static inline v16f half_to_float(const uint8_t *p) {
     return out;
 }
 
-/* Group g's scale or offset as float32 (exact from float16 too). */
-static inline float group_value(int kind, const void *p, int64_t g) {
-    if (half_groups(kind)) {
-        _Float16 h;
-        memcpy(&h, (const uint8_t *)p + 2 * g, sizeof h);
-        return (float)h;
-    }
-    return ((const float *)p)[g];
-}
-
 /* Bytes of one stored row of `k` weights. */
 static int64_t row_bytes(int kind, int64_t k) {
     switch (code_kind(kind)) {
@@ -131,16 +121,9 @@ static int64_t row_bytes(int kind, int64_t k) {
 }
 
 /* Weights 32b .. 32b + 31 of a row as two 16-lane vectors; q, s, o point at the row. */
-static inline void deq32(int kind, int gshift, const uint8_t *q, const void *sp,
-                         const void *op, int64_t b, v16f *lo, v16f *hi) {
+static inline void deq32(int kind, int gshift, const uint8_t *q, const float *s,
+                         const float *o, int64_t b, v16f *lo, v16f *hi) {
     int64_t g0 = (32 * b) >> gshift, g1 = (32 * b + 16) >> gshift;
-    float s[2] = {0, 0}, o[2] = {0, 0}; /* the two halves' groups, as float32 */
-    if (code_kind(kind) <= KIND_Q8) {
-        s[0] = group_value(kind, sp, g0), o[0] = group_value(kind, op, g0);
-        s[1] = group_value(kind, sp, g1), o[1] = group_value(kind, op, g1);
-    }
-    g0 = 0, g1 = g1 == (32 * b) >> gshift ? 0 : 1;
-    kind = code_kind(kind);
     if (kind == KIND_Q4) {
         v16i wide = widen_u8(q + 16 * b);
 #if defined(__AVX512F__)
@@ -180,15 +163,37 @@ static inline void deq32(int kind, int gshift, const uint8_t *q, const void *sp,
 
 typedef struct {
     const uint8_t *q;
-    const void *s, *o;
+    const float *s, *o;
 } Row;
 
-static inline Row row_at(int kind, int gshift, const uint8_t *codes, const void *scale,
-                         const void *offset, int64_t k, int64_t n) {
-    int64_t at = n * (k >> gshift) * group_bytes(kind);
-    Row r = {codes + n * row_bytes(kind, k), (const uint8_t *)scale + at,
-             (const uint8_t *)offset + at};
-    return r;
+/* n float16 values -> float32 (exactly) */
+static void widen_halves(const uint8_t *h, int64_t n, float *dst) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) store16(dst + i, half_to_float(h + 2 * i));
+    for (; i < n; i++) {
+        _Float16 v;
+        memcpy(&v, h + 2 * i, sizeof v);
+        dst[i] = (float)v;
+    }
+}
+
+/* Weight rows n .. n + rows - 1 (consecutive); for the float16 kinds their groups widened
+   into scratch[2 * rows * (k >> gshift)] (every row's scales, then every row's offsets). */
+static void rows_at(int kind, int gshift, const uint8_t *codes, const void *scale,
+                    const void *offset, int64_t k, int64_t n, int rows, float *scratch,
+                    Row *out) {
+    int64_t groups = k >> gshift;
+    const float *s = (const float *)scale + n * groups, *o = (const float *)offset + n * groups;
+    if (half_groups(kind)) {
+        widen_halves((const uint8_t *)scale + 2 * n * groups, rows * groups, scratch);
+        widen_halves((const uint8_t *)offset + 2 * n * groups, rows * groups,
+                     scratch + rows * groups);
+        s = scratch, o = scratch + rows * groups;
+    }
+    for (int j = 0; j < rows; j++) {
+        Row r = {codes + (n + j) * row_bytes(kind, k), s + j * groups, o + j * groups};
+        out[j] = r;
+    }
 }
 
 /* Weight row `n` as float32 into dst[k]; kind and gshift are constants in each instance
@@ -205,17 +210,14 @@ static inline __attribute__((always_inline)) void dequant_kind(int kind, int gsh
 }
 
 static void dequant_row(int kind, int gshift, const uint8_t *codes, const void *scale,
-                        const void *offset, int64_t k, int64_t n, float *dst) {
-    Row r = row_at(kind, gshift, codes, scale, offset, k, n);
-    switch (kind * 2 + (gshift == 5)) {
+                        const void *offset, int64_t k, int64_t n, float *dst, float *scratch) {
+    Row r;
+    rows_at(kind, gshift, codes, scale, offset, k, n, 1, scratch, &r);
+    switch (code_kind(kind) * 2 + (gshift == 5)) {
     case KIND_Q4 * 2: dequant_kind(KIND_Q4, gshift, &r, k, dst); break;
     case KIND_Q4 * 2 + 1: dequant_kind(KIND_Q4, 5, &r, k, dst); break;
     case KIND_Q8 * 2: dequant_kind(KIND_Q8, gshift, &r, k, dst); break;
     case KIND_Q8 * 2 + 1: dequant_kind(KIND_Q8, 5, &r, k, dst); break;
-    case KIND_Q4H * 2: dequant_kind(KIND_Q4H, gshift, &r, k, dst); break;
-    case KIND_Q4H * 2 + 1: dequant_kind(KIND_Q4H, 5, &r, k, dst); break;
-    case KIND_Q8H * 2: dequant_kind(KIND_Q8H, gshift, &r, k, dst); break;
-    case KIND_Q8H * 2 + 1: dequant_kind(KIND_Q8H, 5, &r, k, dst); break;
     case KIND_F16 * 2:
     case KIND_F16 * 2 + 1: dequant_kind(KIND_F16, gshift, &r, k, dst); break;
     default: dequant_kind(KIND_BF16, gshift, &r, k, dst);
@@ -272,12 +274,13 @@ static void dot_rows(const float *x, int64_t m_rows, int64_t k, const float *buf
    than memory takes to answer, so the next task's codes arrive meanwhile. */
 static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const void *scale,
                           const void *offset, int64_t k, int64_t n, int64_t rows) {
-    int64_t code_bytes = row_bytes(kind, k) * rows;
-    int64_t groups = (k >> gshift) * group_bytes(kind) * rows;
-    Row r = row_at(kind, gshift, codes, scale, offset, k, n);
-    const char *q = (const char *)r.q, *s = (const char *)r.s, *o = (const char *)r.o;
+    int64_t width = half_groups(kind) ? 2 : 4, row_groups = width * (k >> gshift);
+    int64_t code_bytes = row_bytes(kind, k) * rows, group_bytes = row_groups * rows;
+    const char *q = (const char *)(codes + n * row_bytes(kind, k));
+    const char *s = (const char *)scale + n * row_groups;
+    const char *o = (const char *)offset + n * row_groups;
     for (int64_t off = 0; off < code_bytes; off += 64) __builtin_prefetch(q + off);
-    for (int64_t off = 0; off < groups; off += 64) {
+    for (int64_t off = 0; off < group_bytes; off += 64) {
         __builtin_prefetch(s + off);
         __builtin_prefetch(o + off);
     }
@@ -316,10 +319,6 @@ static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, in
     case KIND_Q4 * 2 + 1: fused_kind(KIND_Q4, 5, 4, w, x, k, nr, out); break;
     case KIND_Q8 * 2: fused_kind(KIND_Q8, gshift, FUSED, w, x, k, nr, out); break;
     case KIND_Q8 * 2 + 1: fused_kind(KIND_Q8, 5, FUSED, w, x, k, nr, out); break;
-    case KIND_Q4H * 2: fused_kind(KIND_Q4H, gshift, 4, w, x, k, nr, out); break;
-    case KIND_Q4H * 2 + 1: fused_kind(KIND_Q4H, 5, 4, w, x, k, nr, out); break;
-    case KIND_Q8H * 2: fused_kind(KIND_Q8H, gshift, FUSED, w, x, k, nr, out); break;
-    case KIND_Q8H * 2 + 1: fused_kind(KIND_Q8H, 5, FUSED, w, x, k, nr, out); break;
     case KIND_F16 * 2:
     case KIND_F16 * 2 + 1: fused_kind(KIND_F16, gshift, FUSED, w, x, k, nr, out); break;
     default: fused_kind(KIND_BF16, gshift, FUSED, w, x, k, nr, out);
@@ -331,26 +330,27 @@ void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
                const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
                float *out, int64_t ldo, int num_threads) {
     int64_t rows = m_rows == 1 ? fused_rows(kind) : ROWS; /* weight rows per task */
-    int64_t num_tasks = (n_rows + rows - 1) / rows;
+    int64_t num_tasks = (n_rows + rows - 1) / rows, groups = 2 * (k >> gshift);
 #pragma omp parallel num_threads(num_threads)
     {
         float *buf = m_rows == 1 ? NULL : aligned_alloc(64, sizeof(float) * ROWS * k);
+        float scratch[half_groups(kind) ? FUSED * groups : 1]; /* widened float16 groups */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < num_tasks; t++) {
             int64_t n0 = t * rows;
             int nr = n_rows - n0 < rows ? (int)(n_rows - n0) : (int)rows;
             if (m_rows == 1) {
                 Row w[FUSED]; /* a short last task repeats its last row */
-                for (int j = 0; j < rows; j++)
-                    w[j] = row_at(kind, gshift, codes, scale, offset, k, n0 + (j < nr ? j : nr - 1));
+                rows_at(kind, gshift, codes, scale, offset, k, n0, nr, scratch, w);
+                for (int j = nr; j < rows; j++) w[j] = w[nr - 1];
                 if (n0 + 2 * rows <= n_rows)
                     prefetch_rows(kind, gshift, codes, scale, offset, k, n0 + rows, rows);
-                dot_row_fused(kind, gshift, w, x, k, nr, out + n0);
+                dot_row_fused(code_kind(kind), gshift, w, x, k, nr, out + n0);
                 continue;
             }
             for (int j = 0; j < ROWS; j++)
                 dequant_row(kind, gshift, codes, scale, offset, k, n0 + (j < nr ? j : nr - 1),
-                            buf + j * k);
+                            buf + j * k, scratch);
             if (n0 + 2 * ROWS <= n_rows)
                 prefetch_rows(kind, gshift, codes, scale, offset, k, n0 + ROWS, ROWS);
             dot_rows(x, m_rows, k, buf, nr, out + n0, ldo);
@@ -363,7 +363,12 @@ void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
 void wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale,
                 const void *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
                 int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t i = 0; i < num; i++)
-        dequant_row(kind, gshift, codes, scale, offset, k, rows[i], out + i * k);
+    int64_t groups = 2 * (k >> gshift);
+#pragma omp parallel num_threads(num_threads)
+    {
+        float scratch[half_groups(kind) ? groups : 1]; /* widened float16 groups */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < num; i++)
+            dequant_row(kind, gshift, codes, scale, offset, k, rows[i], out + i * k, scratch);
+    }
 }
