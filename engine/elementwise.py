@@ -1,7 +1,7 @@
 """A layer's elementwise steps: RMS norm, rope, SiLU(gate) * up. On NumPy float32 each is
 one C call (engine/csrc/elementwise.c) where the C kernels build, on CuPy float32 one
-launch (engine/gpu_ops.py); otherwise NumPy (and CuPy) expressions. Shapes: N rows, D
-head_dim."""
+launch (engine/gpu_ops.py; rope there is forward.py's, with the pool's writes); otherwise
+NumPy (and CuPy) expressions. Shapes: N rows, D head_dim."""
 
 from __future__ import annotations
 
@@ -64,8 +64,6 @@ def rope(
     """[N, heads, D]: columns col0 .. col0 + heads * D of qkv [N, C] rotated at their
     positions; tables: cos and sin [context, D/2]."""
     cos_t, sin_t = tables
-    if gpu_ops.gpu_float32(qkv, cos_t, sin_t):
-        return gpu_ops.rope(qkv, col0, heads, head_dim, tables, positions)
     n = qkv.shape[0]
     lib = _compiled(qkv, cos_t, sin_t, multiple_of=head_dim // 2)
     if lib is None or positions.dtype != np.int64:

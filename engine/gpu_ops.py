@@ -1,6 +1,7 @@
 """A layer's steps on the GPU in float32, one kernel launch each (engine/csrc/*.cu, compiled
-by CuPy's NVRTC on first use and cached by CuPy): RMS norm, rope, SiLU(gate) * up and the
-paged attention of every row of a step. Each CuPy expression they replace is 5-12 launches,
+by CuPy's NVRTC on first use and cached by CuPy): RMS norm, rope with the step's keys and
+values written into the pool, SiLU(gate) * up and the paged attention of every row of a
+step. Each CuPy expression they replace is 5-12 launches,
 and a decode step is bound by launches, not by arithmetic. float16 keeps CuPy expressions.
 
 Shapes: N rows, H heads, Hkv KV heads, D head_dim, B block size.
@@ -47,26 +48,6 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
         compiled("elementwise.cu").get_function("wf_rms_norm")(
             (x.shape[0],), (NORM_THREADS,),
             (x, cupy.ascontiguousarray(weight), np.float32(eps), np.int32(x.shape[1]), out),
-        )  # fmt: skip
-    return out
-
-
-def rope(qkv: Array, col0: int, heads: int, head_dim: int, tables: tuple[Array, Array],
-         positions: Array) -> Array:  # fmt: skip
-    """[N, heads, D]: columns col0 .. col0 + heads * D of qkv [N, C] rotated at `positions`
-    [N] (int64); tables: cos and sin [context, D/2]."""
-    cupy = importlib.import_module("cupy")
-    qkv = cupy.ascontiguousarray(qkv)
-    n = qkv.shape[0]
-    out = cupy.empty((n, heads, head_dim), dtype=cupy.float32)
-    pairs = n * heads * (head_dim // 2)
-    if pairs:
-        cos_t, sin_t = tables
-        compiled("elementwise.cu").get_function("wf_rope")(
-            _blocks(pairs), (THREADS,),
-            (qkv, np.int64(qkv.shape[1]), np.int64(col0), np.int64(n), np.int32(heads),
-             np.int32(head_dim), cos_t, sin_t, cupy.ascontiguousarray(positions, cupy.int64),
-             out),
         )  # fmt: skip
     return out
 

@@ -1,6 +1,6 @@
 // A layer's per-row steps on the GPU, float32, each one launch over all rows (CuPy takes
-// 5-12 launches for each): RMS norm, rope on split halves, SiLU(gate) * up. Compiled by
-// CuPy's NVRTC (engine/gpu_ops.py). A row is computed by the same threads in the same
+// 5-12 launches for each): RMS norm, SiLU(gate) * up, and rope on split halves with the
+// step's keys and values written into the pool. Compiled by CuPy's NVRTC (engine/gpu_ops.py). A row is computed by the same threads in the same
 // order whatever the row count (batch invariant).
 
 #define NORM_THREADS 256  // the launch's block size: the reduction tree below assumes it
@@ -24,26 +24,6 @@ extern "C" __global__ void wf_rms_norm(const float* __restrict__ x,
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS) o[i] = (xr[i] * scale) * w[i];
 }
 
-// dst[r, h] = rope of src[r, col0 + h * d : ...] at position pos[r], split-half layout:
-// [x1 * cos - x2 * sin, x1 * sin + x2 * cos]; tables [context, d / 2]. A thread per pair.
-extern "C" __global__ void wf_rope(const float* __restrict__ src, long long src_stride,
-                                   long long col0, long long rows, int heads, int d,
-                                   const float* __restrict__ cos_t,
-                                   const float* __restrict__ sin_t,
-                                   const long long* __restrict__ pos, float* __restrict__ dst) {
-    int half = d / 2;
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * heads * half) return;
-    long long r = i / (heads * half);
-    int h = (int)((i / half) % heads), j = (int)(i % half);
-    const float* x = src + r * src_stride + col0 + (long long)h * d;
-    float c = cos_t[pos[r] * half + j], s = sin_t[pos[r] * half + j];
-    float x1 = x[j], x2 = x[half + j];
-    float* y = dst + (r * heads + h) * d;
-    y[j] = x1 * c - x2 * s;
-    y[half + j] = x1 * s + x2 * c;
-}
-
 // out[r] = silu(gate_up[r, :ffn]) * gate_up[r, ffn:]
 extern "C" __global__ void wf_silu_mul(const float* __restrict__ gate_up, long long rows,
                                        int ffn, float* __restrict__ out) {
@@ -59,7 +39,8 @@ extern "C" __global__ void wf_silu_mul(const float* __restrict__ gate_up, long l
 // [N, H, D]; k rotated and v as it is written into one layer of the pool at the rows
 // `rows` [N * Hkv] (KVPool.flat_rows: row n's KV head kh goes to rows[n * Hkv + kh] + shift
 // of the pool seen as [positions, D]). A thread per (n, head slot, pair); the slots are
-// H query heads, then Hkv key heads, then Hkv value heads. Rope as wf_rope.
+// H query heads, then Hkv key heads, then Hkv value heads. Rope on split halves, as
+// elementwise.c's wf_rope: [x1 * cos - x2 * sin, x1 * sin + x2 * cos]; tables [context, D/2].
 extern "C" __global__ void wf_rope_into_pool(const float* __restrict__ qkv, long long rows_n,
                                              int heads, int hkv, int d,
                                              const float* __restrict__ cos_t,

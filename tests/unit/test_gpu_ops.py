@@ -36,22 +36,6 @@ def test_rms_norm() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_rope_on_split_halves() -> None:
-    rng = np.random.default_rng(1)
-    n, heads, d, col0 = 5, 3, 64, 32
-    qkv = rng.standard_normal((n, col0 + heads * d + 8)).astype(np.float32)
-    angles = np.arange(100)[:, None] * 10000.0 ** (-np.arange(0, d, 2) / d)[None, :]
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    pos = np.array([0, 7, 99, 3, 3], dtype=np.int64)
-    tables = (cp.asarray(cos), cp.asarray(sin))
-    got = cp.asnumpy(gpu_ops.rope(cp.asarray(qkv), col0, heads, d, tables, cp.asarray(pos)))
-    x = qkv[:, col0 : col0 + heads * d].reshape(n, heads, d).astype(np.float64)
-    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    want = np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-
-
 def test_rope_into_pool_writes_keys_and_values_where_write_layer_would() -> None:
     rng = np.random.default_rng(3)
     n, heads, hkv, d, num_blocks, layer = 6, 6, 2, 64, 5, 1
