@@ -16,6 +16,7 @@
    out [R, H, D]. D a multiple of 16, at most 256; G = H / Hkv at most 16. */
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -316,25 +317,43 @@ static int64_t find_runs(const int32_t *tables, int64_t max_blocks, const int32_
         continue;                                                                            \
     }
 
-void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
-                   int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                   int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                   float *out, int num_threads) {
+/* Room one thread of wf_paged_rows_with takes, in floats: the scores of its task's rows'
+   heads (rows padded to whole blocks, plus one), then their value accumulators. */
+static int64_t thread_floats(int64_t num_heads, int64_t g, int64_t nv, int64_t padded) {
+    int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
+    return heads_room * (padded + BLOCK) + heads_room * nv * 16;
+}
+
+static int64_t padded_length(const int32_t *lengths, int64_t num_rows) {
+    int64_t longest = 0;
+    for (int64_t r = 0; r < num_rows; r++) longest = lengths[r] > longest ? lengths[r] : longest;
+    return (longest + BLOCK - 1) / BLOCK * BLOCK;
+}
+
+/* Floats of scratch wf_paged_rows_with takes: each thread's room, then the runs' starts. */
+int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t dim, int num_threads) {
+    int64_t g = num_heads / num_kv_heads, padded = padded_length(lengths, num_rows);
+    return num_threads * thread_floats(num_heads, g, dim / 16, padded) + 2 * (num_rows + 1);
+}
+
+/* scratch: wf_paged_rows_scratch(...) floats, 64-byte aligned. */
+void wf_paged_rows_with(const float *q, const float *k, const float *v, const int32_t *tables,
+                        int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                        float *out, int num_threads, float *scratch) {
     int64_t g = num_heads / num_kv_heads, nv = dim / 16;
-    int64_t *starts = malloc(sizeof(int64_t) * (num_rows + 1));
+    int64_t padded = padded_length(lengths, num_rows), room = thread_floats(num_heads, g, nv, padded);
+    int64_t *starts = (int64_t *)(scratch + num_threads * room);
     int64_t runs = find_runs(tables, max_blocks, lengths, num_rows, starts);
     int grouped = runs < num_rows; /* some chunk's rows: runs of rows per KV head */
     int whole_rows = !grouped && num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
-    int64_t longest = 0, tasks = grouped      ? runs * num_kv_heads
-                                 : whole_rows ? num_rows
-                                              : num_rows * num_kv_heads;
-    for (int64_t r = 0; r < num_rows; r++) longest = lengths[r] > longest ? lengths[r] : longest;
-    int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;
+    int64_t tasks = grouped ? runs * num_kv_heads : whole_rows ? num_rows : num_rows * num_kv_heads;
     int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *p = aligned_alloc(64, sizeof(float) * heads_room * (padded + BLOCK));
-        v16f *acc = aligned_alloc(64, sizeof(v16f) * heads_room * nv);
+        float *p = scratch + omp_get_thread_num() * room;
+        v16f *acc = (v16f *)(p + heads_room * (padded + BLOCK));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             int64_t run = grouped ? task / num_kv_heads : 0;
@@ -344,8 +363,21 @@ void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t
             SPECIALISED(1, 4) SPECIALISED(1, 8) SPECIALISED(2, 8) SPECIALISED(4, 4)
             SPECIALISED(g, nv) /* any other layout: the same code, not specialised */
         }
-        free(p);
-        free(acc);
     }
-    free(starts);
+}
+
+/* wf_paged_rows_with with scratch of its own: 0, or -1 (nothing done) where it could not be
+   allocated. */
+int wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
+                  int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                  int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale, float *out,
+                  int num_threads) {
+    int64_t floats =
+        wf_paged_rows_scratch(lengths, num_rows, num_heads, num_kv_heads, dim, num_threads);
+    float *scratch = aligned_alloc(64, sizeof(float) * ((floats + 15) / 16 * 16));
+    if (!scratch) return -1;
+    wf_paged_rows_with(q, k, v, tables, max_blocks, lengths, num_rows, num_heads, num_kv_heads,
+                       dim, scale, out, num_threads, scratch);
+    free(scratch);
+    return 0;
 }

@@ -35,25 +35,30 @@ void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_
 void wf_rope(const float *src, int64_t src_stride, int64_t col0, int64_t rows, int64_t heads,
              int64_t d, const float *cos_t, const float *sin_t, const int64_t *pos, float *dst);
 void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
-void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
-               const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
-               float *out, int64_t ldo, int num_threads);
-void wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
-                   int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                   int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                   float *out, int num_threads);
+int64_t wf_matmul_scratch(int kind, int gshift, int64_t k, int64_t m_rows, int num_threads);
+void wf_matmul_with(int kind, int gshift, const uint8_t *codes, const void *scale,
+                    const void *offset, int64_t n_rows, int64_t k, const float *x,
+                    int64_t m_rows, float *out, int64_t ldo, int num_threads, float *scratch);
+int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t dim, int num_threads);
+void wf_paged_rows_with(const float *q, const float *k, const float *v, const int32_t *tables,
+                        int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                        float *out, int num_threads, float *scratch);
 
 /* out [rows, m->n] = x [rows, m->k] @ m.T */
-static void product(const WfMatrix *m, const float *x, int64_t rows, float *out, int threads) {
-    wf_matmul(m->kind, m->gshift, m->codes, m->scale, m->offset, m->n, m->k, x, rows, out,
-              m->n, threads);
+static void product(const WfMatrix *m, const float *x, int64_t rows, float *out, int threads,
+                    float *scratch) {
+    wf_matmul_with(m->kind, m->gshift, m->codes, m->scale, m->offset, m->n, m->k, x, rows, out,
+                   m->n, threads, scratch);
 }
 
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
-/* 0, or -1 (nothing done) where its scratch could not be allocated. */
+/* 0, or -1 (nothing done) where its scratch could not be allocated: all of it, the
+   products' and attention's too, is taken before the first layer. */
 int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
               int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
               float *k_pool, float *v_pool, const int64_t *kv_rows, const int32_t *tables,
@@ -63,8 +68,20 @@ int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float
     /* scratch: h [R, dim], qkv [R, qkv_cols], q and attention out [R, q_dim], k [R, kv_dim],
        gate_up [R, 2 * ffn], act [R, ffn], o [R, wide] */
     int64_t floats = rows * (s->dim + qkv_cols + 2 * q_dim + kv_dim + 3 * s->ffn_dim + wide);
-    float *h = malloc(sizeof(float) * floats);
+    int64_t kernels = 0; /* the most any product takes */
+    for (int64_t i = 0; i < num_layers; i++) {
+        const WfMatrix *ms[4] = {&layers[i].qkv, &layers[i].wo, &layers[i].gate_up, &layers[i].down};
+        for (int j = 0; j < 4; j++) {
+            int64_t need = wf_matmul_scratch(ms[j]->kind, ms[j]->gshift, ms[j]->k, rows, threads);
+            kernels = need > kernels ? need : kernels;
+        }
+    }
+    int64_t attention = wf_paged_rows_scratch(lengths, rows, s->heads, s->kv_heads, d, threads);
+    kernels = kernels > attention ? kernels : attention; /* one at a time */
+    floats = (floats + 15) / 16 * 16; /* the kernels' room starts 64-byte aligned */
+    float *h = aligned_alloc(64, sizeof(float) * (floats + (kernels + 15) / 16 * 16));
     if (!h) return -1;
+    float *scratch = h + floats;
     float *qkv = h + rows * s->dim, *q = qkv + rows * qkv_cols, *att = q + rows * q_dim;
     float *k = att + rows * q_dim, *gate_up = k + rows * kv_dim;
     float *act = gate_up + rows * 2 * s->ffn_dim, *o = act + rows * s->ffn_dim;
@@ -72,7 +89,7 @@ int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float
         const WfLayer *l = layers + i;
         float *kl = k_pool + i * s->layer_floats, *vl = v_pool + i * s->layer_floats;
         wf_rms_norm(x, l->attn_norm, s->eps, rows, s->dim, h);
-        product(&l->qkv, h, rows, qkv, threads);
+        product(&l->qkv, h, rows, qkv, threads, scratch);
         wf_rope(qkv, qkv_cols, 0, rows, s->heads, d, cos_t, sin_t, pos, q);
         wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */
@@ -81,14 +98,14 @@ int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float
                 memcpy(kl + at, k + (r * s->kv_heads + j) * d, sizeof(float) * d);
                 memcpy(vl + at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, sizeof(float) * d);
             }
-        wf_paged_rows(q, kl, vl, tables, max_blocks, lengths, rows, s->heads, s->kv_heads, d,
-                      s->scale, att, threads);
-        product(&l->wo, att, rows, o, threads);
+        wf_paged_rows_with(q, kl, vl, tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
+                           d, s->scale, att, threads, scratch);
+        product(&l->wo, att, rows, o, threads, scratch);
         add_into(x, o, rows * s->dim);
         wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h);
-        product(&l->gate_up, h, rows, gate_up, threads);
+        product(&l->gate_up, h, rows, gate_up, threads, scratch);
         wf_silu_mul(gate_up, rows, s->ffn_dim, act);
-        product(&l->down, act, rows, o, threads);
+        product(&l->down, act, rows, o, threads, scratch);
         add_into(x, o, rows * s->dim);
     }
     free(h);

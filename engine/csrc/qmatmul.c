@@ -28,6 +28,7 @@
    Written with GCC/Clang vector extensions: -march=native turns them into AVX2, AVX-512
    or NEON as the machine has. Threads: OpenMP, the pool Numba's kernels use too. */
 
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,23 +326,38 @@ static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, in
     }
 }
 
-/* out[m, n] (row stride ldo) = x[m, :] . w[n, :] for m < m_rows, n < n_rows; k % 32 == 0. */
-void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
-               const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
-               float *out, int64_t ldo, int num_threads) {
+/* Floats of scratch wf_matmul_with takes a thread: ROWS dequantized weight rows (none for
+   one activation row, whose rows are multiplied as they are read), and the widened float16
+   groups of the rows a task reads; a multiple of 16 (each thread's share 64-byte aligned). */
+static int64_t thread_floats(int kind, int gshift, int64_t k, int64_t m_rows) {
+    int64_t rows = m_rows == 1 ? 0 : ROWS * k;
+    int64_t groups = half_groups(kind) ? FUSED * 2 * (k >> gshift) : 0;
+    return (rows + groups + 15) / 16 * 16;
+}
+
+int64_t wf_matmul_scratch(int kind, int gshift, int64_t k, int64_t m_rows, int num_threads) {
+    return num_threads * thread_floats(kind, gshift, k, m_rows);
+}
+
+/* out[m, n] (row stride ldo) = x[m, :] . w[n, :] for m < m_rows, n < n_rows; k % 32 == 0.
+   scratch: wf_matmul_scratch(kind, gshift, k, m_rows, num_threads) floats, 64-byte aligned
+   (on the heap: the groups of a long row would not fit a thread's stack). */
+void wf_matmul_with(int kind, int gshift, const uint8_t *codes, const void *scale,
+                    const void *offset, int64_t n_rows, int64_t k, const float *x,
+                    int64_t m_rows, float *out, int64_t ldo, int num_threads, float *scratch) {
     int64_t rows = m_rows == 1 ? fused_rows(kind) : ROWS; /* weight rows per task */
-    int64_t num_tasks = (n_rows + rows - 1) / rows, groups = 2 * (k >> gshift);
+    int64_t num_tasks = (n_rows + rows - 1) / rows, room = thread_floats(kind, gshift, k, m_rows);
 #pragma omp parallel num_threads(num_threads)
     {
-        float *buf = m_rows == 1 ? NULL : aligned_alloc(64, sizeof(float) * ROWS * k);
-        float scratch[half_groups(kind) ? FUSED * groups : 1]; /* widened float16 groups */
+        float *buf = scratch + omp_get_thread_num() * room;
+        float *scratch_groups = m_rows == 1 ? buf : buf + ROWS * k; /* widened float16 */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < num_tasks; t++) {
             int64_t n0 = t * rows;
             int nr = n_rows - n0 < rows ? (int)(n_rows - n0) : (int)rows;
             if (m_rows == 1) {
                 Row w[FUSED]; /* a short last task repeats its last row */
-                rows_at(kind, gshift, codes, scale, offset, k, n0, nr, scratch, w);
+                rows_at(kind, gshift, codes, scale, offset, k, n0, nr, scratch_groups, w);
                 for (int j = nr; j < rows; j++) w[j] = w[nr - 1];
                 if (n0 + 2 * rows <= n_rows)
                     prefetch_rows(kind, gshift, codes, scale, offset, k, n0 + rows, rows);
@@ -350,16 +366,28 @@ void wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
             }
             for (int j = 0; j < ROWS; j++)
                 dequant_row(kind, gshift, codes, scale, offset, k, n0 + (j < nr ? j : nr - 1),
-                            buf + j * k, scratch);
+                            buf + j * k, scratch_groups);
             if (n0 + 2 * ROWS <= n_rows)
                 prefetch_rows(kind, gshift, codes, scale, offset, k, n0 + ROWS, ROWS);
             dot_rows(x, m_rows, k, buf, nr, out + n0, ldo);
         }
-        free(buf);
     }
 }
 
-/* out[i, :] = w[rows[i], :] as float32, for i < num (an embedding lookup, or a slab). */
+/* wf_matmul_with with scratch of its own: 0, or -1 (nothing done) where it could not be
+   allocated. */
+int wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale, const void *offset,
+              int64_t n_rows, int64_t k, const float *x, int64_t m_rows, float *out, int64_t ldo,
+              int num_threads) {
+    int64_t floats = wf_matmul_scratch(kind, gshift, k, m_rows, num_threads);
+    float *scratch = aligned_alloc(64, sizeof(float) * (floats ? floats : 16));
+    if (!scratch) return -1;
+    wf_matmul_with(kind, gshift, codes, scale, offset, n_rows, k, x, m_rows, out, ldo,
+                   num_threads, scratch);
+    free(scratch);
+    return 0;
+}
+
 void wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale,
                 const void *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
                 int num_threads) {

@@ -27,16 +27,20 @@ class NativeKernels:
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._matmul = lib.wf_matmul
         self._matmul.argtypes = [i, i, p, p, p, i64, i64, p, i64, p, i64, i]
-        self._matmul.restype = None
+        self._matmul.restype = ctypes.c_int
         self._dequant = lib.wf_dequant
         self._dequant.argtypes = [i, i, p, p, p, i64, p, i64, p, i]
         self._dequant.restype = None
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32."""
+        """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32. MemoryError (nothing
+        done) where the kernel's scratch cannot be allocated."""
         codes, scale, offset = w.pointers
-        self._matmul(w.c_kind, w.gshift, codes, scale, offset, out.shape[1], w.k,
-                     address(x), x.shape[0], address(out), out.shape[1], threads)  # fmt: skip
+        n, m = out.shape[1], x.shape[0]
+        failed = self._matmul(w.c_kind, w.gshift, codes, scale, offset, n, w.k, address(x), m,
+                              address(out), n, threads)  # fmt: skip
+        if failed:
+            raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row product")
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]."""
