@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from broker.messages import TokenChunk
+from broker.messages import JobError, TokenChunk
 from broker.worker_broker import LostState, Outbox, WorkerBroker, is_lost_group
 from engine import sequence
 from engine.engine import Engine
@@ -212,7 +212,11 @@ class Worker:
     def _step(self) -> None:
         s = self.state
         steps = s.engine.stats.num_steps
-        outputs = s.engine.step()
+        try:
+            outputs = s.engine.step()
+        except MemoryError as e:
+            self._out_of_memory(e)
+            return
         if s.engine.stats.num_steps > steps:
             self.metrics.step_time.observe(s.engine.stats.last_step_s)
         for out in outputs:
@@ -225,6 +229,23 @@ class Worker:
                 f.next_index += len(out.token_ids)
             if out.completion is not None:
                 self._finish(f, out.completion)
+
+    def _out_of_memory(self, e: MemoryError) -> None:
+        """A step could not get the memory it needed (its kernels' scratch, its arrays):
+        nothing of it was kept. Its requests, every running one, end with
+        RESOURCE_EXHAUSTED, their sessions keeping the KV they had before it; paused ones
+        and the worker go on."""
+        s = self.state
+        ended = [rid for rid in s.inflight if rid not in s.engine.paused]
+        log.error("a step ran out of memory (%s): %d running request(s) ended", e, len(ended))
+        message = f"the worker ran out of memory for a step: {e or 'allocation failed'}"
+        for rid in ended:
+            s.engine.abort(rid)
+            f = s.inflight.pop(rid)
+            s.outbox.results.append((rid, JobError("RESOURCE_EXHAUSTED", message)))
+            s.outbox.acks.append(f.delivery)
+            if f.cache_key:
+                self.residency.session_ended(f.cache_key)
 
     def _finish(self, f: InFlight, c: sequence.Completion) -> None:
         s = self.state
