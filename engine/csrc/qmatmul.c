@@ -14,8 +14,8 @@
    A task dequantizes ROWS weight rows into a small float32 buffer (L1-resident), asks
    for the next task's rows, and the activation rows then pass over the buffer MR at a time
    (a 4 x 4 tile of accumulators, both operands held in registers: half a load per
-   multiply-add), the last m % MR rows in one narrower tile; so the codes are read from
-   memory once per call. A single activation row (decode at batch 1) dequantizes 4 or 8
+   multiply-add; on AVX2 2 x 4 tiles of 8-lane halves, see half_tile), the last m % MR rows
+   in one narrower tile; so the codes are read from memory once per call. A single activation row (decode at batch 1) dequantizes 4 or 8
    weight rows (fused_rows) in registers instead, the next task's rows asked for too.
    With AVX-512 a 4-bit group's 16 possible values are computed once and each code looked
    up (vpermps), with the same products as converting every code.
@@ -230,6 +230,52 @@ static void dequant_row(int kind, int gshift, const uint8_t *codes, const void *
    a constant in each instance (dot_rows), so the accumulators stay in registers. */
 #define MR 4
 _Static_assert(MR * ROWS == 16, "a full tile's outputs are one reduce16");
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* AVX2 (16 registers of 8 lanes): a 16-lane accumulator is two 8-lane halves, each lane on
+   its own, so each half goes through k alone: 2 activation rows x ROWS weight rows of one
+   half is 8 accumulators, with the 4 weight and 2 activation vectors in the 16 registers
+   (the 4 x 4 tile of 16-lane vectors needs 32 and spilled: 7-9x slower). Each lane gets the
+   same multiply-adds in the same order, and lo + hi is the first level of the hsum tree:
+   the same bits as the 16-lane code. */
+static inline __attribute__((always_inline)) void half_tile(int mr, const float *x, int64_t k,
+                                                            const float *buf, int h,
+                                                            __m256 acc[2][ROWS]) {
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < ROWS; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t i = 8 * h; i < k; i += 16) {
+        __m256 w[ROWS];
+        for (int j = 0; j < ROWS; j++) w[j] = _mm256_loadu_ps(buf + j * k + i);
+        for (int r = 0; r < mr; r++) {
+            __m256 xv = _mm256_loadu_ps(x + r * k + i);
+            for (int j = 0; j < ROWS; j++) acc[r][j] = _mm256_fmadd_ps(xv, w[j], acc[r][j]);
+        }
+    }
+}
+
+/* mr (1 or 2) rows: both halves, then each output's lanes by the hsum tree. */
+static inline __attribute__((always_inline)) void pair_tile(int mr, const float *x, int64_t k,
+                                                            const float *buf, int nr,
+                                                            float *out, int64_t ldo) {
+    __m256 lo[2][ROWS], hi[2][ROWS];
+    half_tile(mr, x, k, buf, 0, lo);
+    half_tile(mr, x, k, buf, 1, hi);
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) {
+            float t[8];
+            _mm256_storeu_ps(t, _mm256_add_ps(lo[r][j], hi[r][j])); /* lane i + lane i + 8 */
+            for (int w = 4; w >= 1; w /= 2)
+                for (int i = 0; i < w; i++) t[i] += t[i + w];
+            out[r * ldo + j] = t[0];
+        }
+}
+
+static inline __attribute__((always_inline)) void dot_tile(int mr, const float *x, int64_t k,
+                                                           const float *buf, int nr,
+                                                           float *out, int64_t ldo) {
+    for (int r = 0; r + 2 <= mr; r += 2) pair_tile(2, x + r * k, k, buf, nr, out + r * ldo, ldo);
+    if (mr % 2) pair_tile(1, x + (mr - 1) * k, k, buf, nr, out + (mr - 1) * ldo, ldo);
+}
+#else
 static inline __attribute__((always_inline)) void dot_tile(int mr, const float *x, int64_t k,
                                                            const float *buf, int nr,
                                                            float *out, int64_t ldo) {
@@ -256,6 +302,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mr, const float *
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) out[r * ldo + j] = hsum(acc[r * ROWS + j]);
 }
+#endif
 
 static void dot_rows(const float *x, int64_t m_rows, int64_t k, const float *buf, int nr,
                      float *out, int64_t ldo) {
