@@ -10,11 +10,17 @@
    and then reduced across lanes together, by a fixed tree of vector shuffles, instead of
    one horizontal sum per key. Softmax with a vector exp (a fixed polynomial), then the
    values weighted in 16-lane vectors. Each row's result depends on its own keys only, and
-   is computed by the same instructions whatever other rows the call holds.
+   is computed by the same instructions whatever other rows the call holds. Built for AVX2
+   the scores and the weighing go by 8-lane halves (head_scores, weigh_head): the same bits.
 
    Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer); tables [R, max_blocks];
    out [R, H, D]. D a multiple of 16, at most 256; G = H / Hkv at most 16. */
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* Built for AVX2, GCC 12's global CSE passes took 45 of the file's 60 s (its compile runs
+   within native.py's timeout on slow machines too): without them 14 s, the same speed. */
+#pragma GCC optimize("no-gcse", "no-gcse-after-reload")
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -39,6 +45,113 @@ INLINE void load_queries(const float *q, int64_t row, int64_t num_heads, int64_t
             qv[j][c] = load16(q + (row * num_heads + j) * 16 * nv + 16 * c) * splat(scale);
 }
 
+/* Head j's scores of block b: keys past n masked, the running maximum in top[j], stored. */
+INLINE void keep_scores(v16f sc, int64_t j, int64_t b, int64_t nb, int64_t n, v16f *top,
+                        float *p, int64_t padded) {
+    if (b == nb - 1) /* keys past the row's length */
+        sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
+    top[j] = select16(sc > top[j], sc, top[j]);
+    store16(p + j * padded + b * BLOCK, sc);
+}
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* AVX2 (16 registers of 8 lanes; a 16-lane vector is two and the forms below spilled:
+   attention 4-5x slower than built for AVX-512). Every 16-lane accumulator is two 8-lane
+   halves, each lane on its own: the same multiplies and multiply-adds per lane in the same
+   order, and the lanes joined by the same tree (lo + hi is its first level), so the same
+   bits as the 16-lane forms (test_avx2_build). */
+
+/* 8 keys' scores from their accumulators' lo + hi: the rest of hsum's tree (lane i + 4,
+   then i + 2, then i + 1) for the 8 at once, in key order. */
+INLINE __m256 tree8(const __m256 t[8]) {
+    __m256 u[4], v[2];
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm256_add_ps(_mm256_permute2f128_ps(t[2 * i], t[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(t[2 * i], t[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++) /* 128-bit lane l: keys 4i + l and 4i + l + 2 */
+        v[i] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* One head's scores of the 16 keys at kb (its scaled query at qj, D = 16 nv floats) into
+   sc: 4 keys at a time, their accumulators' halves in 8 registers, each part of the query
+   loaded once for the 4; the first part a product, the rest multiply-adds, as score_block.
+   Not inlined, with nv a variable: one copy (inlined in every specialised task the build
+   took minutes, past the library's compile timeout). */
+static __attribute__((noinline)) void head_scores(const float *qj, const float *kb, int64_t nv,
+                                                  float *sc) {
+    int64_t dim = 16 * nv;
+    __m256 t[16];
+    for (int s0 = 0; s0 < 16; s0 += 4) {
+        const float *key = kb + s0 * dim;
+        __m256 lo[4], hi[4], ql = _mm256_loadu_ps(qj), qh = _mm256_loadu_ps(qj + 8);
+        for (int s = 0; s < 4; s++) {
+            lo[s] = _mm256_mul_ps(ql, _mm256_loadu_ps(key + s * dim));
+            hi[s] = _mm256_mul_ps(qh, _mm256_loadu_ps(key + s * dim + 8));
+        }
+        for (int64_t c = 1; c < nv; c++) {
+            ql = _mm256_loadu_ps(qj + 16 * c);
+            qh = _mm256_loadu_ps(qj + 16 * c + 8);
+            for (int s = 0; s < 4; s++) {
+                lo[s] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(key + s * dim + 16 * c), lo[s]);
+                hi[s] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(key + s * dim + 16 * c + 8), hi[s]);
+            }
+        }
+        for (int s = 0; s < 4; s++) t[s0 + s] = _mm256_add_ps(lo[s], hi[s]);
+    }
+    _mm256_storeu_ps(sc, tree8(t));
+    _mm256_storeu_ps(sc + 8, tree8(t + 8));
+}
+
+INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, int64_t nb,
+                        int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
+    for (int64_t j = 0; j < g; j++) {
+        float sc[16];
+        head_scores((const float *)qv[j], kb, nv, sc);
+        keep_scores(load16(sc), j, b, nb, n, top, p, padded);
+    }
+}
+
+/* n (a constant) 8-float pieces of one head's accumulator += values s0 .. keys - 1 (rows
+   stride floats apart at v) weighted by w[s]: the pieces in registers, each weight
+   broadcast once for them; each lane's multiply-adds in key order, as weigh_block's. */
+INLINE void weigh_pieces(int n, float *acc, const float *v, int64_t stride, int64_t s0,
+                         int64_t keys, const float *w) {
+    __m256 a[8];
+    for (int u = 0; u < n; u++) a[u] = _mm256_loadu_ps(acc + 8 * u);
+    for (int64_t s = s0; s < keys; s++) {
+        __m256 ws = _mm256_set1_ps(w[s]);
+        for (int u = 0; u < n; u++)
+            a[u] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(v + s * stride + 8 * u), a[u]);
+    }
+    for (int u = 0; u < n; u++) _mm256_storeu_ps(acc + 8 * u, a[u]);
+}
+
+/* One head's accumulator (16 nv floats at acc) += values s0 .. keys - 1 at vb weighted by
+   w[s], 8 pieces (64 floats) at a time. */
+static __attribute__((noinline)) void weigh_head(float *acc, const float *vb, int64_t s0,
+                                                 int64_t keys, const float *w, int64_t nv) {
+    int64_t pieces = 2 * nv, stride = 16 * nv;
+    for (int64_t u = 0; u < pieces; u += 8) {
+        switch (pieces - u < 8 ? pieces - u : 8) { /* even: D is a multiple of 16 */
+        case 8: weigh_pieces(8, acc + 8 * u, vb + 8 * u, stride, s0, keys, w); break;
+        case 6: weigh_pieces(6, acc + 8 * u, vb + 8 * u, stride, s0, keys, w); break;
+        case 4: weigh_pieces(4, acc + 8 * u, vb + 8 * u, stride, s0, keys, w); break;
+        default: weigh_pieces(2, acc + 8 * u, vb + 8 * u, stride, s0, keys, w);
+        }
+    }
+}
+
+INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t s0,
+                        int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
+                        int64_t nv) {
+    for (int64_t j = 0; j < g; j++)
+        weigh_head((float *)acc_v[j], vb, s0, keys, p + j * padded + b * BLOCK, nv);
+}
+#else
 /* Scores of block b (16 keys at kb) for the G query heads into p (row stride padded), with
    keys past n masked and the running maxima in top. Up to 4 heads, keys go 4 at a time,
    each vector of a key loaded once for every head (reduce4 sums each quarter's lanes as
@@ -55,7 +168,7 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
                 for (int s = 0; s < 4; s++) {
                     const float *key = kb + (4 * q4 + s) * dim;
                     acc[s] = qv[j][0] * load16(key);
-                    for (int64_t c = 1; c < nv; c++) acc[s] += qv[j][c] * load16(key + 16 * c);
+                    for (int64_t c = 1; c < nv; c++) acc[s] = fma16(qv[j][c], load16(key + 16 * c), acc[s]);
                 }
                 quarters[j][q4] = reduce4(acc);
             }
@@ -71,19 +184,15 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
                 for (int s = 0; s < 4; s++) {
                     v16f kv = load16(kb + (4 * q4 + s) * dim + 16 * c);
                     IN_REGISTER(kv);
-                    for (int64_t j = 0; j < g; j++) acc[j][s] += qv[j][c] * kv;
+                    for (int64_t j = 0; j < g; j++) acc[j][s] = fma16(qv[j][c], kv, acc[j][s]);
                 }
             for (int64_t j = 0; j < g; j++) quarters[j][q4] = reduce4(acc[j]);
         }
     }
-    for (int64_t j = 0; j < g; j++) {
-        v16f sc = reduce_quarters(quarters[j]);
-        if (b == nb - 1) /* keys past the row's length */
-            sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
-        top[j] = select16(sc > top[j], sc, top[j]);
-        store16(p + j * padded + b * BLOCK, sc);
-    }
+    for (int64_t j = 0; j < g; j++) keep_scores(reduce_quarters(quarters[j]), j, b, nb, n, top, p, padded);
 }
+
+#endif
 
 /* Each of the G rows of scores in p becomes its softmax. */
 INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const v16f *top) {
@@ -102,6 +211,7 @@ INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const 
     }
 }
 
+#if !(defined(__AVX2__) && !defined(__AVX512F__))
 /* acc_v += values s0 .. keys - 1 at vb weighted by block b's probabilities, for G heads. */
 INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t s0,
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
@@ -110,10 +220,11 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t 
         const float *vt = vb + s * 16 * nv;
         for (int64_t j = 0; j < g; j++) {
             v16f w = splat(p[j * padded + b * BLOCK + s]);
-            for (int64_t c = 0; c < nv; c++) acc_v[j][c] += w * load16(vt + 16 * c);
+            for (int64_t c = 0; c < nv; c++) acc_v[j][c] = fma16(w, load16(vt + 16 * c), acc_v[j][c]);
         }
     }
 }
+#endif
 
 /* A table walk defeats the hardware prefetcher: ask for `bytes` of the next block (blocks
    `stride` floats apart from base). */
@@ -203,6 +314,10 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
 #define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
 INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, int64_t padded,
                       int64_t b, int64_t g, int64_t nv) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    for (int64_t r = 0; r < GROUP * g; r++) /* each row's heads in turn (weigh_head) */
+        weigh_head((float *)(acc + r * nv), vb, 0, keys, p + r * padded + b * BLOCK, nv);
+#else
     int64_t w = ROW_ACCS / (GROUP * g) < nv ? ROW_ACCS / (GROUP * g) : nv;
     while (nv % w) w--; /* a constant where g and nv are: the parts go w at a time */
     for (int64_t c0 = 0; c0 < nv; c0 += w) {
@@ -219,13 +334,14 @@ INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, 
             for (int64_t r = 0; r < GROUP; r++)
                 for (int64_t j = 0; j < g; j++) {
                     v16f wt = splat(p[(r * g + j) * padded + b * BLOCK + s]);
-                    for (int64_t c = 0; c < w; c++) a[r][j][c] += wt * vv[c];
+                    for (int64_t c = 0; c < w; c++) a[r][j][c] = fma16(wt, vv[c], a[r][j][c]);
                 }
         }
         for (int64_t r = 0; r < GROUP; r++)
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < w; c++) acc[(r * g + j) * nv + c0 + c] = a[r][j][c];
     }
+#endif
 }
 
 /* A run of up to GROUP rows of one chunk (one table, consecutive positions) for KV head

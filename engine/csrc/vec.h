@@ -3,8 +3,14 @@
 #ifndef WARMFLEET_VEC_H
 #define WARMFLEET_VEC_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -20,6 +26,37 @@ static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
 #else
 #define IN_REGISTER(v) ((void)0)
 #endif
+
+/* a * b + c rounded once, lane by lane, whatever the compiler's contraction rules (GCC 12
+   fused some of the kernels' `acc += a * b` and not others, by loop shape): where the
+   kernels' bits must be the same in every build for a CPU, the arithmetic is spelled out. */
+static inline v16f fma16(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+    __m512 x, y, z;
+    memcpy(&x, &a, sizeof x);
+    memcpy(&y, &b, sizeof y);
+    memcpy(&z, &c, sizeof z);
+    z = _mm512_fmadd_ps(x, y, z);
+    memcpy(&c, &z, sizeof c);
+#elif defined(__FMA__)
+    __m256 x[2], y[2], z[2];
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    memcpy(z, &c, sizeof z);
+    for (int h = 0; h < 2; h++) z[h] = _mm256_fmadd_ps(x[h], y[h], z[h]);
+    memcpy(&c, z, sizeof c);
+#elif defined(__ARM_FEATURE_FMA)
+    float32x4_t x[4], y[4], z[4];
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    memcpy(z, &c, sizeof z);
+    for (int h = 0; h < 4; h++) z[h] = vfmaq_f32(z[h], x[h], y[h]);
+    memcpy(&c, z, sizeof c);
+#else
+    for (int i = 0; i < 16; i++) c[i] = fmaf(a[i], b[i], c[i]);
+#endif
+    return c;
+}
 
 static inline v16f splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 

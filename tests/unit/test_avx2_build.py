@@ -1,7 +1,9 @@
 """The kernels built for AVX2 give the AVX-512 build's bits. Built with -march=haswell the
 16-lane accumulators are two 8-lane halves, summed lane by lane in the same order and joined
 by the same tree, so where this machine runs both builds every output must be equal bit for
-bit, for every weight type and row count (the tile, its narrower tails, one row)."""
+bit: the products for every weight type and row count (the tile, its narrower tails, one
+row), attention for every head layout the kernel specialises and for each task shape
+(decode rows, whole rows, a chunk's runs)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from engine import native
+from engine.attention import _paged_rows_kernel
 from engine.quant.native import NativeKernels
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
@@ -32,16 +35,22 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, NativeKernels]:
-    """The engine's own library (AVX-512 here) and qmatmul.c built for Haswell."""
+def haswell(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """qmatmul.c and attention.c built for Haswell, with the engine's other flags."""
     assert CC is not None
-    out = tmp_path_factory.mktemp("haswell") / "qmatmul-haswell.so"
+    out = tmp_path_factory.mktemp("haswell") / "kernels-haswell.so"
     flags = [f if f != "-march=native" else "-march=haswell" for f in native.FLAGS]
-    source = native.CSRC / "qmatmul.c"
-    subprocess.run([CC, *flags, "-o", str(out), str(source)], check=True, timeout=300)
+    sources = [str(native.CSRC / name) for name in ("qmatmul.c", "attention.c")]
+    subprocess.run([CC, *flags, "-o", str(out), *sources], check=True, timeout=300)
+    return ctypes.CDLL(str(out))
+
+
+@pytest.fixture(scope="module")
+def builds(haswell: ctypes.CDLL) -> dict[str, NativeKernels]:
+    """The engine's own products (AVX-512 here) and the Haswell build's."""
     lib = native.library()
     assert lib is not None
-    return {"avx512": NativeKernels(lib), "avx2": NativeKernels(ctypes.CDLL(str(out)))}
+    return {"avx512": NativeKernels(lib), "avx2": NativeKernels(haswell)}
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -58,3 +67,33 @@ def test_products_built_for_avx2_equal_the_avx512_builds_bit_for_bit(
             kernels.matmul(matrix, x, outs[name], 2)
         assert not np.isnan(outs["avx2"]).any()
         assert np.array_equal(outs["avx2"], outs["avx512"]), f"{rows} rows differ"
+
+
+@pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 128), (32, 4, 128), (28, 4, 128),
+                                   (16, 16, 64), (8, 1, 64), (12, 4, 96)])  # fmt: skip
+def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
+    haswell: ctypes.CDLL, heads: tuple[int, int, int]
+) -> None:
+    h, hkv, d = heads
+    rng = np.random.default_rng(h * d + hkv)
+    k, v = (rng.standard_normal((40, hkv, 16, d)).astype(np.float32) for _ in range(2))
+    avx512 = _paged_rows_kernel()
+    fn = haswell.wf_paged_rows
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    order = rng.permutation(40).astype(np.int32)
+    # single rows of different lengths (a task per KV head, then whole rows with 4+ rows),
+    # and a decode row beside a 9-row chunk (runs of a chunk's rows)
+    cases = [[300], [1, 17, 250, 33], [500, *range(200, 209)]]
+    for lengths in cases:
+        tables = np.stack([order[:32]] * len(lengths))
+        lens = np.array(lengths, np.int32)
+        q = rng.standard_normal((len(lengths), h, d)).astype(np.float32)
+        want, got = np.empty_like(q), np.full_like(q, np.nan)
+        avx512(q, k, v, tables, lens, d**-0.5, want)
+        pointers = [a.ctypes.data for a in (q, k, v, tables)]
+        rc = fn(*pointers, 32, lens.ctypes.data, len(lengths), h, hkv, d, d**-0.5,
+                got.ctypes.data, 2)  # fmt: skip
+        assert rc == 0
+        assert np.array_equal(got, want), f"{heads} {lengths}"
