@@ -16,11 +16,10 @@
    Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer); tables [R, max_blocks];
    out [R, H, D]. D a multiple of 16, at most 256; G = H / Hkv at most 16. */
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-/* Built for AVX2, GCC 12's global CSE passes took 45 of the file's 60 s (its compile runs
-   within native.py's timeout on slow machines too): without them 14 s, the same speed. */
+/* GCC 12's global CSE passes took most of this file's build (built for AVX2 45 of 60 s,
+   for AVX-512 7 of 19) and gave the same code speed: without them the engine's first start
+   is shorter, and within native.py's compile timeout on slow machines too. */
 #pragma GCC optimize("no-gcse", "no-gcse-after-reload")
-#endif
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
