@@ -167,7 +167,8 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
                 for (int s = 0; s < 4; s++) {
                     const float *key = kb + (4 * q4 + s) * dim;
                     acc[s] = qv[j][0] * load16(key);
-                    for (int64_t c = 1; c < nv; c++) acc[s] = fma16(qv[j][c], load16(key + 16 * c), acc[s]);
+                    for (int64_t c = 1; c < nv; c++)
+                        acc[s] = fma16(qv[j][c], load16(key + 16 * c), acc[s]);
                 }
                 quarters[j][q4] = reduce4(acc);
             }
@@ -188,7 +189,8 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
             for (int64_t j = 0; j < g; j++) quarters[j][q4] = reduce4(acc[j]);
         }
     }
-    for (int64_t j = 0; j < g; j++) keep_scores(reduce_quarters(quarters[j]), j, b, nb, n, top, p, padded);
+    for (int64_t j = 0; j < g; j++)
+        keep_scores(reduce_quarters(quarters[j]), j, b, nb, n, top, p, padded);
 }
 
 #endif
@@ -219,7 +221,8 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t 
         const float *vt = vb + s * 16 * nv;
         for (int64_t j = 0; j < g; j++) {
             v16f w = splat(p[j * padded + b * BLOCK + s]);
-            for (int64_t c = 0; c < nv; c++) acc_v[j][c] = fma16(w, load16(vt + 16 * c), acc_v[j][c]);
+            for (int64_t c = 0; c < nv; c++)
+                acc_v[j][c] = fma16(w, load16(vt + 16 * c), acc_v[j][c]);
         }
     }
 }
@@ -458,7 +461,8 @@ void wf_paged_rows_with(const float *q, const float *k, const float *v, const in
                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                         float *out, int num_threads, float *scratch) {
     int64_t g = num_heads / num_kv_heads, nv = dim / 16;
-    int64_t padded = padded_length(lengths, num_rows), room = thread_floats(num_heads, g, nv, padded);
+    int64_t padded = padded_length(lengths, num_rows);
+    int64_t room = thread_floats(num_heads, g, nv, padded);
     int64_t *starts = (int64_t *)(scratch + num_threads * room);
     int64_t runs = find_runs(tables, max_blocks, lengths, num_rows, starts);
     int grouped = runs < num_rows; /* some chunk's rows: runs of rows per KV head */

@@ -70,7 +70,8 @@ int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float
     int64_t floats = rows * (s->dim + qkv_cols + 2 * q_dim + kv_dim + 3 * s->ffn_dim + wide);
     int64_t kernels = 0; /* the most any product takes */
     for (int64_t i = 0; i < num_layers; i++) {
-        const WfMatrix *ms[4] = {&layers[i].qkv, &layers[i].wo, &layers[i].gate_up, &layers[i].down};
+        const WfLayer *l = layers + i;
+        const WfMatrix *ms[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};
         for (int j = 0; j < 4; j++) {
             int64_t need = wf_matmul_scratch(ms[j]->kind, ms[j]->gshift, ms[j]->k, rows, threads);
             kernels = need > kernels ? need : kernels;

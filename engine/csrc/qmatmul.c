@@ -15,8 +15,9 @@
    for the next task's rows, and the activation rows then pass over the buffer MR at a time
    (a 4 x 4 tile of accumulators, both operands held in registers: half a load per
    multiply-add; on AVX2 2 x 4 tiles of 8-lane halves, see half_tile), the last m % MR rows
-   in one narrower tile; so the codes are read from memory once per call. A single activation row (decode at batch 1) dequantizes 4 or 8
-   weight rows (fused_rows) in registers instead, the next task's rows asked for too.
+   in one narrower tile; so the codes are read from memory once per call. A single
+   activation row (decode at batch 1) dequantizes 4 or 8 weight rows (fused_rows) in
+   registers instead, the next task's rows asked for too (on AVX2 4 rows, by halves).
    With AVX-512 a 4-bit group's 16 possible values are computed once and each code looked
    up (vpermps), with the same products as converting every code.
 
@@ -340,6 +341,56 @@ static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const void
    the accumulators stay in registers. f: 4 rows of 4-bit codes (their 12 row pointers fit
    the general registers; 5% faster than 8 on Zen 4), 8 of wider codes (faster there). */
 #define FUSED 8 /* the most rows a single-row task takes */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+static inline int fused_rows(int kind) { return (void)kind, 4; } /* 8 accumulator halves */
+
+/* Weights 32 blk + 8 e .. 32 blk + 8 e + 7 of a row (e < 4): lanes 8 (e % 2) .. of deq32's
+   lo (e < 2) or hi, computed the same way. */
+static inline __m256 deq8(int kind, int gshift, const Row *r, int64_t blk, int e) {
+    int64_t g = (32 * blk + 16 * (e / 2)) >> gshift;
+    __m256 c;
+    if (kind == KIND_Q4) {
+        const __m128i *at = (const __m128i *)(r->q + 16 * blk + 8 * (e % 2));
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at));
+        b = e < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
+        c = _mm256_cvtepi32_ps(b);
+    } else if (kind == KIND_Q8) {
+        const __m128i *at = (const __m128i *)(r->q + 32 * blk + 8 * e);
+        c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
+    } else if (kind == KIND_F16) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r->q + 64 * blk + 16 * e)));
+    } else {
+        const __m128i *at = (const __m128i *)(r->q + 64 * blk + 16 * e);
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(at));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    }
+    return _mm256_fmadd_ps(c, _mm256_set1_ps(r->s[g]), _mm256_set1_ps(r->o[g]));
+}
+
+/* fused_kind on AVX2: each 16-lane accumulator as two 8-lane halves (f = 4 rows: 8
+   registers), the same multiply-adds per lane in the same order, joined as pair_tile. */
+static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
+                                                             const Row *w, const float *x,
+                                                             int64_t k, int nr, float *out) {
+    __m256 acc[4][2];
+    for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        __m256 xv[4];
+        for (int e = 0; e < 4; e++) xv[e] = _mm256_loadu_ps(x + 32 * blk + 8 * e);
+        for (int j = 0; j < f; j++)
+            for (int e = 0; e < 4; e++) /* lo's halves, then hi's: x0 * lo before x1 * hi */
+                acc[j][e % 2] =
+                    _mm256_fmadd_ps(xv[e], deq8(kind, gshift, &w[j], blk, e), acc[j][e % 2]);
+    }
+    for (int j = 0; j < nr; j++) {
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(acc[j][0], acc[j][1]));
+        for (int h = 4; h >= 1; h /= 2)
+            for (int i = 0; i < h; i++) t[i] += t[i + h];
+        out[j] = t[0];
+    }
+}
+#else
 static inline int fused_rows(int kind) { return code_kind(kind) == KIND_Q4 ? 4 : FUSED; }
 
 static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
@@ -358,6 +409,7 @@ static inline __attribute__((always_inline)) void fused_kind(int kind, int gshif
     }
     for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);
 }
+#endif
 
 static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, int64_t k,
                           int nr, float *out) {
@@ -365,11 +417,11 @@ static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, in
     switch (kind * 2 + (gshift == 5)) {
     case KIND_Q4 * 2: fused_kind(KIND_Q4, gshift, 4, w, x, k, nr, out); break;
     case KIND_Q4 * 2 + 1: fused_kind(KIND_Q4, 5, 4, w, x, k, nr, out); break;
-    case KIND_Q8 * 2: fused_kind(KIND_Q8, gshift, FUSED, w, x, k, nr, out); break;
-    case KIND_Q8 * 2 + 1: fused_kind(KIND_Q8, 5, FUSED, w, x, k, nr, out); break;
+    case KIND_Q8 * 2: fused_kind(KIND_Q8, gshift, fused_rows(kind), w, x, k, nr, out); break;
+    case KIND_Q8 * 2 + 1: fused_kind(KIND_Q8, 5, fused_rows(kind), w, x, k, nr, out); break;
     case KIND_F16 * 2:
-    case KIND_F16 * 2 + 1: fused_kind(KIND_F16, gshift, FUSED, w, x, k, nr, out); break;
-    default: fused_kind(KIND_BF16, gshift, FUSED, w, x, k, nr, out);
+    case KIND_F16 * 2 + 1: fused_kind(KIND_F16, gshift, fused_rows(kind), w, x, k, nr, out); break;
+    default: fused_kind(KIND_BF16, gshift, fused_rows(kind), w, x, k, nr, out);
     }
 }
 
