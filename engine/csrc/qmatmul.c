@@ -342,7 +342,8 @@ static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const void
    the general registers; 5% faster than 8 on Zen 4), 8 of wider codes (faster there). */
 #define FUSED 8 /* the most rows a single-row task takes */
 #if defined(__AVX2__) && !defined(__AVX512F__)
-static inline int fused_rows(int kind) { return (void)kind, 4; } /* 8 accumulator halves */
+#define WIDE_ROWS 4 /* rows of 8- and 16-bit codes a single-row task takes: 8 halves */
+static inline int fused_rows(int kind) { return (void)kind, WIDE_ROWS; }
 
 /* Weights 32 blk + 8 e .. 32 blk + 8 e + 7 of a row (e < 4): lanes 8 (e % 2) .. of deq32's
    lo (e < 2) or hi, computed the same way. */
@@ -391,7 +392,8 @@ static inline __attribute__((always_inline)) void fused_kind(int kind, int gshif
     }
 }
 #else
-static inline int fused_rows(int kind) { return code_kind(kind) == KIND_Q4 ? 4 : FUSED; }
+#define WIDE_ROWS FUSED
+static inline int fused_rows(int kind) { return code_kind(kind) == KIND_Q4 ? 4 : WIDE_ROWS; }
 
 static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
                                                              const Row *w, const float *x,
@@ -417,11 +419,11 @@ static void dot_row_fused(int kind, int gshift, const Row *w, const float *x, in
     switch (kind * 2 + (gshift == 5)) {
     case KIND_Q4 * 2: fused_kind(KIND_Q4, gshift, 4, w, x, k, nr, out); break;
     case KIND_Q4 * 2 + 1: fused_kind(KIND_Q4, 5, 4, w, x, k, nr, out); break;
-    case KIND_Q8 * 2: fused_kind(KIND_Q8, gshift, fused_rows(kind), w, x, k, nr, out); break;
-    case KIND_Q8 * 2 + 1: fused_kind(KIND_Q8, 5, fused_rows(kind), w, x, k, nr, out); break;
+    case KIND_Q8 * 2: fused_kind(KIND_Q8, gshift, WIDE_ROWS, w, x, k, nr, out); break;
+    case KIND_Q8 * 2 + 1: fused_kind(KIND_Q8, 5, WIDE_ROWS, w, x, k, nr, out); break;
     case KIND_F16 * 2:
-    case KIND_F16 * 2 + 1: fused_kind(KIND_F16, gshift, fused_rows(kind), w, x, k, nr, out); break;
-    default: fused_kind(KIND_BF16, gshift, fused_rows(kind), w, x, k, nr, out);
+    case KIND_F16 * 2 + 1: fused_kind(KIND_F16, gshift, WIDE_ROWS, w, x, k, nr, out); break;
+    default: fused_kind(KIND_BF16, gshift, WIDE_ROWS, w, x, k, nr, out);
     }
 }
 
