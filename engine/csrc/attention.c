@@ -6,7 +6,8 @@
    step holds a chunk (rows of one table at consecutive positions), a task is a run of up
    to GROUP of its rows for one KV head, block by block, so each block comes from memory
    once per run instead of once per row. Scores of a
-   block's 16 keys are 16 dot products summed lane-wise (D / 16 fused multiply-adds each)
+   block's 16 keys are 16 dot products summed lane-wise (a product, then D / 16 - 1 fused
+   multiply-adds each)
    and then reduced across lanes together, by a fixed tree of vector shuffles, instead of
    one horizontal sum per key. Softmax with a vector exp (a fixed polynomial), then the
    values weighted in 16-lane vectors. Each row's result depends on its own keys only, and

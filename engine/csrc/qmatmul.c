@@ -132,8 +132,8 @@ static inline void deq32(int kind, int gshift, const uint8_t *q, const float *s,
         /* The 16 values a group's codes can take, then one lookup per lane (vpermps reads
            an index's low 4 bits): the same products as below, fewer instructions. */
         const v16f codes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-        v16f t0 = codes * splat(s[g0]) + splat(o[g0]);
-        v16f t1 = g1 == g0 ? t0 : codes * splat(s[g1]) + splat(o[g1]);
+        v16f t0 = fma16(codes, splat(s[g0]), splat(o[g0]));
+        v16f t1 = g1 == g0 ? t0 : fma16(codes, splat(s[g1]), splat(o[g1]));
         __m512i i0, i1;
         __m512 l, h, m0, m1;
         v16i high = wide >> 4;
@@ -146,13 +146,14 @@ static inline void deq32(int kind, int gshift, const uint8_t *q, const float *s,
         memcpy(lo, &l, sizeof l);
         memcpy(hi, &h, sizeof h);
 #else
-        *lo = __builtin_convertvector(wide & 15, v16f) * splat(s[g0]) + splat(o[g0]);
-        *hi = __builtin_convertvector(wide >> 4, v16f) * splat(s[g1]) + splat(o[g1]);
+        *lo = fma16(__builtin_convertvector(wide & 15, v16f), splat(s[g0]), splat(o[g0]));
+        *hi = fma16(__builtin_convertvector(wide >> 4, v16f), splat(s[g1]), splat(o[g1]));
 #endif
     } else if (kind == KIND_Q8) {
-        *lo = __builtin_convertvector(widen_u8(q + 32 * b), v16f) * splat(s[g0]) + splat(o[g0]);
-        *hi = __builtin_convertvector(widen_u8(q + 32 * b + 16), v16f) * splat(s[g1]) +
-              splat(o[g1]);
+        v16f c0 = __builtin_convertvector(widen_u8(q + 32 * b), v16f);
+        *lo = fma16(c0, splat(s[g0]), splat(o[g0]));
+        *hi = fma16(__builtin_convertvector(widen_u8(q + 32 * b + 16), v16f), splat(s[g1]),
+                    splat(o[g1]));
     } else if (kind == KIND_F16) {
         *lo = half_to_float(q + 64 * b);
         *hi = half_to_float(q + 64 * b + 32);
@@ -292,7 +293,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mr, const float *
             IN_REGISTER(wv[j]);
         }
         for (int j = 0; j < ROWS; j++)
-            for (int r = 0; r < mr; r++) acc[r * ROWS + j] += xv[r] * wv[j];
+            for (int r = 0; r < mr; r++) acc[r * ROWS + j] = fma16(xv[r], wv[j], acc[r * ROWS + j]);
     }
     if (mr == MR) { /* reduce16 is the hsum tree, 16 outputs at a time */
         v16f sums = reduce16(acc);
@@ -405,8 +406,8 @@ static inline __attribute__((always_inline)) void fused_kind(int kind, int gshif
         for (int j = 0; j < f; j++) {
             v16f lo, hi;
             deq32(kind, gshift, w[j].q, w[j].s, w[j].o, blk, &lo, &hi);
-            acc[j] += x0 * lo;
-            acc[j] += x1 * hi;
+            acc[j] = fma16(x0, lo, acc[j]);
+            acc[j] = fma16(x1, hi, acc[j]);
         }
     }
     for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);

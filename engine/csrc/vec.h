@@ -3,7 +3,6 @@
 #ifndef WARMFLEET_VEC_H
 #define WARMFLEET_VEC_H
 
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__) || defined(__FMA__)
@@ -29,7 +28,8 @@ static inline void store16(float *p, v16f v) { memcpy(p, &v, sizeof v); }
 
 /* a * b + c rounded once, lane by lane, whatever the compiler's contraction rules (GCC 12
    fused some of the kernels' `acc += a * b` and not others, by loop shape): where the
-   kernels' bits must be the same in every build for a CPU, the arithmetic is spelled out. */
+   kernels' bits must be the same in every build for a CPU, the arithmetic is spelled out
+   (on a CPU without an FMA unit there is one build, and it is a * b + c). */
 static inline v16f fma16(v16f a, v16f b, v16f c) {
 #if defined(__AVX512F__)
     __m512 x, y, z;
@@ -53,7 +53,7 @@ static inline v16f fma16(v16f a, v16f b, v16f c) {
     for (int h = 0; h < 4; h++) z[h] = vfmaq_f32(z[h], x[h], y[h]);
     memcpy(&c, z, sizeof c);
 #else
-    for (int i = 0; i < 16; i++) c[i] = fmaf(a[i], b[i], c[i]);
+    c = a * b + c; /* no FMA unit (fmaf would be a library call a lane): the compiler's way */
 #endif
     return c;
 }
