@@ -54,7 +54,7 @@ INLINE void keep_scores(v16f sc, int64_t j, int64_t b, int64_t nb, int64_t n, v1
     store16(p + j * padded + b * BLOCK, sc);
 }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if WF_AVX2
 /* AVX2 (16 registers of 8 lanes; a 16-lane vector is two and the forms below spilled:
    attention 4-5x slower than built for AVX-512). Every 16-lane accumulator is two 8-lane
    halves, each lane on its own: the same multiplies and multiply-adds per lane in the same
@@ -213,7 +213,7 @@ INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const 
     }
 }
 
-#if !(defined(__AVX2__) && !defined(__AVX512F__))
+#if !WF_AVX2
 /* acc_v += values s0 .. keys - 1 at vb weighted by block b's probabilities, for G heads. */
 INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t s0,
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
@@ -317,7 +317,7 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
 #define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
 INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, int64_t padded,
                       int64_t b, int64_t g, int64_t nv) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if WF_AVX2
     for (int64_t r = 0; r < GROUP * g; r++) /* each row's heads in turn (weigh_head) */
         weigh_head((float *)(acc + r * nv), vb, 0, keys, p + r * padded + b * BLOCK, nv);
 #else

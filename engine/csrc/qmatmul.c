@@ -232,7 +232,7 @@ static void dequant_row(int kind, int gshift, const uint8_t *codes, const void *
    a constant in each instance (dot_rows), so the accumulators stay in registers. */
 #define MR 4
 _Static_assert(MR * ROWS == 16, "a full tile's outputs are one reduce16");
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if WF_AVX2
 /* AVX2 (16 registers of 8 lanes): a 16-lane accumulator is two 8-lane halves, each lane on
    its own, so each half goes through k alone: 2 activation rows x ROWS weight rows of one
    half is 8 accumulators, with the 4 weight and 2 activation vectors in the 16 registers
@@ -262,13 +262,7 @@ static inline __attribute__((always_inline)) void pair_tile(int mr, const float 
     half_tile(mr, x, k, buf, 0, lo);
     half_tile(mr, x, k, buf, 1, hi);
     for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++) {
-            float t[8];
-            _mm256_storeu_ps(t, _mm256_add_ps(lo[r][j], hi[r][j])); /* lane i + lane i + 8 */
-            for (int w = 4; w >= 1; w /= 2)
-                for (int i = 0; i < w; i++) t[i] += t[i + w];
-            out[r * ldo + j] = t[0];
-        }
+        for (int j = 0; j < nr; j++) out[r * ldo + j] = hsum_halves(lo[r][j], hi[r][j]);
 }
 
 static inline __attribute__((always_inline)) void dot_tile(int mr, const float *x, int64_t k,
@@ -342,7 +336,7 @@ static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const void
    the accumulators stay in registers. f: 4 rows of 4-bit codes (their 12 row pointers fit
    the general registers; 5% faster than 8 on Zen 4), 8 of wider codes (faster there). */
 #define FUSED 8 /* the most rows a single-row task takes */
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if WF_AVX2
 #define WIDE_ROWS 4 /* rows of 8- and 16-bit codes a single-row task takes: 8 halves */
 static inline int fused_rows(int kind) { return (void)kind, WIDE_ROWS; }
 
@@ -370,7 +364,7 @@ static inline __m256 deq8(int kind, int gshift, const Row *r, int64_t blk, int e
 }
 
 /* fused_kind on AVX2: each 16-lane accumulator as two 8-lane halves (f = 4 rows: 8
-   registers), the same multiply-adds per lane in the same order, joined as pair_tile. */
+   registers), the same multiply-adds per lane in the same order. */
 static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
                                                              const Row *w, const float *x,
                                                              int64_t k, int nr, float *out) {
@@ -384,13 +378,7 @@ static inline __attribute__((always_inline)) void fused_kind(int kind, int gshif
                 acc[j][e % 2] =
                     _mm256_fmadd_ps(xv[e], deq8(kind, gshift, &w[j], blk, e), acc[j][e % 2]);
     }
-    for (int j = 0; j < nr; j++) {
-        float t[8];
-        _mm256_storeu_ps(t, _mm256_add_ps(acc[j][0], acc[j][1]));
-        for (int h = 4; h >= 1; h /= 2)
-            for (int i = 0; i < h; i++) t[i] += t[i + h];
-        out[j] = t[0];
-    }
+    for (int j = 0; j < nr; j++) out[j] = hsum_halves(acc[j][0], acc[j][1]);
 }
 #else
 #define WIDE_ROWS FUSED

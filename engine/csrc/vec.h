@@ -5,10 +5,18 @@
 
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
 #include <immintrin.h>
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
+#endif
+
+/* Built for AVX2 (with FMA) and not AVX-512: 16 registers of 8 lanes, where the kernels'
+   16-lane forms spill, so products and attention take their 8-lane-halves forms. */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define WF_AVX2 1
+#else
+#define WF_AVX2 0
 #endif
 
 typedef float v16f __attribute__((vector_size(64)));
@@ -69,6 +77,18 @@ static inline float hsum(v16f v) {
         for (int i = 0; i < w; i++) t[i] += t[i + w];
     return t[0];
 }
+
+#if WF_AVX2
+/* hsum of the 16-lane vector whose lanes 0-7 are lo and 8-15 hi (lo + hi is the tree's
+   first level). */
+static inline float hsum_halves(__m256 lo, __m256 hi) {
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(lo, hi)); /* lane i + lane i + 8 */
+    for (int w = 4; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) t[i] += t[i + w];
+    return t[0];
+}
+#endif
 
 /* mask ? a : b, lane by lane (C has no vector ?:) */
 static inline v16f select16(v16i mask, v16f a, v16f b) {

@@ -40,7 +40,7 @@ class NativeKernels:
         failed = self._matmul(w.c_kind, w.gshift, codes, scale, offset, n, w.k, address(x), m,
                               address(out), n, threads)  # fmt: skip
         if failed:
-            raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row product")
+            raise MemoryError(f"no memory for the scratch of a {m}-row product")
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]."""
