@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common.grpc_guard import RequestGuard
+from common.grpc_guard import RequestGuard, SyncRequestGuard
 
 # (add_XServicer_to_server, the servicer, the service's full name)
 Service = tuple[Callable[[Any, grpc.Server], None], Any, str]
@@ -18,13 +18,23 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 << 20  # gRPC's own default
 
 
 def serve(
-    services: list[Service], address: str, max_workers: int, *, serving: bool = True
+    services: list[Service],
+    address: str,
+    max_workers: int,
+    *,
+    serving: bool = True,
+    guard: SyncRequestGuard | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A started server bound to `address` ("host:port", port 0 picks one), reporting
     SERVING (or NOT_SERVING) for the overall service "" and each of ours; returns it, its
-    port and its health servicer (to change that). Raises OSError if it cannot bind."""
+    port and its health servicer (to change that). Raises OSError if it cannot bind.
+
+    At most `max_workers` calls run at once (more: RESOURCE_EXHAUSTED); `guard` answers
+    undecodable requests INVALID_ARGUMENT and applies its per-method size bounds."""
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), maximum_concurrent_rpcs=max_workers
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        interceptors=[guard or SyncRequestGuard()],
+        maximum_concurrent_rpcs=max_workers,
     )
     health_servicer = health.HealthServicer()
     names, port = _register(server, services, health_servicer, address)

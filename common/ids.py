@@ -1,12 +1,15 @@
-"""Session ids: what a client may name a session (checked once, wherever one comes in)."""
+"""Session ids and tenant names: what a client may name a session, what an operator may name
+a tenant (checked once, wherever one comes in)."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from common.errors import InvalidRequestError
 
 MAX_SESSION_ID_BYTES = 128
+TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never ':' or '/': they join Redis keys
 
 
 def check_session_id(session_id: str, field: str = "session_id") -> str:
@@ -24,3 +27,10 @@ def require_session_id(session_id: str, field: str = "session_id") -> str:
     if not session_id:
         raise InvalidRequestError(field, "is required")
     return check_session_id(session_id, field)
+
+
+def check_tenant(name: str, field: str = "tenant") -> str:
+    """Tenant names are 1-64 of A-Z a-z 0-9 _ . - (they join Redis keys and cache keys)."""
+    if not TENANT_NAME.match(name):
+        raise InvalidRequestError(field, f"must be 1-64 of A-Z a-z 0-9 _ . - (got {name[:80]!r})")
+    return name

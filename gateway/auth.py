@@ -30,8 +30,8 @@ from typing import Any
 from broker.keys import DEFAULT_TENANT
 from common.enums import PRIORITIES, Priority
 from common.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
+from common.ids import TENANT_NAME
 
-TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never ':' or '/': they join Redis keys
 BEARER = "bearer "
 
 

@@ -24,8 +24,8 @@ from common.errors import (
     PermissionDeniedError,
     UnauthenticatedError,
 )
-from common.ids import require_session_id
-from gateway.auth import TENANT_NAME, KeyRing
+from common.ids import TENANT_NAME, require_session_id
+from gateway.auth import KeyRing
 from gateway.core import GatewayCore
 from gateway.fleet_sampler import END, FleetSampler
 from gateway.http_request import Body, get, read_json

@@ -10,7 +10,8 @@ from broker.messages import AnswerStatus, CommandOp
 from common.enums import Tier
 from common.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from common.grpc_errors import fail, statuses
-from common.ids import require_session_id
+from common.grpc_guard import SizeCheck
+from common.ids import check_tenant, require_session_id
 from common.pb_maps import tier_pb
 from common.v1 import kvstore_pb2 as pb
 from common.v1 import kvstore_pb2_grpc
@@ -18,6 +19,21 @@ from kvstore import usage
 from kvstore.service import KVStore
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
+# a request names at most a tenant (64 bytes) and a session id (128): anything much larger
+# is refused from its size alone
+MAX_REQUEST_BYTES = 1024
+
+
+def size_checks() -> dict[str, SizeCheck]:
+    """Every method's bound, for the server's guard."""
+
+    def check(size: int) -> str | None:
+        if size <= MAX_REQUEST_BYTES:
+            return None
+        return f"the request is {size} bytes; {SERVICE_NAME}'s are at most {MAX_REQUEST_BYTES}"
+
+    methods = pb.DESCRIPTOR.services_by_name["KVStore"].methods
+    return {f"/{SERVICE_NAME}/{m.name}": check for m in methods}
 
 
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
@@ -31,8 +47,8 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
             fail(context, UnavailableError(f"redis: {e}"))
 
     def Evict(self, request: pb.EvictRequest, context: grpc.ServicerContext) -> pb.EvictResponse:
-        tenant = request.tenant or keys.DEFAULT_TENANT
         with statuses(context):
+            tenant = check_tenant(request.tenant) if request.tenant else keys.DEFAULT_TENANT
             session_id = require_session_id(request.session_id)
             key = keys.cache_key(tenant, session_id)
             try:

@@ -11,7 +11,8 @@ from typing import Any
 
 from common.enums import PRIORITIES
 from common.errors import InvalidRequestError
-from gateway.auth import TENANT_NAME, KeyRing, hash_key
+from common.ids import TENANT_NAME
+from gateway.auth import KeyRing, hash_key
 
 
 def register(sub: Any) -> None:

@@ -14,9 +14,10 @@ from typing import Any
 import redis
 
 from common.errors import ServiceError
+from common.grpc_guard import SyncRequestGuard
 from common.grpc_serve import serve
 from common.v1 import kvstore_pb2_grpc
-from kvstore.grpc_service import SERVICE_NAME, KVStoreService
+from kvstore.grpc_service import SERVICE_NAME, KVStoreService, size_checks
 from kvstore.metrics import KVStoreMetrics
 from kvstore.service import KVStore
 from warmfleet.commands.common import add_metrics, add_redis_url, add_spill_dir, serve_metrics
@@ -75,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
         raise ServiceError(f"cannot reach Redis at {args.redis_url}: {e}") from e
     try:
         add = kvstore_pb2_grpc.add_KVStoreServicer_to_server
-        server, port, _ = serve(
-            [(add, KVStoreService(store), SERVICE_NAME)], f"{args.host}:{args.port}", 16
-        )
+        service = [(add, KVStoreService(store), SERVICE_NAME)]
+        guard = SyncRequestGuard(size_checks())
+        server, port, _ = serve(service, f"{args.host}:{args.port}", 16, guard=guard)
     except (OSError, RuntimeError) as e:
         raise ServiceError(f"cannot listen on {args.host}:{args.port}: {e}") from e
     serve_metrics(args, KVStoreMetrics(store).serve)
