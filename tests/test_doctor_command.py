@@ -1,6 +1,6 @@
 """`warmfleet doctor`: the comparison rule and the GPU rows without a model (a fake CuPy
-module stands in for a GPU this machine lacks), then the command on this machine with the
-real default model (slow)."""
+module stands in for a GPU this machine lacks), the device it picks, then the command on
+this machine with the real default model, on the CPU and on MLX's CPU build (slow)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from engine.model import Model
 from tests.tiny_gguf import write_tiny_llama
 from warmfleet.cli import main
+from warmfleet.commands import doctor
 from warmfleet.doctor_reference import NUM_TOKENS, check_against, compare
 from warmfleet.doctor_report import (
     EXIT_FAILED,
@@ -30,7 +31,7 @@ from warmfleet.doctor_report import (
     ok,
     skipped,
 )
-from warmfleet.doctor_system import GpuProbe, gpu_rows, probe_gpu
+from warmfleet.doctor_system import GpuProbe, MlxProbe, gpu_rows, mlx_row, probe_gpu, probe_mlx
 from warmfleet.models import sha256_of
 
 VOCAB = 8
@@ -154,6 +155,39 @@ def test_no_cupy_and_no_device_say_why() -> None:
     assert rows["device"].result is Result.FAIL and "cudaErrorNoDevice" in rows["device"].detail
 
 
+def test_mlx_rows_say_where_it_computes_or_why_not() -> None:
+    def missing(name: str) -> ModuleType:
+        raise ModuleNotFoundError("No module named 'mlx'")
+
+    gone = probe_mlx(missing)
+    assert not gone.found and gone.why.startswith("MLX is not installed (ModuleNotFoundError")
+    assert mlx_row(gone, required=False).result is Result.INFO
+    row = mlx_row(gone, required=True)  # --device mlx
+    assert row.result is Result.FAIL and row.detail.endswith("pip install 'warmfleet[mlx]'")
+    metal = mlx_row(MlxProbe(version="0.29.0", device="gpu"), required=True)
+    assert (metal.result, metal.detail) == (Result.OK, "0.29.0, computing on Metal (the GPU)")
+
+
+@pytest.mark.parametrize(
+    ("asked", "apple", "gpu", "mlx", "expected"),
+    [
+        ("auto", False, False, True, "cpu"),  # MLX's CPU build is not picked by itself
+        ("auto", True, False, True, "mlx"),  # a Mac: as its workers do
+        ("auto", True, False, False, "cpu"),  # a Mac without the extra
+        ("auto", False, True, True, "cuda"),
+        ("mlx", False, False, True, "mlx"),
+        ("cpu", True, True, True, "cpu"),
+    ],
+)
+def test_auto_picks_the_device_a_worker_would(
+    monkeypatch: pytest.MonkeyPatch, asked: str, apple: bool, gpu: bool, mlx: bool, expected: str
+) -> None:
+    monkeypatch.setattr(doctor, "apple_silicon", lambda: apple)
+    probe = GpuProbe() if gpu else GpuProbe(why="CuPy is not installed")
+    mlx_probe = MlxProbe(version="1", device="gpu") if mlx else MlxProbe(why="not installed")
+    assert doctor.pick_device(asked, probe, mlx_probe) == expected
+
+
 def test_device_cuda_without_a_gpu_exits_1_with_the_reason(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -236,3 +270,21 @@ def test_float16_on_the_cpu_matches_the_float32_reference(
     assert ref["result"] == "ok", ref["detail"]
     assert ref["values"]["max_abs_diff"] <= ref["values"]["tol"] == 0.25
     assert ref["values"]["divergence"] is None
+
+
+@pytest.mark.slow
+def test_mlx_on_this_machine_matches_the_reference(
+    default_model_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--device mlx checks the MLX backend (its CPU build here) against the CPU float32
+    reference: a Mac owner's first command checks what the workers will run."""
+    assert main(["doctor", "--device", "mlx", "--json", "--quick"]) == EXIT_OK_CPU_ONLY
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "mlx" and report["gpu_found"] is False
+    checks = {c["check"]: c for c in report["checks"]}
+    assert checks["mlx"]["result"] == "ok" and checks["mlx"]["values"]["device"] == "cpu"
+    assert checks["load mlx float32"]["values"]["device"] == "mlx"
+    ref = checks["reference mlx float32"]
+    assert ref["result"] == "ok", ref["detail"]
+    assert ref["values"]["max_abs_diff"] <= ref["values"]["tol"] == 2e-3
+    assert ref["values"]["divergence"] is None and ref["values"]["num_tokens"] == NUM_TOKENS

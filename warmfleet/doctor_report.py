@@ -72,8 +72,9 @@ def format_table(checks: Sequence[Check]) -> str:
 
 def to_json(checks: Sequence[Check], device: str, gpu_found: bool, code: int) -> str:
     """The report as one JSON object: version, device (where the engine checks ran: "cpu",
-    "cuda", or null when they did not run), gpu_found, exit_code, and checks [{check,
-    result, detail, values}] in the table's order."""
+    "cuda", "mlx", or null when they did not run), gpu_found (CuPy sees a GPU, or MLX
+    computes on Metal), exit_code, and checks [{check, result, detail, values}] in the
+    table's order."""
     return json.dumps(
         {
             "version": JSON_VERSION,

@@ -1,5 +1,5 @@
 """`warmfleet doctor`'s machine rows: Python, NumPy and its BLAS, the C kernels, CuPy, CUDA
-and the GPU. Each function returns rows; none raises for a missing part."""
+and the GPU, MLX. Each function returns rows; none raises for a missing part."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.sizes import format_size
 
 GPU_EXTRA = "pip install 'warmfleet[gpu]'"
+MLX_EXTRA = "pip install 'warmfleet[mlx]'"
 
 
 def python_row() -> Check:
@@ -180,3 +181,42 @@ def _no_gpu_rows(probe: GpuProbe, missing: Callable[..., Check]) -> list[Check]:
         missing("device", f"no GPU: {probe.why} ({probe.error})"),
         skipped("device memory", "no GPU"),
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class MlxProbe:
+    """What MLX says about this machine: its version and default device ("gpu": Metal on
+    Apple silicon; "cpu": its CPU build), or why it cannot be used."""
+
+    version: str = ""
+    device: str = ""
+    why: str = ""
+
+    @property
+    def found(self) -> bool:
+        return not self.why
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "gpu"
+
+
+def probe_mlx(import_module: Callable[[str], ModuleType] = importlib.import_module) -> MlxProbe:
+    """Ask MLX for its version and default device; never raises."""
+    try:
+        mx = import_module("mlx.core")
+        device = mx.default_device()
+    except Exception as e:  # not installed, or its libraries missing
+        return MlxProbe(why=f"MLX is not installed ({type(e).__name__}: {e})")
+    kind = "gpu" if device.type == mx.DeviceType.gpu else "cpu"
+    return MlxProbe(version=str(getattr(mx, "__version__", "?")), device=kind)
+
+
+def mlx_row(probe: MlxProbe, required: bool) -> Check:
+    """MLX's version and where it computes; without it, a failure when it was `required`
+    (--device mlx), else information."""
+    if not probe.found:
+        return (fail if required else info)("mlx", f"{probe.why}; {MLX_EXTRA}")
+    where = "Metal (the GPU)" if probe.on_gpu else "its CPU build (no Metal here)"
+    return ok("mlx", f"{probe.version}, computing on {where}", version=probe.version,
+              device=probe.device)  # fmt: skip

@@ -1,6 +1,7 @@
 """`warmfleet doctor`: what this machine runs the engine with (Python, NumPy and BLAS, the C
-kernels, CuPy, CUDA, the GPU), the engine on its device against the CPU float32 reference,
-and a short benchmark; one table, and an exit code that says whether a GPU was used."""
+kernels, CuPy, CUDA, the GPU, MLX), the engine on its device against the CPU float32
+reference, and a short benchmark; one table, and an exit code that says whether a GPU was
+used."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.device import set_threads
+from engine.device import apple_silicon, set_threads
 from engine.model import Model
 from warmfleet import doctor_report as report
 from warmfleet.commands.common import add_weights
@@ -22,10 +23,13 @@ from warmfleet.doctor_reference import LOGIT_TOL, NUM_TOKENS, check_against
 from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.doctor_system import (
     GpuProbe,
+    MlxProbe,
     gpu_rows,
     kernels_row,
+    mlx_row,
     numpy_row,
     probe_gpu,
+    probe_mlx,
     python_row,
 )
 from warmfleet.models import DEFAULT_MODEL_FILE, env_int, model_dir, resolve_model, sha256_of
@@ -35,10 +39,11 @@ T = TypeVar("T")
 GPU_PROBE_TIMEOUT_S = 60.0  # importing CuPy and opening the driver; a hung driver fails here
 GPU_DTYPES = ("float32", "float16")
 EXIT_CODES = f"""exit codes:
-  {report.EXIT_OK_GPU}  every check passed, on a GPU
-  {report.EXIT_FAILED}  a check failed (--device cuda without a usable GPU included)
+  {report.EXIT_OK_GPU}  every check passed, on a GPU (CUDA, or MLX on Metal)
+  {report.EXIT_FAILED}  a check failed (--device cuda or mlx where it cannot run included)
   {report.EXIT_USAGE}  usage error
-  {report.EXIT_OK_CPU_ONLY}  every check passed, on the CPU only (no GPU found, or --device cpu)"""
+  {report.EXIT_OK_CPU_ONLY}  every check passed, on the CPU only (no GPU found, --device cpu,
+     or MLX's CPU build)"""
 
 
 def register(sub: Any) -> None:
@@ -49,9 +54,10 @@ def register(sub: Any) -> None:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where the engine checks run: cuda fails without a GPU; auto uses "
-                   "the GPU when CuPy sees one (default)")  # fmt: skip
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mlx"], default="auto",
+                   help="where the engine checks run: cuda fails without a GPU, mlx without "
+                   "MLX; auto picks as a worker does: the GPU when CuPy sees one, MLX on "
+                   "Apple silicon where it is installed, else the CPU (default)")  # fmt: skip
     p.add_argument("--dtype", choices=GPU_DTYPES, action="append", default=None,
                    help="compute dtype to check (repeatable; default: float32 and float16 "
                    "on a GPU, float32 on the CPU)")  # fmt: skip
@@ -67,7 +73,8 @@ def register(sub: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DoctorConfig:
-    """What the engine checks run: on `device` ("cpu" or "cuda"), in each of `dtypes`."""
+    """What the engine checks run: on `device` ("cpu", "cuda" or "mlx"), in each of
+    `dtypes`."""
 
     device: str
     dtypes: tuple[str, ...]
@@ -76,10 +83,21 @@ class DoctorConfig:
     bench: bool
 
     @classmethod
-    def choose(cls, args: argparse.Namespace, probe: GpuProbe) -> DoctorConfig:
-        device = "cuda" if args.device != "cpu" and probe.found else "cpu"
+    def choose(cls, args: argparse.Namespace, probe: GpuProbe, mlx: MlxProbe) -> DoctorConfig:
+        device = pick_device(args.device, probe, mlx)
         dtypes = tuple(args.dtype or (GPU_DTYPES if device == "cuda" else ("float32",)))
         return cls(device, tuple(dict.fromkeys(dtypes)), args.weights, args.model, not args.quick)
+
+
+def pick_device(asked: str, probe: GpuProbe, mlx: MlxProbe) -> str:
+    """Where the engine checks run: as asked, and for "auto" as engine/device.py picks for
+    a worker (MLX on Apple silicon where installed, the GPU when CuPy sees one, else the
+    CPU)."""
+    if asked != "auto":
+        return asked
+    if apple_silicon() and mlx.found:
+        return "mlx"
+    return "cuda" if probe.found else "cpu"
 
 
 def _progress(message: str) -> None:
@@ -99,33 +117,42 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     _progress(
         "looking at the machine: Python, NumPy, the C kernels (built the first time: up "
-        "to a minute), CuPy"
+        "to a minute), CuPy, MLX"
     )
     checks = [python_row(), numpy_row(), kernels_row()]
     probe = probe_gpu_within(GPU_PROBE_TIMEOUT_S)
     checks += gpu_rows(probe, required=args.device == "cuda")
-    config = DoctorConfig.choose(args, probe)
+    mlx = probe_mlx() if args.device in ("auto", "mlx") else MlxProbe(why="not asked for")
+    if mlx.found or args.device == "mlx" or apple_silicon():
+        checks.append(mlx_row(mlx, required=args.device == "mlx"))
+    config = DoctorConfig.choose(args, probe, mlx)
     if args.device == "cuda" and not probe.found:
         checks.append(skipped("engine", "not run: --device cuda, and no GPU"))
+        ran_on = ""
+    elif args.device == "mlx" and not mlx.found:
+        checks.append(skipped("engine", "not run: --device mlx, and no MLX"))
         ran_on = ""
     else:
         checks += engine_rows(config)
         ran_on = config.device
-    code = report.exit_code(checks, gpu_used=ran_on == "cuda")
+    on_gpu = ran_on == "cuda" or (ran_on == "mlx" and mlx.on_gpu)
+    code = report.exit_code(checks, gpu_used=on_gpu)
     if args.json:
-        print(report.to_json(checks, ran_on, probe.found, code))
+        print(report.to_json(checks, ran_on, probe.found or mlx.on_gpu, code))
     else:
         print(report.format_table(checks))
-        print(verdict(code, checks, probe))
+        print(verdict(code, checks, probe, ran_on))
     return code
 
 
-def verdict(code: int, checks: list[Check], probe: GpuProbe) -> str:
+def verdict(code: int, checks: list[Check], probe: GpuProbe, ran_on: str) -> str:
     """The last line of the table: the exit code and what it means here."""
     if code == report.EXIT_OK_GPU:
-        return f"exit {code}: every check passed, on the GPU"
+        return f"exit {code}: every check passed, on the GPU" + (
+            " (MLX on Metal)" if ran_on == "mlx" else ""
+        )
     if code == report.EXIT_OK_CPU_ONLY:
-        why = probe.why or "--device cpu"
+        why = "MLX's CPU build" if ran_on == "mlx" else probe.why or "--device cpu"
         return f"exit {code}: every check passed, on the CPU only (no GPU used: {why})"
     failed = ", ".join(c.name for c in checks if c.result is report.Result.FAIL)
     return f"exit {code}: failed: {failed}"
@@ -169,7 +196,8 @@ def dtype_rows(config: DoctorConfig, reference: Model, path: Path, dtype: str) -
     rows.append(attempt(name, lambda: (reference_row(name, reference, model, dtype), None))[0])
     if not config.bench:
         return [*rows, skipped(f"benchmark {where}", "--quick")]
-    _progress(f"benchmark on {where} (a few seconds)")
+    slow = " (a few seconds; MLX's CPU build: a minute or more)" if config.device == "mlx" else ""
+    _progress(f"benchmark on {where}{slow or ' (a few seconds)'}")
     return rows + bench_rows(model, where)
 
 
