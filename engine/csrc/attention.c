@@ -5,9 +5,10 @@
    are adjacent in the pool), computing each (KV head, query head) the same way. Where a
    step holds a chunk (rows of one table at consecutive positions), a task is a run of up
    to GROUP of its rows for one KV head, block by block, so each block comes from memory
-   once per run instead of once per row. Scores of a
-   block's 16 keys are 16 dot products summed lane-wise (a product, then D / 16 - 1 fused
-   multiply-adds each)
+   once per run instead of once per row. A few long rows on more threads than their
+   (row, KV head) tasks (decode at batch 1) are spread over all threads (row_split). Scores
+   of a block's 16 keys are 16 dot products summed lane-wise (a product, then D / 16 - 1
+   fused multiply-adds each)
    and then reduced across lanes together, by a fixed tree of vector shuffles, instead of
    one horizontal sum per key. Softmax with a vector exp (a fixed polynomial), then the
    values weighted in 16-lane vectors. Each row's result depends on its own keys only, and
@@ -403,6 +404,83 @@ INLINE void group_task(const float *q, const float *k, const float *v, const int
                         acc[(r * g + j) * nv + c]);
 }
 
+/* A few long rows on more threads than their (row, KV head) tasks keep busy (decode at
+   batch 1: a model's 3 KV heads on 2 threads left one thread idle a third of the time,
+   and decode there is bound by each core's reads of the keys and values). Each row is
+   spread over all threads in three phases, with the same operations per score, per
+   softmax and per value lane as row_task, so the same bits:
+   - scores: the row's blocks split in contiguous ranges, each thread scoring its blocks
+     for every KV head into the shared rows of p, with running maxima of its own (tops);
+   - softmax: a KV head's G rows on one thread, its maxima the lane-wise maximum of every
+     thread's (exact, whatever the order);
+   - values: the row's (KV head, 16-lane part of D) units split in contiguous ranges, each
+     thread weighing its units' lanes over every key in order.
+   p: the row's num_heads rows of scores (padded apart); tops: [threads][num_heads] v16f;
+   acc: [num_heads * nv] v16f. */
+#define SPLIT_MIN_KEYS 1024 /* shorter rows: no faster (fragmented tables: slower) */
+INLINE void row_split(const float *q, const float *k, const float *v, const int32_t *table,
+                      int64_t n, int64_t row, int64_t num_heads, int64_t hkv, int64_t g,
+                      int64_t nv, float scale, float *p, int64_t padded, v16f *tops, v16f *acc,
+                      float *out, int t, int num_threads) {
+    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
+    v16f *top = tops + t * num_heads;
+    for (int64_t h = 0; h < num_heads; h++) top[h] = splat(-INFINITY);
+    int64_t b0 = nb * t / num_threads, b1 = nb * (t + 1) / num_threads;
+    for (int64_t b = b0; b < b1; b++) {
+        prefetch_block(k, table, b, b1, stride, stride * 4);
+        for (int64_t kh = 0; kh < hkv; kh++) {
+            v16f qv[MAX_G][MAX_D / 16];
+            load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
+            score_block(qv, k + table[b] * stride + kh * BLOCK * dim, b, nb, n, g, nv,
+                        top + kh * g, p + kh * g * padded, padded);
+        }
+    }
+#pragma omp barrier
+    for (int64_t kh = t; kh < hkv; kh += num_threads) {
+        v16f most[MAX_G];
+        for (int64_t j = 0; j < g; j++) {
+            most[j] = tops[kh * g + j];
+            for (int u = 1; u < num_threads; u++) {
+                v16f other = tops[u * num_heads + kh * g + j];
+                most[j] = select16(other > most[j], other, most[j]);
+            }
+        }
+        softmax_rows(p + kh * g * padded, padded, nb, g, most);
+    }
+#pragma omp barrier
+    int64_t units = hkv * nv, u0 = units * t / num_threads, u1 = units * (t + 1) / num_threads;
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t j = 0; j < g; j++) acc[((u / nv) * g + j) * nv + u % nv] = (v16f){};
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
+        const float *vb = v + table[b] * stride;
+        if (b + 1 < nb) /* the next block's lines of this thread's units */
+            for (int64_t u = u0; u < u1; u++)
+                for (int64_t s = 0; s < BLOCK; s++)
+                    __builtin_prefetch(v + table[b + 1] * stride + (u / nv) * BLOCK * dim +
+                                       s * dim + 16 * (u % nv));
+        for (int64_t u = u0; u < u1; u++) {
+            int64_t kh = u / nv, c = u % nv;
+            const float *vt = vb + kh * BLOCK * dim + 16 * c;
+            const float *w = p + kh * g * padded + b * BLOCK;
+            v16f a[MAX_G];
+            for (int64_t j = 0; j < g; j++) a[j] = acc[(kh * g + j) * nv + c];
+            for (int64_t s = 0; s < keys; s++) {
+                v16f value = load16(vt + s * dim);
+                for (int64_t j = 0; j < g; j++) a[j] = fma16(splat(w[j * padded + s]), value, a[j]);
+            }
+            for (int64_t j = 0; j < g; j++) acc[(kh * g + j) * nv + c] = a[j];
+        }
+    }
+    for (int64_t u = u0; u < u1; u++)
+        for (int64_t j = 0; j < g; j++) {
+            int64_t kh = u / nv, c = u % nv;
+            store16(out + (row * num_heads + kh * g + j) * dim + 16 * c,
+                    acc[(kh * g + j) * nv + c]);
+        }
+#pragma omp barrier /* p, tops and acc are the next row's */
+}
+
 /* Runs of rows for group_task: a row joins the previous one's run where it is the next
    position of the same table (a chunk's rows), up to GROUP; starts[i] is run i's first
    row, starts[count] = num_rows. Returns the count. */
@@ -470,6 +548,28 @@ void wf_paged_rows_with(const float *q, const float *k, const float *v, const in
     int whole_rows = !grouped && num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
     int64_t tasks = grouped ? runs * num_kv_heads : whole_rows ? num_rows : num_rows * num_kv_heads;
     int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
+    int64_t shortest = lengths[0];
+    for (int64_t r = 1; r < num_rows; r++) shortest = lengths[r] < shortest ? lengths[r] : shortest;
+    if (!grouped && !whole_rows && num_threads >= 2 && shortest >= SPLIT_MIN_KEYS &&
+        num_rows * num_kv_heads < 2 * num_threads) {
+        /* p, then acc, in thread 0's room; the threads' maxima from thread 1's on */
+        v16f *acc = (v16f *)(scratch + heads_room * (padded + BLOCK));
+        v16f *tops = (v16f *)(scratch + room);
+#pragma omp parallel num_threads(num_threads)
+        {
+            int t = omp_get_thread_num(), threads = omp_get_num_threads();
+            for (int64_t row = 0; row < num_rows; row++) {
+#define SPLIT(G, NV)                                                                         \
+    if (g == G && nv == NV) {                                                                \
+        row_split(q, k, v, tables + row * max_blocks, lengths[row], row, num_heads,          \
+                  num_kv_heads, G, NV, scale, scratch, padded, tops, acc, out, t, threads);  \
+        continue;                                                                            \
+    }
+                SPLIT(3, 4) SPLIT(1, 8) SPLIT(2, 8) SPLIT(4, 4) SPLIT(7, 8) SPLIT(g, nv)
+            }
+        }
+        return;
+    }
 #pragma omp parallel num_threads(num_threads)
     {
         float *p = scratch + omp_get_thread_num() * room;

@@ -3,6 +3,8 @@ against a dense NumPy softmax, on random keys scattered over a paged pool."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,45 @@ def test_each_task_shape_gives_a_row_its_bits_alone(heads: tuple[int, int, int])
         assert np.array_equal(alone[r], together[r]), f"row {r} in a run"
         if lens_apart[r] == lens[r]:
             assert np.array_equal(alone[r], decode_rows[r]), f"row {r} as a whole row"
+
+
+@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 1, 64), (16, 2, 128), (14, 2, 64),
+                                   (12, 4, 48), (32, 8, 128)], ids=str)  # fmt: skip
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_a_long_row_spread_over_the_threads_keeps_its_bits(
+    heads: tuple[int, int, int], threads: int
+) -> None:
+    # a long row alone, on threads its (row, KV head) tasks would not keep busy (decode at
+    # batch 1), is split over all of them in phases: its bits must be those it gets among
+    # other rows (one task per KV head, or whole rows), whatever the number of threads
+    lib = native.library()
+    if lib is None:
+        pytest.skip("the C kernels do not build here")
+    fn = lib.wf_paged_rows
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    num_heads, hkv, d = heads
+    rng = np.random.default_rng(num_heads * d + threads)
+    k, v = (rng.standard_normal((160, hkv, BLOCK, d)).astype(np.float32) for _ in range(2))
+    lengths = [2500, 1024, 1500, 1999]  # the first alone, then all four
+    tables = np.stack([rng.permutation(160)[:157] for _ in lengths]).astype(np.int32)
+    lens = np.asarray(lengths, dtype=np.int32)
+    q = rng.standard_normal((len(lengths), num_heads, d)).astype(np.float32)
+
+    def run(rows: int, num_threads: int) -> np.ndarray:
+        out = np.full((rows, num_heads, d), np.nan, dtype=np.float32)
+        pointers = [a.ctypes.data for a in (q, k, v, tables)]
+        assert fn(*pointers, 157, lens.ctypes.data, rows, num_heads, hkv, d, d**-0.5,
+                  out.ctypes.data, num_threads) == 0  # fmt: skip
+        return out
+
+    together = run(len(lengths), 2)
+    for alone in (run(1, threads), run(1, 1)):
+        assert np.array_equal(alone[0], together[0])
+    keys = k[tables[0]].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :2500].astype(np.float64)
+    values = v[tables[0]].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :2500].astype(np.float64)
+    scores = q[0].reshape(hkv, -1, d).astype(np.float64) @ keys.transpose(0, 2, 1) * d**-0.5
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(together[0], (weights @ values).reshape(num_heads, d), atol=2e-5)

@@ -76,24 +76,25 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
 ) -> None:
     h, hkv, d = heads
     rng = np.random.default_rng(h * d + hkv)
-    k, v = (rng.standard_normal((40, hkv, 16, d)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((72, hkv, 16, d)).astype(np.float32) for _ in range(2))
     avx512 = _paged_rows_kernel()
     fn = haswell.wf_paged_rows
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
     fn.restype = ctypes.c_int
-    order = rng.permutation(40).astype(np.int32)
-    # single rows of different lengths (a task per KV head, then whole rows with 4+ rows),
-    # and a decode row beside a 9-row chunk (runs of a chunk's rows)
-    cases = [[300], [1, 17, 250, 33], [500, *range(200, 209)]]
+    order = rng.permutation(72).astype(np.int32)
+    # single rows of different lengths (a task per KV head; a long one spread over the
+    # threads where its KV heads are fewer than twice them; whole rows with 4+ rows), and
+    # a decode row beside a 9-row chunk (runs of a chunk's rows)
+    cases = [[300], [1100], [1, 17, 250, 33], [500, *range(200, 209)]]
     for lengths in cases:
-        tables = np.stack([order[:32]] * len(lengths))
+        tables = np.stack([order[:70]] * len(lengths))
         lens = np.array(lengths, np.int32)
         q = rng.standard_normal((len(lengths), h, d)).astype(np.float32)
         want, got = np.empty_like(q), np.full_like(q, np.nan)
         avx512(q, k, v, tables, lens, d**-0.5, want)
         pointers = [a.ctypes.data for a in (q, k, v, tables)]
-        rc = fn(*pointers, 32, lens.ctypes.data, len(lengths), h, hkv, d, d**-0.5,
+        rc = fn(*pointers, 70, lens.ctypes.data, len(lengths), h, hkv, d, d**-0.5,
                 got.ctypes.data, 2)  # fmt: skip
         assert rc == 0
         assert np.array_equal(got, want), f"{heads} {lengths}"
