@@ -2,13 +2,15 @@
 the commit before a change), measured alternately in one run.
 
     .venv/bin/python -m bench.engine_context [--baseline DIR] [--batches 1 8 16 32]
-        [--contexts 128 2000] [--steps 32] [--threads N] [--device cpu|cuda]
+        [--contexts 128 2000] [--steps 32] [--threads N] [--device cpu|cuda] [--llamacpp]
 
 Each configuration prefills `batch` distinct prompts of `context` tokens, then times
 `steps` decode steps of the whole batch (aggregate tokens/s). With --baseline (a checkout
 of another commit, e.g. `git worktree add /tmp/before HEAD~1`) each configuration runs
 there and here one after the other, each in a fresh process, and the table gives both and
-their ratio.
+their ratio. With --llamacpp (llama-cpp-python installed: the `bench` extra) the batch-1
+rows also give llama.cpp's single stream at the same context (the same prompt's tokens, the
+same threads), in a fresh process too.
 """
 
 from __future__ import annotations
@@ -52,17 +54,33 @@ def measure(batch: int, context: int, steps: int, device: str = "cpu") -> float:
     return batch * steps / (time.perf_counter() - t)
 
 
+def measure_llamacpp(context: int, steps: int) -> float:
+    """llama.cpp's single-stream decode tokens/s `context` tokens deep (one thread per core,
+    or OMP_NUM_THREADS)."""
+    from bench.llamacpp import decode_rate_at
+    from engine.gguf_file import open_gguf, read_metadata
+    from engine.tokenizer import Tokenizer
+    from warmfleet.models import resolve_model
+
+    path = resolve_model(None)
+    tokenizer = Tokenizer.from_metadata(read_metadata(open_gguf(path)))
+    ids = tokenizer.encode(TEXT * (context // 20 + 40))[:context]
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    return decode_rate_at(str(path), ids, steps, threads)
+
+
 def run_in(
     checkout: Path, batch: int, context: int, steps: int, threads: int | None, device: str
 ) -> float:
-    """measure() in a fresh process of `checkout`'s code."""
+    """measure() in a fresh process of `checkout`'s code (batch 0: measure_llamacpp())."""
     # this file's measure() (the other checkout may not have it) on that checkout's engine
     paths = [str(Path(__file__).resolve().parent), str(checkout), os.environ.get("PYTHONPATH")]
     env = dict(os.environ, PYTHONPATH=":".join(p for p in paths if p))
     if threads:
         env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
-    call = f"measure({batch}, {context}, {steps}, {device!r})"
-    code = f"import json; from engine_context import measure; print(json.dumps({call}))"
+    call = (f"measure({batch}, {context}, {steps}, {device!r})" if batch
+            else f"measure_llamacpp({context}, {steps})")  # fmt: skip
+    code = f"import json; from engine_context import *; print(json.dumps({call}))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=checkout, env=env, check=True, capture_output=True,
         text=True, timeout=1800,
@@ -78,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--threads", type=int)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--llamacpp", action="store_true", help="batch 1: llama.cpp's single stream there too"
+    )
     args = p.parse_args(argv)
     from bench.table import print_table
 
@@ -89,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
             run = (batch, context, args.steps, args.threads, args.device)
             base = run_in(args.baseline, *run) if args.baseline else None
             now = run_in(here, *run)
-            rows.append((
+            ours: tuple[str, ...] = (
                 str(context), str(batch), f"{base:.1f}" if base else "-", f"{now:.1f}",
                 f"{now / base:.2f}x" if base else "-",
-            ))  # fmt: skip
-    print_table(("context", "batch", "baseline tok/s", "this tok/s", "ratio"), rows)
+            )  # fmt: skip
+            if args.llamacpp:
+                llama = run_in(here, 0, *run[1:]) if batch == 1 else None
+                ours += (f"{llama:.1f}", f"{now / llama:.2f}x") if llama else ("-", "-")
+            rows.append(ours)
+    head: tuple[str, ...] = ("context", "batch", "baseline tok/s", "this tok/s", "ratio")
+    if args.llamacpp:
+        head += ("llama.cpp tok/s", "this / llama.cpp")
+    print_table(head, rows)
     return 0
 
 

@@ -130,3 +130,18 @@ def _time_decode(llm: Any, llama_cpp: Any, prompt_ids: list[int], decode_tokens:
         llm.eval([tok])
         tok = _greedy_next(llm, llama_cpp, np)
     return time.perf_counter() - t0
+
+
+def decode_rate_at(model_path: str, prompt_ids: list[int], steps: int, threads: int) -> float:
+    """llama.cpp's single-stream greedy decode tokens/s after `prompt_ids` (its prefill not
+    timed): how a context's length slows one stream's steps."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=model_path, n_ctx=len(prompt_ids) + steps + 16, n_threads=threads,
+        n_threads_batch=threads, n_batch=512, verbose=False, logits_all=False,
+    )  # fmt: skip
+    try:
+        return steps / _time_decode(llm, llama_cpp, prompt_ids, steps)
+    finally:
+        llm.close()
