@@ -122,9 +122,11 @@ def run(args: argparse.Namespace) -> int:
     checks = [python_row(), numpy_row(), kernels_row()]
     probe = probe_gpu_within(GPU_PROBE_TIMEOUT_S)
     checks += gpu_rows(probe, required=args.device == "cuda")
-    mlx = probe_mlx() if args.device in ("auto", "mlx") else MlxProbe(why="not asked for")
-    if mlx.found or args.device == "mlx" or apple_silicon():
-        checks.append(mlx_row(mlx, required=args.device == "mlx"))
+    mlx = MlxProbe(why="not asked for")  # --device cpu or cuda: MLX plays no part
+    if args.device in ("auto", "mlx"):
+        mlx = probe_mlx()
+        if mlx.found or args.device == "mlx" or apple_silicon():
+            checks.append(mlx_row(mlx, required=args.device == "mlx"))
     config = DoctorConfig.choose(args, probe, mlx)
     if args.device == "cuda" and not probe.found:
         checks.append(skipped("engine", "not run: --device cuda, and no GPU"))
