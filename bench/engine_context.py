@@ -80,7 +80,8 @@ def run_in(
         env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
     call = (f"measure({batch}, {context}, {steps}, {device!r})" if batch
             else f"measure_llamacpp({context}, {steps})")  # fmt: skip
-    code = f"import json; from engine_context import *; print(json.dumps({call}))"
+    imports = "from engine_context import measure, measure_llamacpp"
+    code = f"import json; {imports}; print(json.dumps({call}))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=checkout, env=env, check=True, capture_output=True,
         text=True, timeout=1800,

@@ -18,22 +18,22 @@ from common.v1 import kvstore_pb2_grpc
 from kvstore import usage
 from kvstore.service import KVStore
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
+_SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
+SERVICE_NAME = _SERVICE.full_name
 # a request names at most a tenant (64 bytes) and a session id (128): anything much larger
 # is refused from its size alone
 MAX_REQUEST_BYTES = 1024
 
 
+def _check_size(size: int) -> str | None:
+    if size <= MAX_REQUEST_BYTES:
+        return None
+    return f"the request is {size} bytes; {SERVICE_NAME}'s are at most {MAX_REQUEST_BYTES}"
+
+
 def size_checks() -> dict[str, SizeCheck]:
     """Every method's bound, for the server's guard."""
-
-    def check(size: int) -> str | None:
-        if size <= MAX_REQUEST_BYTES:
-            return None
-        return f"the request is {size} bytes; {SERVICE_NAME}'s are at most {MAX_REQUEST_BYTES}"
-
-    methods = pb.DESCRIPTOR.services_by_name["KVStore"].methods
-    return {f"/{SERVICE_NAME}/{m.name}": check for m in methods}
+    return {f"/{SERVICE_NAME}/{m.name}": _check_size for m in _SERVICE.methods}
 
 
 class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common.enums import DEVICES
 from engine.device import apple_silicon, set_threads
 from engine.model import Model
 from warmfleet import doctor_report as report
@@ -54,7 +55,7 @@ def register(sub: Any) -> None:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mlx"], default="auto",
+    p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the engine checks run: cuda fails without a GPU, mlx without "
                    "MLX; auto picks as a worker does: the GPU when CuPy sees one, MLX on "
                    "Apple silicon where it is installed, else the CPU (default)")  # fmt: skip
