@@ -8,9 +8,11 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 import jinja2
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from common.errors import InvalidRequestError
+from engine.chat_tools import Message, check_tool_calls, check_tools, tools_as_text
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -29,16 +31,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@functools.lru_cache(maxsize=16)
-def _compile(template: str) -> jinja2.Template:
-    """The compiled template; built once per distinct template string."""
+@functools.cache
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(template)
+    return env
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    """The compiled template; built once per distinct template string."""
+    return _environment().from_string(template)
+
+
+@functools.lru_cache(maxsize=16)
+def reads_tools(template: str) -> bool:
+    """Whether the template renders `tools` itself."""
+    try:
+        return "tools" in meta.find_undeclared_variables(_environment().parse(template))
+    except jinja2.TemplateError:
+        return False  # rendering says what is wrong
 
 
 def validate_messages(messages: object) -> None:
@@ -63,6 +79,10 @@ def validate_messages(messages: object) -> None:
             raise InvalidRequestError(
                 "messages", f"[{i}].content: must be a string, not {_kind(content)}"
             )
+        if message.get("tool_calls") is not None:
+            if role != "assistant":
+                raise InvalidRequestError("messages", f"[{i}].tool_calls: only on assistant")
+            check_tool_calls(message["tool_calls"], f"[{i}]")
 
 
 def _kind(value: object) -> str:
@@ -71,14 +91,21 @@ def _kind(value: object) -> str:
 
 def render_chat(
     template: str,
-    messages: list[dict[str, str]],
+    messages: list[Message],
     *,
+    tools: list[Message] | None = None,
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
 ) -> str:
-    """The prompt for `messages`; a bad message or a failing template is InvalidRequestError."""
+    """The prompt for `messages` (and the `tools` offered); a bad message or a failing
+    template is InvalidRequestError."""
     validate_messages(messages)
+    if tools is not None:
+        check_tools(tools)
+    with_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if with_tools and not reads_tools(template):
+        messages, tools = tools_as_text(messages, tools), None
     try:
         compiled = _compile(template)
     except jinja2.TemplateError as e:
@@ -86,6 +113,7 @@ def render_chat(
     try:
         return compiled.render(
             messages=messages,
+            **({"tools": tools} if tools else {}),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,

@@ -14,39 +14,13 @@ from starlette.responses import JSONResponse, Response
 from broker.messages import Completion, TokenChunk
 from common.enums import FinishReason
 from common.errors import InvalidRequestError, WarmfleetError
+from gateway.anthropic_messages import chat_of, tools_of
 from gateway.http_errors import Shape, error_body
 from gateway.http_jobs import HttpContext, Started, collect, start
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
 from gateway.sse import EventStream, event
+from gateway.tool_calls import Piece, ToolCall, ToolCallScanner, merge_text
 from gateway.validate import GenerateInput
-
-
-def text_of(content: Any, where: str) -> str:
-    """A string, or a list of text blocks (other block types are not supported)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-        for b in content
-    ):
-        return "".join(b["text"] for b in content)
-    raise InvalidRequestError(where, "must be a string or a list of text blocks")
-
-
-def chat_of(body: Body) -> list[dict[str, str]]:
-    """`system` and `messages` as one chat."""
-    raw = get(body, "messages", list)
-    if not raw:
-        raise InvalidRequestError("messages", "is required (a non-empty list)")
-    chat = []
-    system = body.get("system")
-    if system is not None:
-        chat.append({"role": "system", "content": text_of(system, "system")})
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise InvalidRequestError("messages", f"[{i}]: role must be user or assistant")
-        chat.append({"role": m["role"], "content": text_of(m.get("content"), f"messages[{i}]")})
-    return chat
 
 
 def input_of(body: Body, session_id: str) -> GenerateInput:
@@ -56,6 +30,7 @@ def input_of(body: Body, session_id: str) -> GenerateInput:
     return GenerateInput(
         session_id=session_id,
         messages=chat_of(body),
+        tools=tools_of(body),
         max_tokens=max_tokens,
         temperature=number(body, "temperature"),
         top_p=number(body, "top_p"),
@@ -64,10 +39,16 @@ def input_of(body: Body, session_id: str) -> GenerateInput:
     )
 
 
-def stop_reason(c: Completion) -> str:
+def stop_reason(c: Completion, scanner: ToolCallScanner) -> str:
     if c.finish_reason == FinishReason.LENGTH:
         return "max_tokens"
-    return "stop_sequence" if c.stop_sequence else "end_turn"
+    if c.stop_sequence:
+        return "stop_sequence"
+    return "tool_use" if scanner.calls else "end_turn"
+
+
+def tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_{call.id}", "name": call.name, "input": {}}
 
 
 def usage(c: Completion) -> dict[str, int]:
@@ -83,43 +64,93 @@ def usage(c: Completion) -> dict[str, int]:
 async def messages(ctx: HttpContext, request: Request) -> Response:
     body = await ctx.body(request)
     ctx.check_model(get(body, "model", str))
-    started = await start(ctx, request, input_of(body, session_of(request)))
+    inp = input_of(body, session_of(request))
+    started = await start(ctx, request, inp)
     message: dict[str, Any] = {"id": f"msg_{started.job.request_id}", "type": "message",
                                "role": "assistant", "model": ctx.model_id}  # fmt: skip
+    scanner = ToolCallScanner(frozenset(t["function"]["name"] for t in inp.tools or ()))
     if get(body, "stream", bool, False):
-        return EventStream(_events(started, message), started.headers)  # type: ignore[return-value]
+        events = _events(started, message, scanner)
+        return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
+    text, calls = merge_text([p for ch in chunks for p in scanner.feed(ch.text)] + scanner.finish())
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
+    content += [{**tool_use(call), "input": call.arguments} for call in calls]
     return JSONResponse(
-        {**message, "content": [{"type": "text", "text": "".join(ch.text for ch in chunks)}],
-         "stop_reason": stop_reason(c), "stop_sequence": c.stop_sequence or None,
-         "usage": usage(c)},
+        {**message, "content": content, "stop_reason": stop_reason(c, scanner),
+         "stop_sequence": c.stop_sequence or None, "usage": usage(c)},
         headers=started.headers,
     )  # fmt: skip
 
 
-async def _events(started: Started, message: dict[str, Any]) -> AsyncGenerator[bytes, None]:
+class _Blocks:
+    """The stream's content blocks: text opens a text block (when none is open), each call
+    is a tool_use block of its own, its input sent whole as one input_json_delta."""
+
+    def __init__(self) -> None:
+        self.index = 0  # the block open or next
+        self.text_open = False
+
+    def events(self, pieces: list[Piece]) -> list[bytes]:
+        out = []
+        for p in pieces:
+            if isinstance(p, str):
+                if not self.text_open:
+                    out.append(self._start({"type": "text", "text": ""}))
+                    self.text_open = True
+                out.append(self._delta({"type": "text_delta", "text": p}))
+                continue
+            out += self.close()
+            out.append(self._start(tool_use(p)))
+            out.append(self._delta({"type": "input_json_delta", "partial_json": p.arguments_json}))
+            out.append(self._stop())
+        return out
+
+    def close(self) -> list[bytes]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        return [self._stop()]
+
+    def end(self) -> list[bytes]:
+        """Close the last block; a reply of nothing has one empty text block."""
+        if self.index == 0 and not self.text_open:
+            return [self._start({"type": "text", "text": ""}), self._stop()]
+        return self.close()
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        body = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return event(body, "content_block_start")
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        body = {"type": "content_block_delta", "index": self.index, "delta": delta}
+        return event(body, "content_block_delta")
+
+    def _stop(self) -> bytes:
+        self.index += 1
+        return event({"type": "content_block_stop", "index": self.index - 1}, "content_block_stop")
+
+
+async def _events(
+    started: Started, message: dict[str, Any], scanner: ToolCallScanner
+) -> AsyncGenerator[bytes, None]:
     prompt_tokens = len(started.job.prompt_ids)
     start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
     opened = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
               "usage": start_usage}  # fmt: skip
     yield event({"type": "message_start", "message": opened}, "message_start")
-    block = {
-        "type": "content_block_start",
-        "index": 0,
-        "content_block": {"type": "text", "text": ""},
-    }
-    yield event(block, "content_block_start")
+    blocks = _Blocks()
     try:
         async with aclosing(started.results) as results:
             async for m in results:
                 if isinstance(m, TokenChunk):
-                    if m.text:
-                        delta = {"type": "text_delta", "text": m.text}
-                        yield event({"type": "content_block_delta", "index": 0, "delta": delta},
-                                    "content_block_delta")  # fmt: skip
+                    for out in blocks.events(scanner.feed(m.text)):
+                        yield out
                     continue
-                yield event({"type": "content_block_stop", "index": 0}, "content_block_stop")
-                end = {"stop_reason": stop_reason(m), "stop_sequence": m.stop_sequence or None}
+                for out in blocks.events(scanner.finish()) + blocks.end():
+                    yield out
+                end = {"stop_reason": stop_reason(m, scanner),
+                       "stop_sequence": m.stop_sequence or None}  # fmt: skip
                 yield event({"type": "message_delta", "delta": end, "usage": usage(m)},
                             "message_delta")  # fmt: skip
                 yield event({"type": "message_stop"}, "message_stop")
@@ -131,5 +162,5 @@ async def count_tokens(ctx: HttpContext, request: Request) -> Response:
     body = await ctx.body(request)
     ctx.check_model(get(body, "model", str))
     tenant_of(request, ctx.keys)
-    inp = GenerateInput(messages=chat_of(body))
+    inp = GenerateInput(messages=chat_of(body), tools=tools_of(body))
     return JSONResponse({"input_tokens": await ctx.jobs.count_tokens(inp)})

@@ -17,32 +17,13 @@ from common.errors import InvalidRequestError, WarmfleetError
 from gateway.http_errors import Shape, error_body
 from gateway.http_jobs import HttpContext, Started, collect, start
 from gateway.http_request import Body, get, number, session_of, string_list
+from gateway.openai_messages import chat_messages, tools_of
 from gateway.sse import DONE, EventStream, event
+from gateway.tool_calls import ToolCall, ToolCallScanner, merge_text
 from gateway.validate import GenerateInput
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
           FinishReason.CANCELLED: "stop"}  # fmt: skip
-
-
-def chat_messages(body: Body) -> list[dict[str, str]]:
-    """`messages`, each content a string or a list of text parts, flattened to strings."""
-    raw = get(body, "messages", list)
-    if raw is None:
-        raise InvalidRequestError("messages", "is required")
-    messages = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise InvalidRequestError("messages", f"[{i}]: must be an object")
-        role, content = m.get("role"), m.get("content")
-        if isinstance(content, list):
-            parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
-                     for p in content]  # fmt: skip
-            if any(not isinstance(p, str) for p in parts):
-                raise InvalidRequestError("messages", f"[{i}].content: only text parts")
-            content = "".join(p for p in parts if p is not None)
-        role = "system" if role == "developer" else role
-        messages.append({"role": role, "content": content})
-    return messages  # type: ignore[return-value]  # roles and contents: checked as any chat
 
 
 def sampling_fields(body: Body, session_id: str) -> dict[str, Any]:
@@ -83,16 +64,24 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     ctx.check_model(get(body, "model", str))
     stream = get(body, "stream", bool, False)
     options = get(body, "stream_options", dict, {})
-    inp = GenerateInput(messages=chat_messages(body), **sampling_fields(body, session_of(request)))
+    tools = tools_of(body)
+    inp = GenerateInput(
+        messages=chat_messages(body), tools=tools, **sampling_fields(body, session_of(request))
+    )
     started = await start(ctx, request, inp)
     base = {"id": f"chatcmpl-{started.job.request_id}", "created": started.created,
             "model": ctx.model_id}  # fmt: skip
+    scanner = ToolCallScanner(frozenset(t["function"]["name"] for t in tools or ()))
     if stream:
-        chunks = _chat_chunks(started, base, bool(options.get("include_usage")))
+        chunks = _chat_chunks(started, base, scanner, bool(options.get("include_usage")))
         return EventStream(chunks, started.headers)  # type: ignore[return-value]
     chunks_got, c = await collect(started)
-    message = {"role": "assistant", "content": "".join(ch.text for ch in chunks_got)}
-    choice = {"index": 0, "message": message, "finish_reason": FINISH[c.finish_reason],
+    pieces = [p for ch in chunks_got for p in scanner.feed(ch.text)] + scanner.finish()
+    text, calls = merge_text(pieces)
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = [_call(call) for call in calls]
+    choice = {"index": 0, "message": message, "finish_reason": _finish(c, scanner),
               "logprobs": None}  # fmt: skip
     return JSONResponse(
         {**base, "object": "chat.completion", "choices": [choice], "usage": usage(c)},
@@ -100,14 +89,30 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     )
 
 
+def _call(call: ToolCall) -> dict[str, Any]:
+    return {"id": f"call_{call.id}", "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json}}  # fmt: skip
+
+
+def _finish(c: Completion, scanner: ToolCallScanner) -> str:
+    if scanner.calls and c.finish_reason == FinishReason.STOP:
+        return "tool_calls"
+    return FINISH[c.finish_reason]
+
+
 async def _chat_chunks(
-    started: Started, base: dict[str, Any], include_usage: bool
+    started: Started, base: dict[str, Any], scanner: ToolCallScanner, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
     head = {**base, "object": "chat.completion.chunk"}
 
-    def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         return event({**head, "choices": [choice]})
+
+    def deltas(pieces: list[str | ToolCall]) -> list[bytes]:
+        return [chunk({"content": p}) if isinstance(p, str) else
+                chunk({"tool_calls": [{"index": p.index, **_call(p)}]})
+                for p in pieces]  # fmt: skip
 
     yield chunk({"role": "assistant", "content": ""})
     try:
@@ -115,9 +120,12 @@ async def _chat_chunks(
             async for message in results:
                 if isinstance(message, TokenChunk):
                     if message.text:
-                        yield chunk({"content": message.text})
+                        for out in deltas(scanner.feed(message.text)):
+                            yield out
                     continue
-                yield chunk({}, FINISH[message.finish_reason])
+                for out in deltas(scanner.finish()):
+                    yield out
+                yield chunk({}, _finish(message, scanner))
                 if include_usage:
                     yield event({**head, "choices": [], "usage": usage(message)})
     except WarmfleetError as e:  # after the 200: the error travels in the stream

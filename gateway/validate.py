@@ -3,10 +3,12 @@ error naming the field. Everything a request can get wrong is found here, once."
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker.messages import Job
 from common.enums import Priority
@@ -25,10 +27,12 @@ DEFAULT_MAX_TOKENS = 256
 @dataclass(frozen=True, slots=True)
 class GenerateInput:
     """What a client asked for, whatever API it spoke; exactly one of messages, prompt and
-    token_ids. Sampling fields left None take their defaults."""
+    token_ids. `tools`: the functions offered, with messages (engine/chat_tools.py's form).
+    Sampling fields left None take their defaults."""
 
     session_id: str = ""
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
     token_ids: list[int] | None = None
     temperature: float | None = None
@@ -51,7 +55,7 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
         validate_messages(inp.messages)
         if tokenizer.chat_template is None:
             raise InvalidRequestError("messages", "the model has no chat template; send prompt")
-        return tokenizer.encode(render_chat(tokenizer.chat_template, inp.messages))
+        return tokenizer.encode(render_chat(tokenizer.chat_template, inp.messages, tools=inp.tools))
     if inp.prompt is not None:
         if not inp.prompt:
             raise InvalidRequestError("prompt", "is empty")
@@ -104,7 +108,10 @@ def input_size(inp: GenerateInput, bounds: InputBounds) -> int:
     tokenized or copied, so it runs on the event loop, before any expensive step."""
     if inp.messages is not None:
         bounds.check_count("messages", len(inp.messages))
-        texts = (m.get("content") for m in inp.messages if isinstance(m, dict))
+        texts = [m.get("content") for m in inp.messages if isinstance(m, dict)]
+        calls = [m["tool_calls"] for m in inp.messages if isinstance(m, dict) and "tool_calls" in m]
+        if calls or inp.tools:  # their JSON is written into the prompt
+            texts += [json.dumps(calls), json.dumps(inp.tools)]
         return bounds.check_text("messages", (t for t in texts if isinstance(t, str)))
     if inp.prompt is not None:
         return bounds.check_text("prompt", (inp.prompt,))

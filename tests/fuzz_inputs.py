@@ -100,6 +100,29 @@ JSON_VALUES = st.recursive(
 )
 
 
+# tool calling's parts: the tools offered, calls and results in the history, in both APIs
+FUNCTION = st.fixed_dictionaries(
+    {"name": texts | JSON_VALUES}, optional={"parameters": JSON_VALUES, "arguments": JSON_VALUES}
+)
+TOOLS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "custom"]) | texts},
+    optional={"function": FUNCTION | JSON_VALUES, "name": texts, "input_schema": JSON_VALUES},
+)
+TOOL_PARTS = {
+    "tool_calls": st.lists(st.fixed_dictionaries({"id": texts, "function": FUNCTION}), max_size=2)
+    | JSON_VALUES,
+    "tool_call_id": texts | JSON_VALUES,
+}
+BLOCKS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "tool_use", "tool_result", "image"]) | texts},
+        optional={"text": texts | JSON_VALUES, "name": texts, "input": JSON_VALUES,
+                  "content": JSON_VALUES, "tool_use_id": texts, "is_error": JSON_VALUES},
+    ),
+    max_size=3,
+)  # fmt: skip
+
+
 @st.composite
 def http_bodies(draw: st.DrawFn) -> bytes:
     """A body for the OpenAI or Anthropic endpoints: a valid one with none to all of its
@@ -116,8 +139,11 @@ def http_bodies(draw: st.DrawFn) -> bytes:
     }
     odd = {
         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES) | texts,
-                                                    "content": JSON_VALUES}), max_size=3)
+                                                    "content": JSON_VALUES | BLOCKS},
+                                                   optional=TOOL_PARTS), max_size=3)
         | JSON_VALUES,
+        "tools": st.lists(TOOLS | JSON_VALUES, max_size=3) | JSON_VALUES,
+        "tool_choice": st.sampled_from(["auto", "none", "required"]) | JSON_VALUES,
         "prompt": texts | JSON_VALUES,
         "max_tokens": st.integers(-(2**70), 2**70) | JSON_VALUES,
         "temperature": st.floats(allow_nan=True) | JSON_VALUES,

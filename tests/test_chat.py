@@ -1,5 +1,7 @@
 """Chat templates render as transformers renders them, and bad input is refused."""
 
+import json
+
 import pytest
 
 from common.errors import InvalidRequestError
@@ -79,3 +81,95 @@ def test_raise_exception_in_template_is_an_invalid_request():
 def test_template_failures_are_invalid_requests(template):
     with pytest.raises(InvalidRequestError):
         render_chat(template, [{"role": "user", "content": "a"}])
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}  # fmt: skip
+TOOL_CHAT = [
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL, {**CALL, "id": "c2"}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+]
+
+
+def test_a_template_without_tools_gets_them_as_text():
+    out = render_chat(CHATML, TOOL_CHAT, tools=[WEATHER])
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    system, rest = out.split("<|im_end|>\n", 1)
+    # the tools after a system message of their own (the template's default one is replaced)
+    assert system.startswith("<|im_start|>system\n# Tools\n")
+    assert f"<tools>\n{json.dumps(WEATHER)}\n</tools>" in system
+    assert "<tool_call>" in system and "SmolLM" not in out
+    assert rest == (
+        "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n"
+        f"<|im_start|>assistant\n{block}\n{block}<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
+        "<tool_response>\nrain\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_the_tools_follow_a_given_system_message():
+    chat = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    out = render_chat(CHATML, chat, tools=[WEATHER])
+    assert out.startswith("<|im_start|>system\nBe terse.\n\n# Tools\n")
+    assert render_chat(CHATML, chat, tools=[]) == render_chat(CHATML, chat)
+
+
+def test_a_template_that_reads_tools_renders_them_itself():
+    template = (
+        "{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}"
+        "<{{ c.function.name }} {{ c.function.arguments | tojson }}>"
+        "{% endfor %}{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %};{% endfor %}"
+    )
+    out = render_chat(template, TOOL_CHAT, tools=[WEATHER], add_generation_prompt=False)
+    assert out == (
+        '[get_weather]user:Weather in Paris and Rome?;assistant:<get_weather {"city": "Paris"}>'
+        '<get_weather {"city": "Paris"}>;tool:sunny(c1);tool:rain(c2);'
+    )
+
+
+@pytest.mark.parametrize(
+    ("tools", "messages", "field", "problem"),
+    [
+        ([{"type": "function"}], TOOL_CHAT[:1], "tools", "[0]: must be"),
+        ([{"type": "function", "function": {"name": ""}}], TOOL_CHAT[:1], "tools", "name"),
+        ([{**WEATHER, "function": {"name": "f", "parameters": 3}}], TOOL_CHAT[:1], "tools",
+         "parameters"),
+        ("f", TOOL_CHAT[:1], "tools", "must be a list"),
+        (None, [{"role": "user", "content": "a", "tool_calls": [CALL]}], "messages",
+         "[0].tool_calls: only on assistant"),
+        (None, [{"role": "assistant", "content": "", "tool_calls": []}], "messages",
+         "non-empty list"),
+        (None, [{"role": "assistant", "content": "",
+                 "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}], "messages",
+         "arguments: must be an object"),
+    ],
+)  # fmt: skip
+def test_bad_tools_name_the_field(tools, messages, field, problem):
+    with pytest.raises(InvalidRequestError) as info:
+        render_chat(CHATML, messages, tools=tools)
+    assert info.value.field == field
+    assert problem in str(info.value)
+
+
+def test_a_template_with_loop_controls_is_seen_to_read_tools():
+    # {% break %} needs the loopcontrols extension: read with the environment that renders
+    template = (
+        "{% for t in tools %}{{ t.function.name }}{% break %}{% endfor %}|"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    out = render_chat(
+        template, TOOL_CHAT[:1], tools=[WEATHER, WEATHER], add_generation_prompt=False
+    )
+    assert out == "get_weather|Weather in Paris and Rome?"

@@ -1,0 +1,85 @@
+"""An OpenAI chat request's messages and tools, as the chat template takes them: contents
+as strings, tool calls' arguments as objects (OpenAI sends them as JSON text)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from common.errors import InvalidRequestError
+from engine.chat_tools import Message, check_tools
+from gateway.http_request import Body, get
+
+
+def content_text(content: Any, where: str) -> str:
+    """A string, or a list of text parts, as one string."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+                 for p in content]  # fmt: skip
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)  # type: ignore[arg-type]  # all str, checked above
+    raise InvalidRequestError("messages", f"{where}.content: a string or a list of text parts")
+
+
+def chat_messages(body: Body) -> list[Message]:
+    """`messages`, contents flattened to strings, `developer` read as `system`."""
+    raw = get(body, "messages", list)
+    if raw is None:
+        raise InvalidRequestError("messages", "is required")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise InvalidRequestError("messages", f"[{i}]: must be an object")
+        role, content = m.get("role"), m.get("content")
+        calls = m.get("tool_calls")
+        if role == "assistant" and calls is not None:
+            content = "" if content is None else content
+            calls = _calls(calls, f"[{i}]")
+        if content is not None and not isinstance(content, str):
+            content = content_text(content, f"[{i}]")
+        message = {"role": "system" if role == "developer" else role, "content": content}
+        if calls is not None:
+            message["tool_calls"] = calls
+        if role == "tool":
+            message["tool_call_id"] = m.get("tool_call_id")
+        messages.append(message)
+    return messages
+
+
+def _calls(calls: Any, where: str) -> list[Message]:
+    """The calls with their arguments parsed (checked further with the rest of the chat)."""
+    if not isinstance(calls, list):
+        raise InvalidRequestError("messages", f"{where}.tool_calls: must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            raise InvalidRequestError("messages", f"{where}.tool_calls[{j}]: needs a function")
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError as e:
+                raise InvalidRequestError(
+                    "messages", f"{where}.tool_calls[{j}].function.arguments: not JSON: {e}"
+                ) from e
+        out.append({"id": call.get("id"), "type": "function",
+                    "function": {"name": fn.get("name"), "arguments": arguments}})  # fmt: skip
+    return out
+
+
+def tools_of(body: Body) -> list[Message] | None:
+    """The tools the model may call: None when none are offered or `tool_choice` is none.
+    The model cannot be made to call one, so "required" and a named tool are refused."""
+    tools = get(body, "tools", list)
+    choice = body.get("tool_choice")
+    if choice == "none" or not tools:
+        return None
+    if choice not in (None, "auto"):
+        raise InvalidRequestError(
+            "tool_choice", "only auto and none are supported: the model is never forced to call"
+        )
+    check_tools(tools)
+    return [{"type": "function", "function": t["function"]} for t in tools]
