@@ -101,7 +101,18 @@ class Engine:
             return ended
         prefill = sum(n for seq, n in batch if not seq.output_ids)
         t0 = time.perf_counter()
-        logits, due = self.runner.run(batch)
+        try:
+            logits, due = self.runner.run(batch)
+        except MemoryError as e:
+            # nothing of the step was kept: retried in smaller steps, down to one row
+            rows = sum(n for _, n in batch)
+            if rows <= 1:
+                raise
+            self.scheduler.limit_rows(rows // 2)
+            log.warning("a step of %d rows ran out of memory (%s): at most %d rows a step "
+                        "for a while", rows, e, rows // 2)  # fmt: skip
+            return ended
+        self.scheduler.step_ran()
         took = time.perf_counter() - t0
         self.scheduler.cost.observe(prefill, took)
         self._count(batch, len(due), took)

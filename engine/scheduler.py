@@ -10,6 +10,7 @@ from engine.sequence import Sequence, SequenceStatus
 from engine.step_cost import StepCost
 
 ScheduledBatch = list[tuple[Sequence, int]]  # each sequence and how many tokens it runs
+GROW_AFTER_STEPS = 32  # steps run within a row cap before it doubles
 
 
 class Scheduler:
@@ -21,6 +22,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.cost = StepCost()  # the engine reports each step's time
+        # after a step ran out of memory: at most this many rows (tokens) a step, until
+        # GROW_AFTER_STEPS steps fit and it doubles; None when no step has failed lately
+        self.row_cap: int | None = None
+        self._steps_in_cap = 0
+        self._turn = 0  # where the capped decodes start: each gets its turn
 
     @property
     def has_work(self) -> bool:
@@ -43,11 +49,35 @@ class Scheduler:
         else:
             self.waiting.appendleft(seq)
 
+    def limit_rows(self, rows: int) -> None:
+        """A step of more rows ran out of memory: smaller steps until they fit a while."""
+        self.row_cap = max(1, rows)
+        self._steps_in_cap = 0
+
+    def step_ran(self) -> None:
+        """A step fitted in memory: the cap doubles after GROW_AFTER_STEPS of them."""
+        if self.row_cap is None:
+            return
+        self._steps_in_cap += 1
+        if self._steps_in_cap >= GROW_AFTER_STEPS:
+            self._steps_in_cap = 0
+            self.row_cap *= 2
+            if self.row_cap > self.config.max_running + self.config.step_prefill_tokens:
+                self.row_cap = None
+
     def schedule(self) -> ScheduledBatch:
-        batch: ScheduledBatch = [(s, 1) for s in self.running if not s.prefilling]
+        decoding = [s for s in self.running if not s.prefilling]
+        cap = self.row_cap
+        if cap is not None and len(decoding) > cap:
+            start = self._turn % len(decoding)
+            decoding = (decoding[start:] + decoding[:start])[:cap]
+            self._turn = start + cap
+        batch: ScheduledBatch = [(s, 1) for s in decoding]
         budget = self.config.step_prefill_tokens
         if batch and self.config.step_budget_s is not None:  # decodes must not stall
             budget = self.cost.prefill_tokens(self.config.step_budget_s, budget)
+        if cap is not None:
+            budget = min(budget, cap - len(batch))
         for seq in self.running:
             if seq.prefilling and budget > 0:
                 budget -= self._add_chunk(batch, seq, budget)

@@ -231,10 +231,10 @@ class Worker:
                 self._finish(f, out.completion)
 
     def _out_of_memory(self, e: MemoryError) -> None:
-        """A step could not get the memory it needed (its kernels' scratch, its arrays):
-        nothing of it was kept. Its requests, every running one, end with
-        RESOURCE_EXHAUSTED, their sessions keeping the KV they had before it; paused ones
-        and the worker go on."""
+        """A step of one row could not get the memory it needed (its kernels' scratch, its
+        arrays; larger steps the engine runs again in halves): nothing of it was kept. Its
+        requests, every running one, end with RESOURCE_EXHAUSTED, their sessions keeping
+        the KV they had before it; paused ones and the worker go on."""
         s = self.state
         ended = [rid for rid in s.inflight if rid not in s.engine.paused]
         log.error("a step ran out of memory (%s): %d running request(s) ended", e, len(ended))
