@@ -1,7 +1,8 @@
 """Tool calls found in a reply's text as it streams: `<tool_call>{"name": ..., "arguments":
 {...}}</tool_call>` blocks (the Hermes form: Qwen, Hermes, SmolLM and the form warmfleet's
 own tool prompt asks for), or a whole reply that is one JSON object with "name" and
-"parameters" or "arguments" (Llama 3's form). Text around the calls passes through at once,
+"parameters" or "arguments" (Llama 3's form) or a list of them (Mistral's, after its
+[TOOL_CALLS] token). Text around the calls passes through at once,
 but for the few characters that might open a block; a block that does not hold a call of a
 tool the request offered comes out as the text it was."""
 
@@ -30,6 +31,17 @@ class ToolCall:
 Piece = str | ToolCall
 
 
+def calls_of(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, Any]]] | None:
+    """The calls of a whole reply that is a call object or a non-empty list of them."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    values = value if isinstance(value, list) else [value]
+    found = [call for call in (_call_in(v, names) for v in values) if call is not None]
+    return found if found and len(found) == len(values) else None
+
+
 def call_of(text: str, names: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
     """The tool and arguments a JSON object names, when it is an offered tool with object
     arguments."""
@@ -37,6 +49,10 @@ def call_of(text: str, names: frozenset[str]) -> tuple[str, dict[str, Any]] | No
         value = json.loads(text)
     except ValueError:
         return None
+    return _call_in(value, names)
+
+
+def _call_in(value: Any, names: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(value, dict) or value.get("name") not in names:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
@@ -69,10 +85,10 @@ class ToolCallScanner:
         self.pending += text
         if not self.started:
             stripped = self.pending.lstrip()
-            if not stripped:
+            if stripped in ("", "["):  # "[" may open a list of calls: wait for the next
                 return []
             self.started = True
-            self.whole_json = stripped.startswith("{")
+            self.whole_json = stripped.startswith(("{", "[{"))
         if self.whole_json:
             return []
         return self._scan()
@@ -81,7 +97,8 @@ class ToolCallScanner:
         """What is left at the reply's end: an unclosed block is tried as a call."""
         rest, self.pending = self.pending, ""
         if self.whole_json:
-            return [self._call(rest, rest)]
+            found = calls_of(rest, self.names)
+            return [self._new(*call) for call in found] if found else [rest]
         if self.inside:
             return [self._call(rest[len(CALL_OPEN) :], self.gap + rest)]
         return [rest] if rest.strip() or (rest and not self.calls) else []
@@ -116,10 +133,11 @@ class ToolCallScanner:
     def _call(self, json_text: str, as_written: str) -> Piece:
         """The call `json_text` holds, else the text as it was written."""
         found = call_of(json_text, self.names)
-        if found is None:
-            return as_written
+        return as_written if found is None else self._new(*found)
+
+    def _new(self, name: str, arguments: dict[str, Any]) -> ToolCall:
         self.calls += 1
-        return ToolCall(self.calls - 1, uuid.uuid4().hex[:24], *found)
+        return ToolCall(self.calls - 1, uuid.uuid4().hex[:24], name, arguments)
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -47,6 +47,9 @@ def calls_of(pieces: list[str | ToolCall]) -> list[tuple[int, str, dict]]:
         # Llama 3's form: the whole reply one object, "parameters" for the arguments
         (' {"name": "read_file", "parameters": {"path": "a.py"}}', "",
          [(0, "read_file", {"path": "a.py"})]),
+        # Mistral's form: a list of calls
+        (' [{"name": "read_file", "arguments": {"path": "a"}}, {"name": "get_weather", '
+         '"arguments": {}}]', "", [(0, "read_file", {"path": "a"}), (1, "get_weather", {})]),
         # arguments written as a JSON string
         ('<tool_call>{"name": "read_file", "arguments": "{\\"path\\": \\"b\\"}"}</tool_call>', "",
          [(0, "read_file", {"path": "b"})]),
@@ -78,9 +81,13 @@ def test_what_is_not_a_call_stays_text(block: str) -> None:
         assert merge_text(pieces)[0] == "A " + block
 
 
-def test_a_reply_that_is_a_json_object_but_no_call_comes_out_whole() -> None:
-    reply = '{"answer": 42}'
-    assert scan(reply, [3, 7]) == [reply]
+@pytest.mark.parametrize(
+    "reply",
+    ['{"answer": 42}', '[{"name": "read_file", "arguments": {}}, {"name": "rm"}]', "[]", "[1] x"],
+)
+def test_a_reply_that_is_json_but_no_call_comes_out_whole(reply: str) -> None:
+    for splits in every_split(reply):
+        assert merge_text(scan(reply, splits)) == (reply, [])
 
 
 def test_text_streams_at_once_but_for_what_may_open_a_block() -> None:
