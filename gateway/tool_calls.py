@@ -1,5 +1,5 @@
 """Tool calls found in a reply's text as it streams: `<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>` blocks (the Hermes form: Qwen, Hermes, SmolLM and the form warmfleet's
+{...}}</tool_call>` blocks (the Hermes form: Hermes 3, and the form warmfleet's
 own tool prompt asks for), or a whole reply that is one JSON object with "name" and
 "parameters" or "arguments" (Llama 3's form) or a list of them (Mistral's, after its
 [TOOL_CALLS] token). Text around the calls passes through at once,
