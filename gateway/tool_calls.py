@@ -1,10 +1,10 @@
 """Tool calls found in a reply's text as it streams: `<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>` blocks (the Hermes form: Hermes 3, and the form warmfleet's
-own tool prompt asks for), or a whole reply that is one JSON object with "name" and
-"parameters" or "arguments" (Llama 3's form) or a list of them (Mistral's, after its
-[TOOL_CALLS] token). Text around the calls passes through at once,
-but for the few characters that might open a block; a block that does not hold a call of a
-tool the request offered comes out as the text it was."""
+{...}}</tool_call>` blocks (the Hermes form: Hermes 3, and the form warmfleet's own tool
+prompt asks for), or a whole reply that is one JSON object with "name" and "parameters" or
+"arguments" (Llama 3's form) or a list of them (Mistral's, after its [TOOL_CALLS] token).
+Text around the calls passes through at once, but for the few characters that might open a
+block; a block that does not hold a call of a tool the request offered comes out as the text
+it was."""
 
 from __future__ import annotations
 
