@@ -42,6 +42,7 @@ def sampling_fields(body: Body, session_id: str) -> dict[str, Any]:
         "min_p": number(body, "min_p"),
         "seed": get(body, "seed", int),
         "max_tokens": max_tokens,
+        "max_tokens_default": None,  # as OpenAI: without max_tokens, up to the context's end
         "stop": string_list(body, "stop"),
         "priority": Priority(priority),
         "ignore_eos": get(body, "ignore_eos", bool, False),

@@ -41,6 +41,8 @@ class GenerateInput:
     min_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    # when the client sent no max_tokens; None: up to the context's end (OpenAI's rule)
+    max_tokens_default: int | None = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = field(default=())
     priority: Priority = Priority.NORMAL
     ignore_eos: bool = False
@@ -66,7 +68,11 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
     return list(inp.token_ids)
 
 
-def sampling_of(inp: GenerateInput) -> SamplingParams:
+def sampling_of(inp: GenerateInput, room: int) -> SamplingParams:
+    """The sampling asked for; `room`: the tokens the context holds after the prompt."""
+    max_tokens = inp.max_tokens
+    if max_tokens is None:
+        max_tokens = room if inp.max_tokens_default is None else inp.max_tokens_default
     return SamplingParams(
         temperature=0.0 if inp.temperature is None else inp.temperature,
         top_k=inp.top_k or 0,
@@ -74,7 +80,7 @@ def sampling_of(inp: GenerateInput) -> SamplingParams:
         min_p=inp.min_p or 0.0,
         # fixed here when absent, so that a retry on another worker draws the same tokens
         seed=secrets.randbits(63) if inp.seed is None else inp.seed,
-        max_tokens=DEFAULT_MAX_TOKENS if inp.max_tokens is None else inp.max_tokens,
+        max_tokens=max_tokens,
         stop=inp.stop,
         ignore_eos=inp.ignore_eos,
         min_tokens=inp.min_tokens,
@@ -86,9 +92,9 @@ def build_job(
 ) -> Job:
     """Everything checked that can be checked here; raises InvalidRequestError subclasses."""
     check_session_id(inp.session_id)
-    sampling = sampling_of(inp)
     ids = prompt_ids(inp, tokenizer)
     config.check_prompt(ids)
+    sampling = sampling_of(inp, config.context_length - len(ids))
     now = time.time()
     return Job(
         request_id=uuid.uuid4().hex,
