@@ -7,7 +7,7 @@ import json
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from broker.messages import Job
@@ -69,11 +69,13 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
 
 
 def sampling_of(inp: GenerateInput, room: int) -> SamplingParams:
-    """The sampling asked for; `room`: the tokens the context holds after the prompt."""
+    """The sampling asked for; `room`: the tokens the context holds after the prompt. A
+    max_tokens past it is cut to it: the same tokens come out (the context ends first), and
+    the fair queues charge what can run (Claude Code asks 32,000 of an 8,192 context)."""
     max_tokens = inp.max_tokens
     if max_tokens is None:
         max_tokens = room if inp.max_tokens_default is None else inp.max_tokens_default
-    return SamplingParams(
+    sampling = SamplingParams(
         temperature=0.0 if inp.temperature is None else inp.temperature,
         top_k=inp.top_k or 0,
         top_p=1.0 if inp.top_p is None else inp.top_p,
@@ -84,7 +86,10 @@ def sampling_of(inp: GenerateInput, room: int) -> SamplingParams:
         stop=inp.stop,
         ignore_eos=inp.ignore_eos,
         min_tokens=inp.min_tokens,
-    )
+    )  # checked as asked, then cut to the room
+    if sampling.max_tokens <= room:
+        return sampling
+    return replace(sampling, max_tokens=room, min_tokens=min(sampling.min_tokens, room))
 
 
 def build_job(
