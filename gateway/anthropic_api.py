@@ -68,7 +68,7 @@ async def messages(ctx: HttpContext, request: Request) -> Response:
     started = await start(ctx, request, inp)
     message: dict[str, Any] = {"id": f"msg_{started.job.request_id}", "type": "message",
                                "role": "assistant", "model": ctx.model_id}  # fmt: skip
-    scanner = ToolCallScanner(frozenset(t["function"]["name"] for t in inp.tools or ()))
+    scanner = ToolCallScanner.offering(inp.tools)
     if get(body, "stream", bool, False):
         events = _events(started, message, scanner)
         return EventStream(events, started.headers)  # type: ignore[return-value]

@@ -65,14 +65,14 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     ctx.check_model(get(body, "model", str))
     stream = get(body, "stream", bool, False)
     options = get(body, "stream_options", dict, {})
-    tools = tools_of(body)
     inp = GenerateInput(
-        messages=chat_messages(body), tools=tools, **sampling_fields(body, session_of(request))
-    )
+        messages=chat_messages(body), tools=tools_of(body),
+        **sampling_fields(body, session_of(request)),
+    )  # fmt: skip
     started = await start(ctx, request, inp)
     base = {"id": f"chatcmpl-{started.job.request_id}", "created": started.created,
             "model": ctx.model_id}  # fmt: skip
-    scanner = ToolCallScanner(frozenset(t["function"]["name"] for t in tools or ()))
+    scanner = ToolCallScanner.offering(inp.tools)
     if stream:
         chunks = _chat_chunks(started, base, scanner, bool(options.get("include_usage")))
         return EventStream(chunks, started.headers)  # type: ignore[return-value]

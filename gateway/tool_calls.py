@@ -79,6 +79,11 @@ class ToolCallScanner:
         self.whole_json = False  # the reply opened with "{": held to the end (Llama 3's form)
         self.calls = 0
 
+    @classmethod
+    def offering(cls, tools: list[dict[str, Any]] | None) -> ToolCallScanner:
+        """The scanner for a request's tools (engine/chat_tools.py's form; None: none)."""
+        return cls(frozenset(t["function"]["name"] for t in tools or ()))
+
     def feed(self, text: str) -> list[Piece]:
         if not self.names:
             return [text] if text else []
