@@ -149,3 +149,30 @@ def test_tool_requests_the_model_cannot_honour_are_refused(keyed_cluster: KeyedC
             r = c.post("/v1/messages", json={"max_tokens": 4, "messages": question, **extra})
             assert r.status_code == 400, r.text
             assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_claude_code_shaped_request_streams(keyed_cluster: KeyedCluster) -> None:
+    """What Claude Code sends on every turn: system and content as blocks with cache_control,
+    tools whose schemas carry $schema, metadata, a temperature, a max_tokens past the
+    context, stream; the beta query string and headers. It streams as Anthropic's does."""
+    kc = keyed_cluster
+    cache = {"cache_control": {"type": "ephemeral"}}
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", **SCHEMA,
+              "additionalProperties": False}  # fmt: skip
+    body = {
+        "model": MODEL, "max_tokens": 32000, "temperature": 1, "stream": True,
+        "metadata": {"user_id": "user_abc_account_def_session_ghi"},
+        "system": [{"type": "text", "text": "You are Claude Code.", **cache}],
+        "tools": [{"name": "get_weather", "description": DESCRIPTION, "input_schema": schema}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTION, **cache}]}],
+    }  # fmt: skip
+    headers = {"x-api-key": kc.keys["alice"], "anthropic-version": "2023-06-01",
+               "anthropic-beta": "claude-code-20250219", "X-Session-Id": "claude-code"}  # fmt: skip
+    with (
+        httpx.Client(base_url=kc.cluster.http_url, timeout=120) as c,
+        c.stream("POST", "/v1/messages?beta=true", json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        names = [ln[len("event: ") :] for ln in r.iter_lines() if ln.startswith("event: ")]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    assert names.count("content_block_start") == names.count("content_block_stop") >= 1
