@@ -11,15 +11,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from broker.messages import Completion, TokenChunk
+from broker.messages import Completion
 from common.enums import FinishReason
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.anthropic_messages import chat_of, tools_of
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Started, collect, start
+from gateway.http_jobs import HttpContext, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
 from gateway.sse import EventStream, event
-from gateway.tool_calls import Piece, ToolCall, ToolCallScanner, merge_text
+from gateway.tool_calls import Piece, ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
 
 
@@ -73,7 +73,7 @@ async def messages(ctx: HttpContext, request: Request) -> Response:
         events = _events(started, message, scanner)
         return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
-    text, calls = merge_text([p for ch in chunks for p in scanner.feed(ch.text)] + scanner.finish())
+    text, calls = scanner.whole(ch.text for ch in chunks)
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
     content += [{**tool_use(call), "input": call.arguments} for call in calls]
     return JSONResponse(
@@ -141,17 +141,17 @@ async def _events(
     yield event({"type": "message_start", "message": opened}, "message_start")
     blocks = _Blocks()
     try:
-        async with aclosing(started.results) as results:
-            async for m in results:
-                if isinstance(m, TokenChunk):
-                    for out in blocks.events(scanner.feed(m.text)):
+        async with aclosing(scanned(started, scanner)) as results:
+            async for got in results:
+                if not isinstance(got, Completion):
+                    for out in blocks.events(got):
                         yield out
                     continue
-                for out in blocks.events(scanner.finish()) + blocks.end():
+                for out in blocks.end():
                     yield out
-                end = {"stop_reason": stop_reason(m, scanner),
-                       "stop_sequence": m.stop_sequence or None}  # fmt: skip
-                yield event({"type": "message_delta", "delta": end, "usage": usage(m)},
+                end = {"stop_reason": stop_reason(got, scanner),
+                       "stop_sequence": got.stop_sequence or None}  # fmt: skip
+                yield event({"type": "message_delta", "delta": end, "usage": usage(got)},
                             "message_delta")  # fmt: skip
                 yield event({"type": "message_stop"}, "message_stop")
     except WarmfleetError as e:  # after the 200: the error travels in the stream

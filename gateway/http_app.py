@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.errors import NotFoundError, QueueFullError, WarmfleetError
-from gateway import anthropic_api, dashboard, openai_api, sessions_api
+from gateway import anthropic_api, dashboard, openai_api, responses_api, sessions_api
 from gateway.dashboard import Operator
 from gateway.http_errors import Shape, error_response
 from gateway.http_jobs import HttpContext
@@ -54,6 +54,7 @@ def build_app(ctx: HttpContext, op: Operator, max_open: int = 4096) -> ASGIApp:
             route("/v1/models", openai_api.models, "GET"),
             route("/v1/chat/completions", openai_api.chat_completions, "POST"),
             route("/v1/completions", openai_api.completions, "POST"),
+            route("/v1/responses", responses_api.responses, "POST"),
             route("/v1/messages", anthropic_api.messages, "POST", Shape.ANTHROPIC),
             route("/v1/messages/count_tokens", anthropic_api.count_tokens, "POST", Shape.ANTHROPIC),
             route("/v1/sessions", sessions_api.list_sessions, "GET"),

@@ -15,6 +15,7 @@ from common.errors import NotFoundError
 from gateway.auth import KeyRing
 from gateway.core import GatewayCore
 from gateway.http_request import Body, read_json, tenant_of, time_left_of
+from gateway.tool_calls import Piece, ToolCallScanner
 from gateway.validate import GenerateInput, JobBuilder
 
 Results = AsyncGenerator[TokenChunk | Completion, None]
@@ -62,6 +63,20 @@ async def start(ctx: HttpContext, request: Request, inp: GenerateInput) -> Start
     job = await ctx.jobs.build(inp, tenant.name, time_left_of(request))
     await ctx.core.admit(job, tenant)
     return Started(job, inp.session_id, int(time.time()), ctx.core.results(job))
+
+
+async def scanned(
+    started: Started, scanner: ToolCallScanner
+) -> AsyncGenerator[list[Piece] | Completion, None]:
+    """A streamed job's results as what to send: each chunk's text and calls, what the
+    scanner held back at the end, then the completion."""
+    async with aclosing(started.results) as results:
+        async for message in results:
+            if isinstance(message, TokenChunk):
+                yield scanner.feed(message.text)
+            else:
+                yield scanner.finish()
+                yield message
 
 
 async def collect(started: Started) -> tuple[list[TokenChunk], Completion]:

@@ -15,11 +15,11 @@ from broker.messages import Completion, TokenChunk
 from common.enums import FinishReason, Priority
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Started, collect, start
+from gateway.http_jobs import HttpContext, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list
 from gateway.openai_messages import chat_messages, tools_of
 from gateway.sse import DONE, EventStream, event
-from gateway.tool_calls import ToolCall, ToolCallScanner, merge_text
+from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -77,8 +77,7 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
         chunks = _chat_chunks(started, base, scanner, bool(options.get("include_usage")))
         return EventStream(chunks, started.headers)  # type: ignore[return-value]
     chunks_got, c = await collect(started)
-    pieces = [p for ch in chunks_got for p in scanner.feed(ch.text)] + scanner.finish()
-    text, calls = merge_text(pieces)
+    text, calls = scanner.whole(ch.text for ch in chunks_got)
     message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
     if calls:
         message["tool_calls"] = [_call(call) for call in calls]
@@ -117,18 +116,15 @@ async def _chat_chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async with aclosing(started.results) as results:
-            async for message in results:
-                if isinstance(message, TokenChunk):
-                    if message.text:
-                        for out in deltas(scanner.feed(message.text)):
-                            yield out
+        async with aclosing(scanned(started, scanner)) as results:
+            async for got in results:
+                if not isinstance(got, Completion):
+                    for out in deltas(got):
+                        yield out
                     continue
-                for out in deltas(scanner.finish()):
-                    yield out
-                yield chunk({}, _finish(message, scanner))
+                yield chunk({}, _finish(got, scanner))
                 if include_usage:
-                    yield event({**head, "choices": [], "usage": usage(message)})
+                    yield event({**head, "choices": [], "usage": usage(got)})
     except WarmfleetError as e:  # after the 200: the error travels in the stream
         yield event(error_body(e, Shape.OPENAI))
     yield DONE

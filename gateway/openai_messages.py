@@ -70,9 +70,10 @@ def _calls(calls: Any, where: str) -> list[Message]:
     return out
 
 
-def tools_of(body: Body) -> list[Message] | None:
-    """The tools the model may call: None when none are offered or `tool_choice` is none.
-    The model cannot be made to call one, so "required" and a named tool are refused."""
+def offered(body: Body) -> list[Any] | None:
+    """`tools` as sent, when the model may call them: None when none are offered or
+    `tool_choice` is none. The model cannot be made to call one, so "required" and a named
+    tool are refused."""
     tools = get(body, "tools", list)
     choice = body.get("tool_choice")
     if choice == "none" or not tools:
@@ -81,5 +82,13 @@ def tools_of(body: Body) -> list[Message] | None:
         raise InvalidRequestError(
             "tool_choice", "only auto and none are supported: the model is never forced to call"
         )
+    return list(tools)
+
+
+def tools_of(body: Body) -> list[Message] | None:
+    """The tools the model may call (see `offered`)."""
+    tools = offered(body)
+    if tools is None:
+        return None
     check_tools(tools)
     return [{"type": "function", "function": t["function"]} for t in tools]

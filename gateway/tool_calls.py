@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,10 @@ class ToolCallScanner:
         if self.whole_json:
             return []
         return self._scan()
+
+    def whole(self, texts: Iterable[str]) -> tuple[str, list[ToolCall]]:
+        """A reply read at once: its text and its calls."""
+        return merge_text([p for text in texts for p in self.feed(text)] + self.finish())
 
     def finish(self) -> list[Piece]:
         """What is left at the reply's end: an unclosed block is tried as a call."""

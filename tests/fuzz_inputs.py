@@ -123,6 +123,15 @@ BLOCKS = st.lists(
 )  # fmt: skip
 
 
+# a Responses request's input items
+ITEMS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning"])
+     | texts},
+    optional={"role": texts, "content": JSON_VALUES | BLOCKS, "call_id": texts,
+              "name": texts, "arguments": texts | JSON_VALUES, "output": JSON_VALUES},
+)  # fmt: skip
+
+
 @st.composite
 def http_bodies(draw: st.DrawFn) -> bytes:
     """A body for the OpenAI or Anthropic endpoints: a valid one with none to all of its
@@ -135,7 +144,9 @@ def http_bodies(draw: st.DrawFn) -> bytes:
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": draw(st.text(max_size=20))}],
         "prompt": draw(st.text(min_size=1, max_size=20)),
+        "input": draw(st.text(min_size=1, max_size=20)),
         "max_tokens": draw(small_tokens),
+        "max_output_tokens": draw(small_tokens),
     }
     odd = {
         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES) | texts,
@@ -144,6 +155,10 @@ def http_bodies(draw: st.DrawFn) -> bytes:
         | JSON_VALUES,
         "tools": st.lists(TOOLS | JSON_VALUES, max_size=3) | JSON_VALUES,
         "tool_choice": st.sampled_from(["auto", "none", "required"]) | JSON_VALUES,
+        "input": st.lists(ITEMS | JSON_VALUES, max_size=3) | JSON_VALUES,
+        "prompt_cache_key": texts | JSON_VALUES,
+        "previous_response_id": texts | JSON_VALUES,
+        "text": JSON_VALUES,
         "prompt": texts | JSON_VALUES,
         "max_tokens": st.integers(-(2**70), 2**70) | JSON_VALUES,
         "temperature": st.floats(allow_nan=True) | JSON_VALUES,

@@ -37,7 +37,7 @@ DEADLINE_S = 30.0  # every call's deadline; a call that meets it counts as hung
 BAD_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED}
 SERVICE = "/warmfleet.v1.Inference/"
 UNARY = {"GetSession": pb.GetSessionRequest, "DeleteSession": pb.DeleteSessionRequest}
-HTTP_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+HTTP_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 HEADER_VALUES = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80).map(
     str.strip
 )

@@ -153,14 +153,15 @@ def test_tool_requests_the_model_cannot_honour_are_refused(keyed_cluster: KeyedC
 
 def test_a_claude_code_shaped_request_streams(keyed_cluster: KeyedCluster) -> None:
     """What Claude Code sends on every turn: system and content as blocks with cache_control,
-    tools whose schemas carry $schema, metadata, a temperature, a max_tokens past the
-    context, stream; the beta query string and headers. It streams as Anthropic's does."""
+    tools whose schemas carry $schema, metadata, a max_tokens past the context, stream;
+    the beta query string and headers. It streams as Anthropic's does."""
     kc = keyed_cluster
     cache = {"cache_control": {"type": "ephemeral"}}
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", **SCHEMA,
               "additionalProperties": False}  # fmt: skip
     body = {
-        "model": MODEL, "max_tokens": 32000, "temperature": 1, "stream": True,
+        # Claude Code sends temperature 1: greedy here, so the reply's length is fixed
+        "model": MODEL, "max_tokens": 32000, "temperature": 0, "stream": True,
         "metadata": {"user_id": "user_abc_account_def_session_ghi"},
         "system": [{"type": "text", "text": "You are Claude Code.", **cache}],
         "tools": [{"name": "get_weather", "description": DESCRIPTION, "input_schema": schema}],

@@ -1,0 +1,107 @@
+"""An OpenAI Responses request (what Codex CLI speaks) as one chat: `instructions` first,
+`input` as a string or items (messages with text parts, `function_call` items joined to the
+assistant message before them, each `function_call_output` a `tool` message), the function
+tools offered. Nothing is stored: each request carries its whole conversation, and the
+session's KV makes that cheap (`previous_response_id` is refused)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from common.errors import InvalidRequestError
+from engine.chat_tools import Message, check_tools
+from gateway.http_request import Body, get
+from gateway.openai_messages import offered
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = ("input_text", "output_text", "text")
+SKIPPED_ITEMS = ("reasoning",)  # another model's thoughts: nothing this one can read
+
+
+def text_of(content: Any, where: str) -> str:
+    """A string, or a list of text parts, as one string."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise InvalidRequestError("input", f"{where}: a string or a list of text parts")
+
+
+def chat_of(body: Body) -> list[Message]:
+    if body.get("previous_response_id") is not None:
+        raise InvalidRequestError(
+            "previous_response_id",
+            "not supported: responses are not stored; send the whole conversation as input",
+        )
+    raw = body.get("input")
+    if raw is None or raw == "" or raw == []:
+        raise InvalidRequestError("input", "is required")
+    chat: list[Message] = []
+    instructions = get(body, "instructions", str)
+    if instructions:
+        chat.append({"role": "system", "content": instructions})
+    if isinstance(raw, str):
+        return [*chat, {"role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise InvalidRequestError("input", "must be a string or a list of items")
+    for i, item in enumerate(raw):
+        _add_item(chat, item, f"[{i}]")
+    return chat
+
+
+def _add_item(chat: list[Message], item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise InvalidRequestError("input", f"{where}: must be an object")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = ROLES.get(str(item.get("role")))
+        if role is None:
+            raise InvalidRequestError("input", f"{where}.role: user, assistant, system, developer")
+        chat.append({"role": role, "content": text_of(item.get("content"), where)})
+    elif kind == "function_call":
+        call = _call(item, where)
+        last = chat[-1] if chat else None
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            chat.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = text_of(item.get("output"), f"{where}.output")
+        chat.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+    elif kind not in SKIPPED_ITEMS:
+        raise InvalidRequestError(
+            "input", f"{where}: items are message, function_call and function_call_output"
+        )
+
+
+def _call(item: dict[str, Any], where: str) -> Message:
+    arguments = item.get("arguments", "")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
+    except ValueError as e:
+        raise InvalidRequestError("input", f"{where}.arguments: not JSON: {e}") from e
+    return {"id": item.get("call_id"), "type": "function",
+            "function": {"name": item.get("name"), "arguments": parsed}}  # fmt: skip
+
+
+def tools_of(body: Body) -> list[Message] | None:
+    """The function tools the model may call (see openai_messages.offered); others, such as
+    web_search, are left out: the model can call only functions."""
+    tools = offered(body) or []
+    functions = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
+    converted = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+                 for t in functions]  # fmt: skip
+    check_tools(converted)
+    return converted or None
+
+
+def check_format(body: Body) -> None:
+    """Structured output (text.format json_schema or json_object) is not supported."""
+    form = get(body, "text", dict, {}).get("format")
+    kind = form.get("type", "text") if isinstance(form, dict) else "text"
+    if kind != "text":
+        raise InvalidRequestError("text.format", f"{kind!r} is not supported (only text)")
