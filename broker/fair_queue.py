@@ -3,7 +3,9 @@ class, decided atomically in Redis (Lua), so any number of gateways and workers 
 
 Within a class, tenants are served by start-time fair queuing on tokens: each tenant has a
 virtual finish time that grows by cost / weight per request dispatched (cost: prompt
-tokens plus max_tokens); a tenant that becomes active starts at the class's virtual clock;
+tokens plus max_tokens; when the request ends, the tokens it did not use are given back, so
+a reply that stops early costs what it ran); a tenant that becomes active starts at the
+class's virtual clock;
 the active tenant with the smallest virtual start time goes next. A flooding tenant
 therefore waits behind a quiet one instead of ahead of it, and over time tenants get tokens
 in proportion to their weights. (Deficit round robin needs a quantum tuned to request
@@ -110,7 +112,7 @@ return {'queued', tostring(all + 1)}
 #       batch requests, which they preempt), request-hash prefix, tenant-count prefix,
 #       then per class in priority order: active set, virtual times, tenant-list prefix,
 #       then (placement) the worker's id, workers set, heartbeat, draining, pinned-stream
-#       and wake-stream prefixes
+#       and wake-stream prefixes, then the charge prefix
 DISPATCH = _stream_field("""
 local me, hb, pinned = ARGV[15], ARGV[17], ARGV[19]
 -- a live worker's (load, idle sessions, id, batch slots); nil if it takes nothing now
@@ -182,6 +184,7 @@ for c = 0, 2 do
       redis.call('DECR', KEYS[2])
       local req = ARGV[4] .. rid
       local f = redis.call('HMGET', req, 'b', 'c', 'w')
+      local ttl = redis.call('TTL', req)
       redis.call('DEL', req)
       local finish = start
       if f[1] then  -- else it expired in the queue: its deadline passed
@@ -189,6 +192,10 @@ for c = 0, 2 do
         redis.call('HINCRBY', KEYS[3], tenant, 1)
         finish = start + tonumber(f[2]) / tonumber(f[3])
         n = n + 1
+        -- kept for END, which refunds what the request did not use
+        local charge = ARGV[21] .. rid
+        redis.call('HSET', charge, 's', state, 'a', active, 't', tenant, 'c', f[2], 'w', f[3])
+        redis.call('EXPIRE', charge, math.max(ttl, 1) + 3600)
       end
       redis.call('HSET', state, '~clock', start, tenant, finish)
       if redis.call('LLEN', list) > 0 then
@@ -276,7 +283,7 @@ def dispatch_args(rooms: Rooms, worker_id: str) -> list[str | int]:
     for p in PRIORITIES:
         args += [keys.fair_active(p), keys.fair_state(p), keys.fair_queue(p, "")]
     args += [worker_id, keys.WORKERS, keys.heartbeat_key(""), keys.draining_key("")]
-    return [*args, keys.pinned_stream(""), keys.worker_wake("")]
+    return [*args, keys.pinned_stream(""), keys.worker_wake(""), keys.fair_charge("")]
 
 
 def live_workers_args() -> list[str]:

@@ -48,6 +48,12 @@ def fair_state(priority: str) -> str:
     return f"wf:fq:{priority}:vt"
 
 
+def fair_charge(request_id: str) -> str:
+    """Hash: what the fair queues charged a dispatched request (class keys, tenant, cost,
+    weight), refunded in part when it ends having used less (expires with its deadline)."""
+    return f"wf:charge:{request_id}"
+
+
 def queued_request(request_id: str) -> str:
     """Hash: a queued request's body, cost, weight, class and tenant (expires at its
     deadline)."""

@@ -24,12 +24,28 @@ AFFINITY_TTL_S = 600  # the index has long caught up by then
 
 # An entry whose request ended leaves its stream, and its tenant (ARGV[3], "" for an order)
 # runs one request fewer. A request taken over from a worker taken for dead may end on two
-# workers: only the one whose XDEL removed the entry counts it.
-# KEYS: the stream, keys.RUNNING. ARGV: group, entry id, tenant.
+# workers: only the one whose XDEL removed the entry counts it, and gives back to the
+# tenant's virtual finish time what the request was charged (DISPATCH's charge hash) beyond
+# the tokens it used.
+# KEYS: the stream, keys.RUNNING, the request's charge hash ("wf:charge:" for an order).
+# ARGV: group, entry id, tenant, tokens used.
 END = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 and ARGV[3] ~= '' then
-  redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
+  if ARGV[3] ~= '' then
+    redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+  end
+  local c = redis.call('HMGET', KEYS[3], 's', 'a', 't', 'c', 'w')
+  if c[1] then  -- dispatched from a fair queue: give back what it did not use
+    local refund = math.max(0, tonumber(c[4]) - tonumber(ARGV[4])) / tonumber(c[5])
+    if refund > 0 then
+      redis.call('HINCRBYFLOAT', c[1], c[3], -refund)
+      if redis.call('ZSCORE', c[2], c[3]) then
+        redis.call('ZINCRBY', c[2], -refund, c[3])
+      end
+    end
+    redis.call('DEL', KEYS[3])
+  end
 end
 return 0
 """
@@ -57,6 +73,9 @@ class Outbox:
 
     results: list[tuple[str, TokenChunk | Completion | JobError]] = field(default_factory=list)
     acks: list[Delivery] = field(default_factory=list)  # entries whose request ended
+    # tokens each ended request used (prompt + generated), by request id; one not here used
+    # none: the fair queues give back the rest of what they charged
+    used_tokens: dict[str, int] = field(default_factory=dict)
     events: list[SessionEvent] = field(default_factory=list)  # for the kvstore
 
 
@@ -223,9 +242,10 @@ class WorkerBroker(Leases):
             if not isinstance(message, TokenChunk):
                 pipe.expire(stream, OUT_STREAM_TTL_S)
         for d in out.acks:
-            tenant = d.job.tenant if d.job is not None else ""
-            self._end(keys=[d.stream, keys.RUNNING], args=[keys.GROUP, d.entry_id, tenant],
-                      client=pipe)  # fmt: skip
+            rid, tenant = (d.job.request_id, d.job.tenant) if d.job is not None else ("", "")
+            used = out.used_tokens.get(rid, 0)
+            self._end(keys=[d.stream, keys.RUNNING, keys.fair_charge(rid)],
+                      args=[keys.GROUP, d.entry_id, tenant, used], client=pipe)  # fmt: skip
 
     def _queue_events(self, pipe: redis.client.Pipeline, events: list[SessionEvent]) -> None:
         for e in events:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import redis as redis_lib
 
 from broker import keys
 from broker.gateway_broker import Bounds
+from broker.leases import Delivery
 from broker.messages import Job
 from broker.worker_broker import Outbox, WorkerBroker
 from common.enums import Priority
@@ -179,3 +181,46 @@ def test_a_tenant_at_its_running_bound_waits_and_others_go(
     worker.publish(Outbox(acks=[first[0]]), [])  # a1 ends
     assert client.hget(keys.RUNNING, "a") == "0"
     assert [d.job.request_id for d in worker.read((5, 5, 5), None) if d.job] == ["a2"]
+
+
+def test_what_a_request_did_not_use_is_given_back(
+    gateway: Any, worker: WorkerBroker, client: redis_lib.Redis
+) -> None:
+    """Both tenants ask 100 tokens a request; "early" replies stop after 10 in all. Charged
+    what they asked, they alternate; given back the 90 unused when each ends, "early" runs
+    ten requests for each of "exact"'s."""
+    for i in range(30):
+        put(gateway, f"early-{i}", "early", tokens=100)
+        put(gateway, f"exact-{i}", "exact", tokens=100)
+    order = []
+    for _ in range(22):
+        (d,) = worker.read((1, 1, 1), None)
+        assert d.job is not None
+        rid = d.job.request_id
+        order.append(rid.split("-")[0])
+        used = 10 if rid.startswith("early") else 100
+        worker.publish(Outbox(acks=[d], used_tokens={rid: used}), [])
+        assert not client.exists(keys.fair_charge(rid))  # given back once, then gone
+    assert 19 <= order.count("early") <= 21, order
+
+
+def test_a_request_that_ran_nothing_is_given_all_back(
+    gateway: Any, worker: WorkerBroker, client: redis_lib.Redis
+) -> None:
+    """Refused by the worker before it ran (not in used_tokens): charged nothing in the end,
+    and a request that came pinned (never charged) leaves the virtual times alone."""
+    state = keys.fair_state("normal")
+    put(gateway, "r1", "solo", tokens=100)
+    (d,) = worker.read((1, 1, 1), None)
+    assert float(client.hget(state, "solo")) - float(client.hget(state, "~clock")) == 100
+    worker.publish(Outbox(acks=[d]), [])
+    assert float(client.hget(state, "solo")) == float(client.hget(state, "~clock"))
+    assert not client.exists(keys.fair_charge("r1"))
+    before = client.hgetall(state)
+    stream = keys.pinned_stream("w0")  # an entry no queue charged, as a pinned request's
+    entry = client.xadd(stream, {"x": "y"})
+    client.xreadgroup(keys.GROUP, "w0", {stream: ">"})
+    assert d.job is not None
+    pinned = Delivery(stream, entry, replace(d.job, request_id="pinned-1"))
+    worker.publish(Outbox(acks=[pinned], used_tokens={"pinned-1": 3}), [])
+    assert client.hgetall(state) == before and client.xlen(stream) == 0

@@ -244,6 +244,7 @@ class Worker:
             f = s.inflight.pop(rid)
             s.outbox.results.append((rid, JobError("RESOURCE_EXHAUSTED", message)))
             s.outbox.acks.append(f.delivery)
+            s.outbox.used_tokens[rid] = len(f.job.prompt_ids) + f.next_index
             if f.cache_key:
                 self.residency.session_ended(f.cache_key)
 
@@ -252,6 +253,7 @@ class Worker:
         del s.inflight[f.job.request_id]
         s.outbox.results.append((f.job.request_id, results.completion(f, c, s.config.worker_id)))
         s.outbox.acks.append(f.delivery)
+        s.outbox.used_tokens[f.job.request_id] = len(f.job.prompt_ids) + c.completion_tokens
         if f.cache_key:
             self.residency.session_ended(f.cache_key)
 
