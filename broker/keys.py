@@ -50,7 +50,8 @@ def fair_state(priority: str) -> str:
 
 def fair_charge(request_id: str) -> str:
     """Hash: what the fair queues charged a dispatched request (class keys, tenant, cost,
-    weight), refunded in part when it ends having used less (expires with its deadline)."""
+    weight), refunded in part when it ends having used less (expires an hour after its
+    deadline)."""
     return f"wf:charge:{request_id}"
 
 
