@@ -83,7 +83,8 @@ async def responses(ctx: HttpContext, request: Request) -> Response:
             "incomplete_details": None, "instructions": get(body, "instructions", str),
             "max_output_tokens": get(body, "max_output_tokens", int), "metadata": {},
             "parallel_tool_calls": True, "previous_response_id": None, "store": False,
-            "temperature": inp.temperature, "top_p": inp.top_p, "tool_choice": "auto",
+            "temperature": inp.temperature, "top_p": inp.top_p,
+            "tool_choice": "none" if body.get("tool_choice") == "none" else "auto",
             "tools": get(body, "tools", list, []), "text": {"format": {"type": "text"}},
             "truncation": "disabled"}  # fmt: skip
     scanner = ToolCallScanner.offering(inp.tools)

@@ -57,6 +57,9 @@ def test_text_is_the_grpc_paths_and_streams_as_numbered_events(keyed_cluster: Ke
     assert whole.output_text == expected and whole.id.startswith("resp_")
     assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
     assert whole.usage.output_tokens == 12 and whole.usage.input_tokens > 0
+    assert whole.tool_choice == "auto"  # as asked: tools offered, or none
+    off = create(client, input=ASK, max_output_tokens=1, tools=TOOLS, tool_choice="none")
+    assert off.tool_choice == "none" and [o.type for o in off.output] == ["message"]
     events = list(create(client, instructions="Be brief.", input=ASK, max_output_tokens=12,
                          stream=True))  # fmt: skip
     kinds = [e.type for e in events]
