@@ -8,7 +8,7 @@ from typing import Any
 
 from common.errors import InvalidRequestError
 from engine.chat_tools import Message, check_tools
-from gateway.http_request import Body, get
+from gateway.http_request import Body, get, joined_text
 
 ROLES = ("user", "assistant")
 BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
@@ -16,14 +16,10 @@ BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
 
 def text_of(content: Any, where: str) -> str:
     """A string, or a list of text blocks (other block types are not supported)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-        for b in content
-    ):
-        return "".join(b["text"] for b in content)
-    raise InvalidRequestError(where, "must be a string or a list of text blocks")
+    text = joined_text(content)
+    if text is None:
+        raise InvalidRequestError(where, "must be a string or a list of text blocks")
+    return text
 
 
 def chat_of(body: Body) -> list[Message]:

@@ -66,6 +66,27 @@ def string_list(body: Body, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def joined_text(content: Any, kinds: tuple[str, ...] = ("text",)) -> str | None:
+    """A string, or a list of text parts (each {"type": one of `kinds`, "text": str}) as one
+    string; None for anything else (each API says so in its own words)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") in kinds and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+def json_arguments(text: str, field: str, where: str) -> Any:
+    """A tool call's arguments sent as JSON text, parsed ("" is no arguments)."""
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError as e:
+        raise InvalidRequestError(field, f"{where}: not JSON: {e}") from e
+
+
 def tenant_of(request: Request, keys: KeyRing) -> Tenant:
     h = request.headers
     return keys.tenant_of(h.get("authorization"), h.get("x-api-key"))

@@ -3,24 +3,19 @@ as strings, tool calls' arguments as objects (OpenAI sends them as JSON text).""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from common.errors import InvalidRequestError
 from engine.chat_tools import Message, check_tools
-from gateway.http_request import Body, get
+from gateway.http_request import Body, get, joined_text, json_arguments
 
 
 def content_text(content: Any, where: str) -> str:
     """A string, or a list of text parts, as one string."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
-                 for p in content]  # fmt: skip
-        if all(isinstance(p, str) for p in parts):
-            return "".join(parts)  # type: ignore[arg-type]  # all str, checked above
-    raise InvalidRequestError("messages", f"{where}.content: a string or a list of text parts")
+    text = joined_text(content)
+    if text is None:
+        raise InvalidRequestError("messages", f"{where}.content: a string or a list of text parts")
+    return text
 
 
 def chat_messages(body: Body) -> list[Message]:
@@ -59,12 +54,8 @@ def _calls(calls: Any, where: str) -> list[Message]:
             raise InvalidRequestError("messages", f"{where}.tool_calls[{j}]: needs a function")
         arguments = fn.get("arguments")
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError as e:
-                raise InvalidRequestError(
-                    "messages", f"{where}.tool_calls[{j}].function.arguments: not JSON: {e}"
-                ) from e
+            what = f"{where}.tool_calls[{j}].function.arguments"
+            arguments = json_arguments(arguments, "messages", what)
         out.append({"id": call.get("id"), "type": "function",
                     "function": {"name": fn.get("name"), "arguments": arguments}})  # fmt: skip
     return out

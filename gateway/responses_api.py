@@ -61,10 +61,18 @@ def usage(c: Completion) -> dict[str, Any]:
             "total_tokens": u.prompt_tokens + u.completion_tokens}  # fmt: skip
 
 
+def message_id(request_id: str, at: int) -> str:
+    """The id of the message item at output index `at`."""
+    return f"msg_{request_id}_{at}"
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [part] if status == "completed" else []}  # fmt: skip
+            "content": [text_part(text)] if status == "completed" else []}  # fmt: skip
 
 
 def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -93,7 +101,8 @@ async def responses(ctx: HttpContext, request: Request) -> Response:
         return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
     text, calls = scanner.whole(ch.text for ch in chunks)
-    output = [message_item(f"msg_{started.job.request_id}_0", text, "completed")] if text else []
+    item_id = message_id(started.job.request_id, 0)
+    output = [message_item(item_id, text, "completed")] if text else []
     output += [call_item(call) for call in calls]
     return JSONResponse(finished(head, output, c), headers=started.headers)
 
@@ -158,24 +167,24 @@ class _Stream:
 
     def _text(self, delta: str) -> list[bytes]:
         out = []
-        at, item_id = len(self.output), f"msg_{self.request_id}_{len(self.output)}"
+        at = len(self.output)
+        item_id = message_id(self.request_id, at)
+        where = {"item_id": item_id, "output_index": at, "content_index": 0}
         if self.text is None:
             self.text = ""
             out.append(self._event("response.output_item.added", output_index=at,
                                    item=message_item(item_id, "", "in_progress")))  # fmt: skip
-            part = {"type": "output_text", "text": "", "annotations": []}
-            out.append(self._event("response.content_part.added", item_id=item_id,
-                                   output_index=at, content_index=0, part=part))  # fmt: skip
+            out.append(self._event("response.content_part.added", **where, part=text_part("")))
         self.text += delta
-        out.append(self._event("response.output_text.delta", item_id=item_id, output_index=at,
-                               content_index=0, delta=delta, logprobs=[]))  # fmt: skip
+        out.append(self._event("response.output_text.delta", **where, delta=delta, logprobs=[]))
         return out
 
     def _close_text(self) -> list[bytes]:
         if self.text is None:
             return []
         text, self.text = self.text, None
-        at, item_id = len(self.output), f"msg_{self.request_id}_{len(self.output)}"
+        at = len(self.output)
+        item_id = message_id(self.request_id, at)
         item = message_item(item_id, text, "completed")
         self.output.append(item)
         where = {"item_id": item_id, "output_index": at, "content_index": 0}

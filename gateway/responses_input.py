@@ -6,12 +6,11 @@ session's KV makes that cheap (`previous_response_id` is refused)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from common.errors import InvalidRequestError
 from engine.chat_tools import Message, check_tools
-from gateway.http_request import Body, get
+from gateway.http_request import Body, get, joined_text, json_arguments
 from gateway.openai_messages import offered
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -21,14 +20,10 @@ SKIPPED_ITEMS = ("reasoning",)  # another model's thoughts: nothing this one can
 
 def text_of(content: Any, where: str) -> str:
     """A string, or a list of text parts, as one string."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise InvalidRequestError("input", f"{where}: a string or a list of text parts")
+    text = joined_text(content, TEXT_PARTS)
+    if text is None:
+        raise InvalidRequestError("input", f"{where}: a string or a list of text parts")
+    return text
 
 
 def chat_of(body: Body) -> list[Message]:
@@ -79,11 +74,9 @@ def _add_item(chat: list[Message], item: Any, where: str) -> None:
 
 
 def _call(item: dict[str, Any], where: str) -> Message:
-    arguments = item.get("arguments", "")
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
-    except ValueError as e:
-        raise InvalidRequestError("input", f"{where}.arguments: not JSON: {e}") from e
+    arguments = item.get("arguments")
+    text = arguments if isinstance(arguments, str) else ""  # other values: no arguments
+    parsed = json_arguments(text, "input", f"{where}.arguments")
     return {"id": item.get("call_id"), "type": "function",
             "function": {"name": item.get("name"), "arguments": parsed}}  # fmt: skip
 
