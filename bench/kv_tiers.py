@@ -3,12 +3,18 @@ the worker's pool), from its spill file on disk, and recomputed (a new session i
 prompt); and the spill files' write and restore throughput.
 
     .venv/bin/python -m bench.kv_tiers [--model PATH] [--context 2000] [--repeats 3]
+        [--turn chat|continue]
 
 One worker with every core. Its warm budget holds one such session but not two, so running a
 second session of the same size pushes the first one to disk. The page cache is dropped
 before every disk read where the machine allows it (as root: /proc/sys/vm/drop_caches; else
 posix_fadvise(DONTNEED) on the spill files); the output says which. Figures are medians of
 --repeats; ratios are taken within the run. Progress goes to stderr, the tables to stdout.
+
+The resuming turn is, with `--turn chat` (the default), a short question after the session's
+log: its ~17 new tokens are computed in every tier, so their cost is in every figure. With
+`--turn continue` it is the session's token ids so far (its prompt and replies) and nothing
+new: the resume alone, from the KV's tier to the first sampled token.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from bench.kv_tiers_disk import spill_throughput
 from bench.kv_tiers_session import (
     MAX_TOKENS,
     SOURCE_NAMES,
+    Encode,
+    Messages,
     Turn,
     log,
     long_text,
@@ -32,6 +40,7 @@ from bench.kv_tiers_session import (
     turn,
 )
 from bench.table import print_table
+from engine.chat import render_chat
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf, read_metadata
 from engine.kv_pool import BLOCK_TOKENS
@@ -50,6 +59,12 @@ def main() -> None:
     parser.add_argument("--model", metavar="PATH")
     parser.add_argument("--context", type=int, default=2000, help="tokens of the resumed prompt")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--turn",
+        choices=("chat", "continue"),
+        default="chat",
+        help="the resuming turn: a short question, or the session so far and nothing new",
+    )
     args = parser.parse_args()
     path = resolve_model(args.model)
     meta = read_metadata(open_gguf(path))
@@ -64,8 +79,15 @@ def main() -> None:
     threads = os.cpu_count() or 1
     methods: set[str] = set()
     resident: list[int] = []
-    results = run_sessions(path, threads, budget, text, args.repeats, methods, resident)
+    template = tokenizer.chat_template
 
+    def rendered(messages: Messages) -> list[int]:
+        return tokenizer.encode(render_chat(template, messages))
+
+    encode: Encode | None = rendered if args.turn == "continue" else None
+    results = run_sessions(path, threads, budget, text, args.repeats, encode, methods, resident)
+
+    print(f"Resuming turn: {args.turn}")
     print_resume_table(results, threads, args.repeats, methods, resident)
     print()
     print(
@@ -96,11 +118,13 @@ def run_sessions(
     budget: int,
     text: str,
     repeats: int,
+    encode: Encode | None,
     methods: set[str],
     resident: list[int],
 ) -> Results:
     """Start one worker with `threads` threads and warm budget `budget`, and run `repeats`
-    repeats of the conversation over `text`; the spill folder is removed afterwards."""
+    repeats of the conversation over `text`, its turns sent as `encode` makes them
+    (kv_tiers_session.send); the spill folder is removed afterwards."""
     spill_dir = Path(tempfile.mkdtemp(prefix="wf-kvtiers-spill-"))
     results: Results = []
     try:
@@ -119,10 +143,11 @@ def run_sessions(
             Client(cluster.target, timeout_s=600) as client,
         ):
             warmup = [{"role": "user", "content": "Hello."}]
-            turn(client, "kvt-warmup", warmup)  # first-call costs (Numba, gRPC) out of the way
+            # first-call costs (Numba, gRPC) out of the way
+            turn(client, "kvt-warmup", messages=warmup)
             client.delete_session("kvt-warmup")
             for r in range(repeats):
-                results.append(run_repeat(client, r, text, spill_dir, methods, resident))
+                results.append(run_repeat(client, r, text, spill_dir, encode, methods, resident))
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     return results

@@ -26,6 +26,7 @@ SOURCE_NAMES: dict[int, str] = {
     pb.KV_SOURCE_PREFIX: "prefix",
 }
 Messages = list[dict[str, str]]
+Encode = Callable[[Messages], list[int]]  # messages rendered with the chat template, tokenized
 
 
 def log(message: str) -> None:
@@ -74,11 +75,20 @@ def long_text(tokenizer: Tokenizer, template: str, target: int) -> str:
     return " ".join(parts[:lo])
 
 
-def turn(client: Client, session_id: str, messages: Messages) -> Turn:
-    """Send `messages` in `session_id` (greedy, MAX_TOKENS tokens) and time the reply."""
+def turn(
+    client: Client,
+    session_id: str,
+    *,
+    messages: Messages | None = None,
+    token_ids: list[int] | None = None,
+) -> Turn:
+    """Send `messages` or `token_ids` in `session_id` (greedy, MAX_TOKENS tokens) and time the
+    reply."""
     first: list[float] = []
     t = time.perf_counter()
-    call = client.stream(session_id, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0)
+    call = client.stream(
+        session_id, messages=messages, token_ids=token_ids, max_tokens=MAX_TOKENS, temperature=0.0
+    )
     try:
         reply = collect(call, on_chunk=lambda _: first.append(time.perf_counter()))
     finally:
@@ -93,6 +103,25 @@ def turn(client: Client, session_id: str, messages: Messages) -> Turn:
         reply.text,
         reply.token_ids,
     )
+
+
+def send(
+    client: Client, session_id: str, messages: Messages, encode: Encode | None, replies: list[Turn]
+) -> Turn:
+    """A turn of the conversation `messages`. Without `encode`, sent as chat messages: the last
+    user message and the template's markup around it are the turn's new tokens. With it (the
+    continuation form), sent as token ids: the first message rendered, then the tokens of
+    `replies`, the earlier turns' replies: the session so far and nothing new, so the turn
+    computes at most the last reply's last token before it samples, whatever tier held the KV."""
+    if encode is None:
+        return turn(client, session_id, messages=messages)
+    return turn(client, session_id, token_ids=continuation_ids(messages, encode, replies))
+
+
+def continuation_ids(messages: Messages, encode: Encode, replies: list[Turn]) -> list[int]:
+    """The continuation form's token ids: `messages`' first message as `encode` renders it,
+    then every token of `replies`."""
+    return encode(messages[:1]) + [t for r in replies for t in r.token_ids]
 
 
 def wait_for(client: Client, what: str, done: Callable[[list[pb.Session]], bool]) -> None:
@@ -132,26 +161,33 @@ def expect_fresh(t: Turn, what: str) -> None:
 
 
 def run_repeat(
-    client: Client, r: int, text: str, spill_dir: Path, methods: set[str], resident: list[int]
+    client: Client,
+    r: int,
+    text: str,
+    spill_dir: Path,
+    encode: Encode | None,
+    methods: set[str],
+    resident: list[int],
 ) -> dict[str, Turn]:
     """Repeat `r`: session A resumed warm, then from disk once session B has pushed it out,
-    then recomputed under a new id C. Adds the page cache drop methods to `methods` and the
-    spill bytes still resident after the drop to `resident`; deletes the sessions after."""
+    then recomputed under a new id C; each turn sent as `send` does with `encode`. Adds the
+    page cache drop methods to `methods` and the spill bytes still resident after the drop to
+    `resident`; deletes the sessions after."""
     a, b, c = f"kvt-{r}-a", f"kvt-{r}-b", f"kvt-{r}-c"
     # a repeat's text of its own: the blocks of an earlier repeat's deleted sessions stay
     # findable by their hash in the pool until it needs their room
     text = f"(repeat {r + 1}) {text}"
     m1: Messages = [{"role": "user", "content": f"{text}\n\n{QUESTIONS[0]}"}]
     log(f"repeat {r + 1}: session A, first turn (cold prefill)")
-    t1 = turn(client, a, m1)
+    t1 = send(client, a, m1, encode, [])
     expect_fresh(t1, "A turn 1")
     m2 = [*m1, {"role": "assistant", "content": t1.text}, {"role": "user", "content": QUESTIONS[1]}]
-    warm = turn(client, a, m2)
+    warm = send(client, a, m2, encode, [t1])
     expect(warm, pb.KV_SOURCE_WARM, "A turn 2 (warm)")
     log("  session B, same size, pushes A out of the warm pool")
     # B and C differ from A from their first word: they share none of A's blocks
     m_b = [{"role": "user", "content": f"Session B. {text}\n\n{QUESTIONS[0]}"}]
-    expect_fresh(turn(client, b, m_b), "B turn 1")
+    expect_fresh(send(client, b, m_b, encode, []), "B turn 1")
     wait_for(
         client,
         "session A on disk",
@@ -169,11 +205,11 @@ def run_repeat(
         {"role": "assistant", "content": warm.text},
         {"role": "user", "content": QUESTIONS[2]},
     ]
-    disk = turn(client, a, m3)
+    disk = send(client, a, m3, encode, [t1, warm])
     expect(disk, pb.KV_SOURCE_DISK, "A turn 3 (disk)")
     settle(client)  # B goes to disk now
     m_c = [{"role": "user", "content": f"Session C. {m3[0]['content']}"}, *m3[1:]]
-    cold = turn(client, c, m_c)
+    cold = send(client, c, m_c, encode, [t1, warm])
     expect_fresh(cold, "C = A turn 3 under a new id (recompute)")
     if cold.token_ids != disk.token_ids:
         log(f"  NOTE: recomputed tokens {cold.token_ids} differ from disk's {disk.token_ids}")
