@@ -160,6 +160,30 @@ def expect_fresh(t: Turn, what: str) -> None:
     expect(t, pb.KV_SOURCE_COLD, what)
 
 
+def push_out(client: Client, a: str, b: str, content: str, encode: Encode | None) -> None:
+    """Run session `b` (its one message `content`, as large as `a`'s) until it has pushed
+    session `a` out of the warm pool onto disk and the spill writes in flight are done."""
+    log("  session B, same size, pushes A out of the warm pool")
+    expect_fresh(send(client, b, [{"role": "user", "content": content}], encode, []), "B turn 1")
+    wait_for(
+        client,
+        "session A on disk",
+        lambda ss: any(s.session_id == a and s.tier == pb.TIER_DISK for s in ss),
+    )
+    settle(client)
+
+
+def drop_spills(spill_dir: Path, methods: set[str], resident: list[int]) -> None:
+    """Drop the spill files from the page cache; add the method to `methods` and the bytes
+    still resident to `resident`."""
+    files = sorted(spill_dir.glob("*.wfkv"))
+    methods.add(drop_page_cache(files))
+    res = resident_bytes(files)
+    if res is not None:
+        resident.append(res)
+    log(f"  page cache of {len(files)} spill file(s) dropped; {res} bytes still resident")
+
+
 def run_repeat(
     client: Client,
     r: int,
@@ -184,22 +208,9 @@ def run_repeat(
     m2 = [*m1, {"role": "assistant", "content": t1.text}, {"role": "user", "content": QUESTIONS[1]}]
     warm = send(client, a, m2, encode, [t1])
     expect(warm, pb.KV_SOURCE_WARM, "A turn 2 (warm)")
-    log("  session B, same size, pushes A out of the warm pool")
     # B and C differ from A from their first word: they share none of A's blocks
-    m_b = [{"role": "user", "content": f"Session B. {text}\n\n{QUESTIONS[0]}"}]
-    expect_fresh(send(client, b, m_b, encode, []), "B turn 1")
-    wait_for(
-        client,
-        "session A on disk",
-        lambda ss: any(s.session_id == a and s.tier == pb.TIER_DISK for s in ss),
-    )
-    settle(client)
-    files = sorted(spill_dir.glob("*.wfkv"))
-    methods.add(drop_page_cache(files))
-    res = resident_bytes(files)
-    if res is not None:
-        resident.append(res)
-    log(f"  page cache of {len(files)} spill file(s) dropped; {res} bytes still resident")
+    push_out(client, a, b, f"Session B. {text}\n\n{QUESTIONS[0]}", encode)
+    drop_spills(spill_dir, methods, resident)
     m3 = [
         *m2,
         {"role": "assistant", "content": warm.text},
