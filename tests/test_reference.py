@@ -90,7 +90,12 @@ def test_capital_of_france_top5(any_model: Model) -> None:
 def test_greedy_chats_match_transformers(any_model: Model) -> None:
     model = any_model
     chats = json.loads((FIXTURES / "greedy_chats.json").read_text())["chats"]
-    assert len(chats) >= 5
+    assert len(chats) >= 12
+    if model.device == "mlx":
+        # MLX's Linux wheel computes on its CPU build: products in the reference BLAS and its
+        # own quantized loops, 2-6 GFLOP/s here, ~30x the CPU path's time (90 s a variant for
+        # all 12 chats). A third of them, prompts of 37-99 tokens, replies of 8 and 32
+        chats = chats[::3]
     tok = model.tokenizer
     assert tok.chat_template is not None
     requests = []
