@@ -24,7 +24,17 @@ _USER_DEFINED = 4
 # before a digit differ ("x  1": transformers Ġ,Ġ1 pieces, llama.cpp ĠĠ,1). This vocab has no
 # merges with digits, so digits themselves come out one per token either way.
 _GPT2_STYLE_PRE = frozenset({"default", "gpt2", "smollm"})
-_TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# Llama 3's split (its tokenizer.json's, which llama.cpp's names below also use): letters with
+# one leading non-letter, digits in threes, punctuation runs with their line ends; and its
+# vocabulary's whole words are taken before any merge (ignore_merges)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_PRE = frozenset({"llama-bpe", "llama3", "llama-v3"})
+_SUPPORTED_PRE = _GPT2_STYLE_PRE | _LLAMA3_PRE
+_TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>")
+_TURN_END_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
 
 
 def _byte_to_char() -> dict[int, str]:
@@ -47,6 +57,25 @@ def _spell(token: str) -> str:
     return "".join(_BYTE_TO_CHAR[b] for b in token.encode("utf-8"))
 
 
+def _pre_tokenizer(llama3: bool) -> pre_tokenizers.PreTokenizer:
+    """GPT-2's byte-level split, or Llama 3's split ahead of the byte-level alphabet."""
+    if not llama3:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    split = pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_SPLIT), behavior="isolated")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return pre_tokenizers.Sequence([split, byte_level])
+
+
+def _turn_ends(meta: dict[str, Any], tokens: list[str]) -> frozenset[int]:
+    """The tokens that end a turn: the known end-of-turn spellings and the file's EOS, EOT and
+    EOM ids (Llama 3: end_of_text and eot_id)."""
+    ends = {i for i, t in enumerate(tokens) if t in _TURN_END_TOKENS}
+    ends.update(
+        meta[f"tokenizer.ggml.{k}"] for k in _TURN_END_KEYS if f"tokenizer.ggml.{k}" in meta
+    )
+    return frozenset(ends)
+
+
 class Tokenizer:
     """Text to token ids and back, for one model's vocabulary."""
 
@@ -58,10 +87,10 @@ class Tokenizer:
             raise UnsupportedModelError(
                 f"tokenizer.ggml.model={model!r} is not supported (only 'gpt2' byte-level BPE)"
             )
-        if pre not in _GPT2_STYLE_PRE:
+        if pre not in _SUPPORTED_PRE:
             raise UnsupportedModelError(
                 f"tokenizer.ggml.pre={pre!r} is not supported "
-                f"(supported: {', '.join(sorted(_GPT2_STYLE_PRE))})"
+                f"(supported: {', '.join(sorted(_SUPPORTED_PRE))})"
             )
         tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
         merges: list[str] = meta.get("tokenizer.ggml.merges") or []
@@ -71,10 +100,10 @@ class Tokenizer:
 
         spelled = [_spell(t) for t in tokens]
         pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
-        backend = tokenizers.Tokenizer(
-            models.BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=pairs)
-        )
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        llama3 = pre in _LLAMA3_PRE
+        vocab = {t: i for i, t in enumerate(spelled)}
+        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=llama3))
+        backend.pre_tokenizer = _pre_tokenizer(llama3)
         backend.decoder = decoders.ByteLevel()
         # As transformers does: control tokens outside the byte alphabet are llama.cpp mislabels
         # and stay plain vocab entries; user-defined ones are matched whole but are not special.
@@ -96,10 +125,7 @@ class Tokenizer:
         self.eos_id: int | None = meta.get("tokenizer.ggml.eos_token_id")
         self.add_bos: bool = bool(meta.get("tokenizer.ggml.add_bos_token", False))
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
-        eot = {i for i, t in enumerate(tokens) if t in _TURN_END_TOKENS}
-        if self.eos_id is not None:
-            eot.add(self.eos_id)
-        self.eot_ids: frozenset[int] = frozenset(eot)
+        self.eot_ids: frozenset[int] = _turn_ends(meta, tokens)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any]) -> Tokenizer:

@@ -1,0 +1,68 @@
+"""The Llama 3 tokenizer (GGUF `tokenizer.ggml.pre` llama-bpe) against llama.cpp's own test
+vectors for Meta's vocabulary (tests/reference/make_vocab_fixture.py)."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from typing import Any
+
+import pytest
+
+from common.errors import UnsupportedModelError
+from engine.tokenizer import Tokenizer
+from tests.conftest import FIXTURES
+
+BEGIN_OF_TEXT, END_OF_TEXT = 128000, 128001
+START_HEADER, END_HEADER, EOT = 128006, 128007, 128009
+
+
+@pytest.fixture(scope="module")
+def fixture() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        lzma.decompress((FIXTURES / "llama3_vocab.json.xz").read_bytes())
+    )
+    assert data["metadata"]["tokenizer.ggml.pre"] == "llama-bpe"
+    assert len(data["metadata"]["tokenizer.ggml.tokens"]) == 128256
+    return data
+
+
+@pytest.fixture(scope="module")
+def llama3(fixture: dict[str, Any]) -> Tokenizer:
+    return Tokenizer.from_metadata(fixture["metadata"])
+
+
+def test_every_llama_cpp_case_gives_its_ids_and_decodes_back(
+    llama3: Tokenizer, fixture: dict[str, Any]
+) -> None:
+    cases = fixture["cases"]
+    assert len(cases) >= 40  # spaces, tabs, newlines, digits, contractions, CJK, emoji, code
+    wrong = [(text, ids, got) for text, ids in cases if (got := llama3.encode(text)) != ids]
+    assert not wrong, wrong[:3]
+    assert all(llama3.decode(ids) == text for text, ids in cases)
+
+
+def test_digits_go_in_threes_and_whole_words_skip_the_merges(llama3: Tokenizer) -> None:
+    # what separates Llama 3's split from GPT-2's: runs of digits in threes
+    pieces = [llama3.token_bytes(i) for i in llama3.encode("1234567 apples")]
+    assert pieces == [b"123", b"456", b"7", b" apples"]
+
+
+def test_the_chat_markup_is_single_control_tokens_and_turns_end_on_eot(
+    llama3: Tokenizer,
+) -> None:
+    ids = llama3.encode("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>")
+    assert ids[0] == START_HEADER and ids[2] == END_HEADER and ids[-1] == EOT
+    assert llama3.is_special(EOT) and not llama3.is_special(ids[1])
+    assert {EOT, END_OF_TEXT} <= llama3.eot_ids
+
+
+def test_bos_comes_first_when_the_file_asks(fixture: dict[str, Any]) -> None:
+    meta = {**fixture["metadata"], "tokenizer.ggml.add_bos_token": True}
+    assert Tokenizer.from_metadata(meta).encode("Hi")[0] == BEGIN_OF_TEXT
+
+
+def test_other_pre_tokenizers_are_refused_by_name(fixture: dict[str, Any]) -> None:
+    meta = {**fixture["metadata"], "tokenizer.ggml.pre": "qwen2"}
+    with pytest.raises(UnsupportedModelError, match=r"pre='qwen2' is not supported.*llama-bpe"):
+        Tokenizer.from_metadata(meta)
