@@ -42,11 +42,17 @@ class RopeTables:
     sin: Array  # [context, D/2]
 
     @classmethod
-    def build(cls, config: ModelConfig, dtype: Any, xp: ModuleType) -> RopeTables:
+    def build(
+        cls, config: ModelConfig, dtype: Any, xp: ModuleType, divisors: Any = None
+    ) -> RopeTables:
+        """cos and sin of every position's angle for each of the head's frequencies, each
+        frequency divided by `divisors` when given (engine.rope.frequency_divisors)."""
         half = config.head_dim // 2
         inv_freq = 1.0 / config.rope_base ** (
             xp.arange(half, dtype=xp.float64) * 2 / config.head_dim
         )
+        if divisors is not None:
+            inv_freq = inv_freq / xp.asarray(divisors, dtype=xp.float64)
         angles = xp.arange(config.context_length, dtype=xp.float64)[:, None] * inv_freq[None, :]
         return cls(cos=xp.cos(angles).astype(dtype), sin=xp.sin(angles).astype(dtype))
 

@@ -17,6 +17,7 @@ from engine.device import array_module, compute_dtype, on_mlx, to_host
 from engine.forward import RopeTables, Segment, forward
 from engine.gguf_file import open_gguf, read_metadata
 from engine.kv_pool import KVPool
+from engine.rope import frequency_divisors
 from engine.tokenizer import Tokenizer
 from engine.weights import Weights, fingerprint, load_weights
 
@@ -54,15 +55,16 @@ class Model:
         meta = read_metadata(reader)
         config = ModelConfig.from_metadata(meta)
         tokenizer = Tokenizer.from_metadata(meta)
+        divisors = frequency_divisors(reader, meta, config)
         if on_mlx(xp):
             from engine.mlx_backend.forward import rope_tables
             from engine.mlx_backend.weights import load_mlx_weights
 
             loaded = load_mlx_weights(reader, config, np_dtype, weights)
-            rope = rope_tables(config, np_dtype)
+            rope = rope_tables(config, np_dtype, divisors)
         else:
             loaded = load_weights(reader, config, np_dtype, xp, weights)
-            rope = RopeTables.build(config, np_dtype, xp)
+            rope = RopeTables.build(config, np_dtype, xp, divisors)
         model = cls(
             path=Path(path),
             config=config,

@@ -65,6 +65,7 @@ def write_tiny_llama(
     rms_eps: float = 1e-5,
     metadata: dict[str, int | None] | None = None,
     tokenizer_model: str = "gpt2",
+    extras: dict[str, str | float | np.ndarray] | None = None,
 ) -> Path:
     """Write a random-weight llama GGUF file to `path` and return the path.
 
@@ -73,30 +74,36 @@ def write_tiny_llama(
     while the best of the others is well above it). The matrices (and the embedding) are
     stored as `matrix_type` (a type gguf-py can quantize; None: F32), the norms as F32.
     `drop_tensor` leaves that tensor out. `metadata` overrides integer keys (no `{arch}.`
-    prefix for the model's own keys, e.g. {"feed_forward_length": 96}; None drops a key).
-    """
+    prefix for the model's own keys, e.g. {"feed_forward_length": 96}; None drops a key);
+    `extras` adds keys (full names; str or float values) and tensors (arrays) as they are."""
     path = Path(path)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
-    sizes = {
-        "block_count": num_layers,
-        "context_length": context_length,
-        "embedding_length": dim,
-        "feed_forward_length": ffn_dim,
-        "attention.head_count": num_heads,
-        "attention.head_count_kv": num_kv_heads,
-        "rope.dimension_count": dim // num_heads,
-        "vocab_size": VOCAB_SIZE,
-    }
+    sizes = {"block_count": num_layers, "context_length": context_length,
+             "embedding_length": dim, "feed_forward_length": ffn_dim,
+             "attention.head_count": num_heads, "attention.head_count_kv": num_kv_heads,
+             "rope.dimension_count": dim // num_heads, "vocab_size": VOCAB_SIZE}  # fmt: skip
     add_integer_keys(w, arch, sizes, metadata)
-    w.add_float32(f"{arch}.rope.freq_base", rope_base)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", rms_eps)
+    floats = {f"{arch}.rope.freq_base": rope_base,
+              f"{arch}.attention.layer_norm_rms_epsilon": rms_eps}  # fmt: skip
+    add_extras(w, {**floats, **(extras or {})})
     add_tokenizer(w, tokenizer_model)
     kv_dim = num_kv_heads * (dim // num_heads)
     tensors = random_tensors(rng, num_layers, dim, kv_dim, ffn_dim, tie_embeddings)
     add_tensors(w, tensors, matrix_type=matrix_type, drop_tensor=drop_tensor)
     write_and_close(w)
     return path
+
+
+def add_extras(w: gguf.GGUFWriter, extras: dict[str, str | float | np.ndarray]) -> None:
+    """Add each of `extras`: arrays as tensors, strings and floats as keys."""
+    for name, value in extras.items():
+        if isinstance(value, np.ndarray):
+            w.add_tensor(name, value)
+        elif isinstance(value, str):
+            w.add_string(name, value)
+        else:
+            w.add_float32(name, value)
 
 
 def add_integer_keys(

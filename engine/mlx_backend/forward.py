@@ -25,9 +25,11 @@ from engine.mlx_backend.kv_pool import MLXKVPool
 from engine.weights import LayerWeights, Weights
 
 
-def rope_tables(config: ModelConfig, dtype: np.dtype[Any]) -> RopeTables:
+def rope_tables(
+    config: ModelConfig, dtype: np.dtype[Any], divisors: np.ndarray | None = None
+) -> RopeTables:
     """engine/forward.py's tables (computed in float64 on the host) as MLX arrays."""
-    host = RopeTables.build(config, dtype, np)
+    host = RopeTables.build(config, dtype, np, divisors)
     return RopeTables(cos=mx.array(host.cos), sin=mx.array(host.sin))
 
 
