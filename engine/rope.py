@@ -10,13 +10,14 @@ import numpy as np
 
 from common.errors import UnsupportedModelError
 from engine.config import ModelConfig
+from engine.gguf_file import GGUFFile
 
 FACTORS_TENSOR = "rope_freqs.weight"
 SUPPORTED_SCALING = ("none", "linear")
 
 
 def frequency_divisors(
-    reader: gguf.GGUFReader, meta: dict[str, Any], config: ModelConfig
+    reader: GGUFFile, meta: dict[str, Any], config: ModelConfig
 ) -> np.ndarray | None:
     """What each of the head's head_dim / 2 rotation frequencies is divided by, in float64:
     the file's frequency factors (as llama.cpp applies them: the angle of frequency i is

@@ -13,6 +13,7 @@ import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.config import ModelConfig
+from engine.gguf_file import GGUFFile
 from engine.quant import kernels as quant_kernels
 from engine.quant.cuda import GpuQuantMatrix, dequant_rows
 from engine.quant.formats import SUPPORTED, decode
@@ -74,7 +75,7 @@ def rope_halves_order(num_heads: int, head_dim: int) -> np.ndarray:
     return (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
 
 
-def fingerprint(reader: gguf.GGUFReader, config: ModelConfig) -> str:
+def fingerprint(reader: GGUFFile, config: ModelConfig) -> str:
     """A digest of the config and every tensor's name, type, shape and bytes."""
     digest = hashlib.blake2b(repr(config).encode(), digest_size=16)
     for t in reader.tensors:
@@ -104,7 +105,7 @@ def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 class Tensors:
     """The file's tensors, dequantized to float32 on the host and checked one by one."""
 
-    def __init__(self, reader: gguf.GGUFReader, config: ModelConfig) -> None:
+    def __init__(self, reader: GGUFFile, config: ModelConfig) -> None:
         self.by_name = {t.name: t for t in reader.tensors}
         self.shapes = _shapes(config)
 
@@ -212,7 +213,7 @@ class _Placer:
 
 
 def load_weights(
-    reader: gguf.GGUFReader,
+    reader: GGUFFile,
     config: ModelConfig,
     dtype: np.dtype[Any],
     xp: ModuleType,

@@ -20,6 +20,7 @@ import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.config import ModelConfig
+from engine.gguf_file import GGUFFile
 from engine.mlx_backend import mx_dtype
 from engine.quant.formats import decode
 from engine.weights import WEIGHT_MODES, LayerWeights, Tensors, Weights, rope_halves_order
@@ -157,7 +158,7 @@ def _quantized(mode: str, tensors: Tensors) -> bool:
 
 
 def load_mlx_weights(
-    reader: gguf.GGUFReader, config: ModelConfig, dtype: np.dtype[Any], mode: str = "auto"
+    reader: GGUFFile, config: ModelConfig, dtype: np.dtype[Any], mode: str = "auto"
 ) -> Weights:
     """The matrices of the types in BITS kept quantized (unless mode is "float32"), the
     others and the norms in `dtype`, all as MLX arrays."""
