@@ -3,15 +3,13 @@ vectors for Meta's vocabulary (tests/reference/make_vocab_fixture.py)."""
 
 from __future__ import annotations
 
-import json
-import lzma
 from typing import Any
 
 import pytest
 
 from common.errors import UnsupportedModelError
 from engine.tokenizer import Tokenizer
-from tests.conftest import FIXTURES
+from tests.tiny_llama3 import llama3_vocab
 
 BEGIN_OF_TEXT, END_OF_TEXT = 128000, 128001
 START_HEADER, END_HEADER, EOT = 128006, 128007, 128009
@@ -19,9 +17,7 @@ START_HEADER, END_HEADER, EOT = 128006, 128007, 128009
 
 @pytest.fixture(scope="module")
 def fixture() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(
-        lzma.decompress((FIXTURES / "llama3_vocab.json.xz").read_bytes())
-    )
+    data = llama3_vocab()
     assert data["metadata"]["tokenizer.ggml.pre"] == "llama-bpe"
     assert len(data["metadata"]["tokenizer.ggml.tokens"]) == 128256
     return data

@@ -1,0 +1,80 @@
+"""Meta's own chat templates for Llama 3.1 and 3.2 (tests/fixtures/templates, as llama.cpp
+keeps them) through render_chat: the plain prompt exactly, tools and a call's round trip in
+Llama 3's JSON form, and the markup tokenized as single control tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from engine.chat import render_chat
+from engine.tokenizer import Tokenizer
+from tests.conftest import FIXTURES
+from tests.tiny_llama3 import llama3_vocab
+
+TEMPLATES = FIXTURES / "templates"
+VERSIONS = {"3.1": "meta-llama-Llama-3.1-8B-Instruct", "3.2": "meta-llama-Llama-3.2-3B-Instruct"}
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]  # fmt: skip
+MESSAGES = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in London?"}]  # fmt: skip
+START, END, EOT = 128006, 128007, 128009
+
+
+def template(version: str) -> str:
+    return (TEMPLATES / f"{VERSIONS[version]}.jinja").read_text()
+
+
+def header(role: str) -> str:
+    return f"<|start_header_id|>{role}<|end_header_id|>\n\n"
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_a_plain_conversation_renders_as_meta_wrote_it(version: str) -> None:
+    before = datetime.now().strftime("%d %b %Y")
+    got = render_chat(template(version), MESSAGES)
+    after = datetime.now().strftime("%d %b %Y")
+    # 3.1 dates itself 26 Jul 2024 unless told; 3.2 asks strftime_now for today
+    dates = ["26 Jul 2024"] if version == "3.1" else [before, after]
+    expected = [
+        header("system") + "Cutting Knowledge Date: December 2023\n"
+        f"Today Date: {date}\n\nBe brief.<|eot_id|>"
+        + header("user") + "Weather in London?<|eot_id|>" + header("assistant")
+        for date in dates
+    ]  # fmt: skip
+    assert got in expected
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_tools_a_call_and_its_result_take_llama_3s_form(version: str) -> None:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "London"}}}  # fmt: skip
+    messages: list[dict[str, Any]] = [
+        *MESSAGES,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "12 C, rain", "tool_call_id": "c1"},
+    ]
+    got = render_chat(template(version), messages, tools=TOOLS)
+    assert got.startswith(header("system") + "Environment: ipython\n")
+    assert '"name": "get_weather"' in got and "Given the following functions" in got
+    turns = got.split("<|eot_id|>")
+    assert turns[-4].endswith("Weather in London?")  # the tools go in the first user turn
+    assert (
+        turns[-3]
+        == header("assistant") + '{"name": "get_weather", "parameters": {"city": "London"}}'
+    )
+    assert turns[-2] == header("ipython") + '"12 C, rain"'
+    assert turns[-1] == header("assistant")
+
+
+def test_the_rendered_markup_is_single_control_tokens() -> None:
+    data = llama3_vocab()
+    tokenizer = Tokenizer.from_metadata(data["metadata"])
+    ids = tokenizer.encode(render_chat(template("3.1"), MESSAGES))
+    assert ids[0] == START and ids.count(START) == 3 and ids.count(END) == 3
+    assert ids.count(EOT) == 2
+    assert tokenizer.decode(ids[-3:]) == "assistant<|end_header_id|>\n\n"
