@@ -8,7 +8,10 @@ from typing import Any
 
 from common.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")  # qwen2: llama with q, k and v biases
+# files whose q and k rows rotate in halves (llama.cpp's NEOX rope) as this engine does; a
+# llama file's rotate adjacent pairs, its rows reordered at load
+HALVES_ROPE_ARCHITECTURES = ("qwen2",)
 RUNNING_TOKENS = 2048  # positions per running sequence the default KV pool makes room for
 
 
@@ -54,6 +57,11 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def rope_in_pairs(self) -> bool:
+        """The file's q and k rows rotate adjacent pairs (llama), not halves (qwen2)."""
+        return self.architecture not in HALVES_ROPE_ARCHITECTURES
 
     def check_prompt(self, ids: Sequence[int], field: str = "token_ids") -> None:
         """A prompt this model can run: not empty, every id in the vocabulary, room in the

@@ -99,6 +99,8 @@ def attention_block(
     runs = step.runs
     h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
     qkv = matmul_t(h, lw.wqkv, runs)  # [N, dim + 2 * kv_dim]
+    if lw.bqkv is not None:
+        qkv += lw.bqkv
     hd, kvd = config.head_dim, config.kv_dim
     tables = (rope.cos, rope.sin)
     pool = step.pool

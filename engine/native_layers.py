@@ -73,6 +73,7 @@ class NativeLayers:
             and c.num_heads * c.head_dim == c.dim
             and c.dim % 16 == 0 and c.ffn_dim % 16 == 0 and c.head_dim % 32 == 0
             and c_kernel_fits(c.num_heads, c.num_kv_heads, c.head_dim)
+            and all(lw.bqkv is None for lw in weights.layers)  # no biases in layers.c
         ):  # fmt: skip
             return None
         descriptors = []

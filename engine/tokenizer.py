@@ -32,7 +32,10 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_PRE = frozenset({"llama-bpe", "llama3", "llama-v3"})
-_SUPPORTED_PRE = _GPT2_STYLE_PRE | _LLAMA3_PRE
+# Qwen 2's: Llama 3's with every digit on its own, merges applied to whole words too
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+_SPLITS = {**dict.fromkeys(_LLAMA3_PRE, _LLAMA3_SPLIT), "qwen2": _QWEN2_SPLIT}
+_SUPPORTED_PRE = _GPT2_STYLE_PRE | set(_SPLITS)
 _TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>")
 _TURN_END_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
 
@@ -57,11 +60,12 @@ def _spell(token: str) -> str:
     return "".join(_BYTE_TO_CHAR[b] for b in token.encode("utf-8"))
 
 
-def _pre_tokenizer(llama3: bool) -> pre_tokenizers.PreTokenizer:
-    """GPT-2's byte-level split, or Llama 3's split ahead of the byte-level alphabet."""
-    if not llama3:
+def _pre_tokenizer(pattern: str | None) -> pre_tokenizers.PreTokenizer:
+    """GPT-2's byte-level split, or a family's own split (`pattern`) ahead of the byte-level
+    alphabet."""
+    if pattern is None:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    split = pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_SPLIT), behavior="isolated")
+    split = pre_tokenizers.Split(tokenizers.Regex(pattern), behavior="isolated")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     return pre_tokenizers.Sequence([split, byte_level])
 
@@ -100,10 +104,10 @@ class Tokenizer:
 
         spelled = [_spell(t) for t in tokens]
         pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
-        llama3 = pre in _LLAMA3_PRE
         vocab = {t: i for i, t in enumerate(spelled)}
-        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=llama3))
-        backend.pre_tokenizer = _pre_tokenizer(llama3)
+        whole_words = pre in _LLAMA3_PRE
+        backend = tokenizers.Tokenizer(models.BPE(vocab, pairs, ignore_merges=whole_words))
+        backend.pre_tokenizer = _pre_tokenizer(_SPLITS.get(pre))
         backend.decoder = decoders.ByteLevel()
         # As transformers does: control tokens outside the byte alphabet are llama.cpp mislabels
         # and stay plain vocab entries; user-defined ones are matched whole but are not special.

@@ -33,6 +33,7 @@ class LayerWeights:
     ffn_norm: Array  # [dim]
     w_gate_up: Matrix  # [2 * ffn_dim, dim]
     w_down: Matrix  # [dim, ffn_dim]
+    bqkv: Array | None = None  # [dim + 2 * kv_dim] added to wqkv's products (Qwen 2); in its order
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class Weights:
         for layer in self.layers:
             arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm]
             arrays += [layer.w_gate_up, layer.w_down]
+            arrays += [] if layer.bqkv is None else [layer.bqkv]
         return sum(int(a.nbytes) for a in arrays)
 
     def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
@@ -64,6 +66,14 @@ class Weights:
         out = np.empty((len(ids), self.embed.k), dtype=np.float32)
         quant_kernels().dequant(self.embed, ids, out, 1)
         return out
+
+
+def qk_orders(config: ModelConfig) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The row orders that put a file's q and k rows in split halves (None: they are)."""
+    if not config.rope_in_pairs:
+        return None, None
+    return (rope_halves_order(config.num_heads, config.head_dim),
+            rope_halves_order(config.num_kv_heads, config.head_dim))  # fmt: skip
 
 
 def rope_halves_order(num_heads: int, head_dim: int) -> np.ndarray:
@@ -110,8 +120,22 @@ class Tensors:
         self.shapes = _shapes(config)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        """The numpy shape the metadata implies for tensor `name` (e.g. "blk.3.attn_q.weight")."""
-        return self.shapes[name.split(".")[-2]]
+        """The numpy shape the metadata implies for tensor `name` (e.g. "blk.3.attn_q.weight");
+        a bias has one value per row of its matrix."""
+        shape = self.shapes[name.split(".")[-2]]
+        return shape[:1] if name.endswith(".bias") else shape
+
+    def qkv_bias(self, prefix: str, orders: list[np.ndarray | None]) -> np.ndarray | None:
+        """The q, k and v biases of layer `prefix` in one float32 vector, each in its
+        matrix's row order (`orders`); None when the file has none (Llama), an error naming
+        the missing one when it has only some."""
+        names = [f"{prefix}attn_{x}.bias" for x in "qkv"]
+        if not any(n in self.by_name for n in names):
+            return None
+        parts = [self.host(n) for n in names]
+        return np.concatenate(
+            [p if o is None else p[o] for p, o in zip(parts, orders, strict=True)]
+        )
 
     def tensor(self, name: str) -> Any:
         """The named tensor, checked to be there with the shape the metadata implies."""
@@ -186,6 +210,9 @@ class _Placer:
     def vector(self, name: str) -> Array:
         return self.dev(self.tensors.host(name))
 
+    def maybe(self, a: np.ndarray | None) -> Array | None:
+        return None if a is None else self.dev(a)
+
     def _matrix(self, name: str, order: np.ndarray | None) -> Matrix:
         m = self.tensors.quant(name) if self.quantized else self.tensors.host(name)
         if order is None:
@@ -224,8 +251,7 @@ def load_weights(
     tensors = Tensors(reader, config)
     quantized = use_quantized(mode, tensors, dtype)
     put = _Placer(tensors, quantized, dtype, xp)
-    q_order = rope_halves_order(config.num_heads, config.head_dim)
-    k_order = rope_halves_order(config.num_kv_heads, config.head_dim)
+    q_order, k_order = qk_orders(config)
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
@@ -238,6 +264,7 @@ def load_weights(
                 ffn_norm=put.vector(p + "ffn_norm.weight"),
                 w_gate_up=put.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
                 w_down=put.matrix(p + "ffn_down.weight"),
+                bqkv=put.maybe(tensors.qkv_bias(p, [q_order, k_order, None])),
             )
         )
     embed = put.matrix("token_embd.weight")

@@ -12,7 +12,7 @@ import pytest
 from engine.chat import render_chat
 from engine.tokenizer import Tokenizer
 from tests.conftest import FIXTURES
-from tests.tiny_llama3 import llama3_vocab
+from tests.tiny_families import llama3_vocab
 
 TEMPLATES = FIXTURES / "templates"
 VERSIONS = {"3.1": "meta-llama-Llama-3.1-8B-Instruct", "3.2": "meta-llama-Llama-3.2-3B-Instruct"}

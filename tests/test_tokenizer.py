@@ -62,7 +62,7 @@ def test_add_bos_token_is_honoured(meta):
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("tokenizer.ggml.model", "llama"), ("tokenizer.ggml.pre", "qwen2")]
+    ("key", "value"), [("tokenizer.ggml.model", "llama"), ("tokenizer.ggml.pre", "deepseek-llm")]
 )
 def test_unsupported_tokenizers_are_refused(meta, key, value):
     with pytest.raises(UnsupportedModelError, match=value):

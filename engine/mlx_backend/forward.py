@@ -119,6 +119,8 @@ def _attention_block(
     n, hd, kvd = x.shape[0], config.head_dim, config.kv_dim
     h = mx.fast.rms_norm(x, lw.attn_norm, config.rms_eps)
     qkv = lw.wqkv.matmul(h)  # [N, dim + 2 * kv_dim]
+    if lw.bqkv is not None:
+        qkv = qkv + lw.bqkv
     q = _rope(qkv[:, : config.dim].reshape(n, config.num_heads, hd), *rope)
     k = _rope(qkv[:, config.dim : config.dim + kvd].reshape(n, config.num_kv_heads, hd), *rope)
     v = qkv[:, config.dim + kvd :].reshape(n, config.num_kv_heads, hd)

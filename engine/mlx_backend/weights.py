@@ -23,7 +23,7 @@ from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.mlx_backend import mx_dtype
 from engine.quant.formats import decode
-from engine.weights import WEIGHT_MODES, LayerWeights, Tensors, Weights, rope_halves_order
+from engine.weights import WEIGHT_MODES, LayerWeights, Tensors, Weights, qk_orders
 
 T = gguf.GGMLQuantizationType
 GROUP = 32  # weights per scale and bias
@@ -123,6 +123,9 @@ class _Placer:
     def vector(self, name: str) -> Any:
         return mx.array(self.tensors.host(name).astype(self.dtype))
 
+    def maybe(self, a: np.ndarray | None) -> Any:
+        return None if a is None else mx.array(a.astype(self.dtype))
+
     def part(self, name: str, order: np.ndarray | None) -> Part:
         t = self.tensors.tensor(name)
         k = self.tensors.shape(name)[1]
@@ -164,8 +167,7 @@ def load_mlx_weights(
     others and the norms in `dtype`, all as MLX arrays."""
     tensors = Tensors(reader, config)
     put = _Placer(tensors, _quantized(mode, tensors), dtype)
-    q_order = rope_halves_order(config.num_heads, config.head_dim)
-    k_order = rope_halves_order(config.num_kv_heads, config.head_dim)
+    q_order, k_order = qk_orders(config)
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
@@ -178,6 +180,7 @@ def load_mlx_weights(
                 ffn_norm=put.vector(p + "ffn_norm.weight"),
                 w_gate_up=put.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
                 w_down=put.matrix([p + "ffn_down.weight"], [None]),
+                bqkv=put.maybe(tensors.qkv_bias(p, [q_order, k_order, None])),
             )
         )
     embed = put.matrix(["token_embd.weight"], [None])
@@ -194,6 +197,7 @@ def _matrices(w: Weights) -> list[Any]:
     out: list[Any] = [w.embed, w.output, w.out_norm]
     for lw in w.layers:
         out += [lw.attn_norm, lw.wqkv, lw.wo, lw.ffn_norm, lw.w_gate_up, lw.w_down]
+        out += [] if lw.bqkv is None else [lw.bqkv]
     return out
 
 

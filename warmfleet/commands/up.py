@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model",
         metavar="PATH",
-        help="a GGUF llama-family file (default: the default model, fetched on first use)",
+        help="a GGUF file of a llama or qwen2 model (default: the default model, fetched first)",
     )
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"

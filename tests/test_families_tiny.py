@@ -1,7 +1,6 @@
-"""The Llama 3 path end to end against llama.cpp: a tiny random model shaped as Llama 3.2
-(tests/tiny_llama3.py: Meta's vocabulary and tokenizer, grouped-query attention, tied
-output, RoPE frequency factors) and the float32 logits llama.cpp computed for it
-(tests/reference/make_llama3_fixture.py)."""
+"""The Llama 3 and Qwen 2 paths end to end against llama.cpp: tiny random models of each
+family with its real vocabulary (tests/tiny_families.py) and the float32 logits llama.cpp
+computed for them (tests/reference/make_family_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -17,20 +16,27 @@ from engine.model import Model
 from engine.sequence import Request
 from tests.conftest import FIXTURES
 from tests.paged import new_kv, run_segments
-from tests.tiny_llama3 import TEXTS, write_tiny_llama3
+from tests.tiny_families import FAMILIES, write_tiny
 
-LOGIT_TOL = 2e-3  # as for the default model against transformers (measured here: 2.5e-05)
+LOGIT_TOL = 2e-3  # as for the default model against transformers (measured here: ~3e-05)
+Reference = dict[str, np.ndarray]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, np.ndarray]:
-    z = np.load(FIXTURES / "tiny_llama3_llamacpp.npz")
+def reference(family: str) -> Reference:
+    z = np.load(FIXTURES / f"tiny_{family}_llamacpp.npz")
     return {k: z[k] for k in z.files}
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory: pytest.TempPathFactory, reference: dict[str, np.ndarray]) -> Path:
-    path = write_tiny_llama3(tmp_path_factory.mktemp("llama3") / "tiny-llama3.gguf")
+def model_file(tmp_path_factory: pytest.TempPathFactory, family: str, reference: Reference) -> Path:
+    path = write_tiny(tmp_path_factory.mktemp(family) / f"tiny-{family}.gguf", family)
     # the same bytes llama.cpp ran (a change of NumPy's random streams would show here)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(reference["model_sha256"])
     return path
@@ -46,12 +52,13 @@ def logits_one_by_one(model: Model, ids: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("device", ["cpu", "mlx"])
 def test_tokens_and_logits_at_every_position_match_llama_cpp(
-    model_file: Path, reference: dict[str, np.ndarray], device: str
+    family: str, model_file: Path, reference: Reference, device: str
 ) -> None:
     model = Model.load(model_file, device=device)
-    for n, text in enumerate(TEXTS):
+    assert model.config.architecture == FAMILIES[family].arch
+    for n, text in enumerate(FAMILIES[family].texts):
         ids = reference[f"ids_{n}"].tolist()
-        assert model.tokenizer.encode(text) == ids  # BOS first, the chat markup whole
+        assert model.tokenizer.encode(text) == ids  # BOS where it has one, the markup whole
         cols, expected = reference[f"cols_{n}"], reference[f"logits_{n}"]
         ours = logits_one_by_one(model, ids)
         np.testing.assert_allclose(ours[:, cols], expected, atol=LOGIT_TOL, rtol=0)
@@ -61,13 +68,14 @@ def test_tokens_and_logits_at_every_position_match_llama_cpp(
         np.testing.assert_allclose(last[cols], expected[-1], atol=LOGIT_TOL, rtol=0)
 
 
-def test_greedy_tokens_match_llama_cpp(model_file: Path, reference: dict[str, np.ndarray]) -> None:
+def test_greedy_tokens_match_llama_cpp(family: str, model_file: Path, reference: Reference) -> None:
     model = Model.load(model_file)
+    texts = FAMILIES[family].texts
     requests = [
         Request(f"r{n}", reference[f"ids_{n}"].tolist(), SamplingParams(max_tokens=8))
-        for n in range(len(TEXTS))
+        for n in range(len(texts))
     ]
-    outputs = Engine(model).generate(requests)  # all three in one batch
-    for n in range(len(TEXTS)):
+    outputs = Engine(model).generate(requests)  # all of them in one batch
+    for n in range(len(texts)):
         got = [t for out in outputs[f"r{n}"] for t in out.token_ids]
         assert got == reference[f"greedy_{n}"].tolist(), n

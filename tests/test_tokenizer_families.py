@@ -1,5 +1,5 @@
-"""The Llama 3 tokenizer (GGUF `tokenizer.ggml.pre` llama-bpe) against llama.cpp's own test
-vectors for Meta's vocabulary (tests/reference/make_vocab_fixture.py)."""
+"""The Llama 3 and Qwen 2 tokenizers (GGUF `tokenizer.ggml.pre` llama-bpe and qwen2) against
+llama.cpp's own test vectors for each real vocabulary (tests/reference/make_vocab_fixture.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import UnsupportedModelError
 from engine.tokenizer import Tokenizer
-from tests.tiny_llama3 import llama3_vocab
+from tests.tiny_families import FAMILIES, family_vocab, llama3_vocab
 
 BEGIN_OF_TEXT, END_OF_TEXT = 128000, 128001
 START_HEADER, END_HEADER, EOT = 128006, 128007, 128009
@@ -28,14 +28,23 @@ def llama3(fixture: dict[str, Any]) -> Tokenizer:
     return Tokenizer.from_metadata(fixture["metadata"])
 
 
-def test_every_llama_cpp_case_gives_its_ids_and_decodes_back(
-    llama3: Tokenizer, fixture: dict[str, Any]
-) -> None:
-    cases = fixture["cases"]
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_llama_cpp_case_gives_its_ids_and_decodes_back(family: str) -> None:
+    data = family_vocab(family)
+    tokenizer = Tokenizer.from_metadata(data["metadata"])
+    cases = data["cases"]
     assert len(cases) >= 40  # spaces, tabs, newlines, digits, contractions, CJK, emoji, code
-    wrong = [(text, ids, got) for text, ids in cases if (got := llama3.encode(text)) != ids]
+    wrong = [(text, ids, got) for text, ids in cases if (got := tokenizer.encode(text)) != ids]
     assert not wrong, wrong[:3]
-    assert all(llama3.decode(ids) == text for text, ids in cases)
+    assert all(tokenizer.decode(ids) == text for text, ids in cases)
+
+
+def test_qwen_splits_every_digit_and_ends_turns_on_im_end() -> None:
+    qwen = Tokenizer.from_metadata(family_vocab("qwen2")["metadata"])
+    pieces = [qwen.token_bytes(i) for i in qwen.encode("1234 apples")]
+    assert pieces == [b"1", b"2", b"3", b"4", b" apples"]
+    im_end = qwen.encode("<|im_end|>")
+    assert len(im_end) == 1 and im_end[0] in qwen.eot_ids and qwen.is_special(im_end[0])
 
 
 def test_digits_go_in_threes_and_whole_words_skip_the_merges(llama3: Tokenizer) -> None:
@@ -59,6 +68,6 @@ def test_bos_comes_first_when_the_file_asks(fixture: dict[str, Any]) -> None:
 
 
 def test_other_pre_tokenizers_are_refused_by_name(fixture: dict[str, Any]) -> None:
-    meta = {**fixture["metadata"], "tokenizer.ggml.pre": "qwen2"}
-    with pytest.raises(UnsupportedModelError, match=r"pre='qwen2' is not supported.*llama-bpe"):
+    meta = {**fixture["metadata"], "tokenizer.ggml.pre": "deepseek-llm"}
+    with pytest.raises(UnsupportedModelError, match=r"pre='deepseek-llm' is not supported.*qwen2"):
         Tokenizer.from_metadata(meta)
