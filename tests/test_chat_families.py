@@ -1,6 +1,7 @@
-"""Meta's own chat templates for Llama 3.1 and 3.2 (tests/fixtures/templates, as llama.cpp
-keeps them) through render_chat: the plain prompt exactly, tools and a call's round trip in
-Llama 3's JSON form, and the markup tokenized as single control tokens."""
+"""The families' own chat templates (tests/fixtures/templates, as llama.cpp keeps them)
+through render_chat: Meta's for Llama 3.1 and 3.2 (the plain prompt exactly, tools and a
+call's round trip in Llama 3's JSON form) and Qwen's for Qwen 2.5 (tools, <tool_call> and
+<tool_response>), and their markup tokenized as single control tokens."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from engine.chat import render_chat
 from engine.tokenizer import Tokenizer
 from tests.conftest import FIXTURES
-from tests.tiny_families import llama3_vocab
+from tests.tiny_families import family_vocab, llama3_vocab
 
 TEMPLATES = FIXTURES / "templates"
 VERSIONS = {"3.1": "meta-llama-Llama-3.1-8B-Instruct", "3.2": "meta-llama-Llama-3.2-3B-Instruct"}
@@ -78,3 +79,32 @@ def test_the_rendered_markup_is_single_control_tokens() -> None:
     assert ids[0] == START and ids.count(START) == 3 and ids.count(END) == 3
     assert ids.count(EOT) == 2
     assert tokenizer.decode(ids[-3:]) == "assistant<|end_header_id|>\n\n"
+
+
+QWEN = "Qwen-Qwen2.5-7B-Instruct"
+
+
+def test_qwen_2_5_offers_tools_and_takes_calls_in_its_xml_tags() -> None:
+    qwen = (TEMPLATES / f"{QWEN}.jinja").read_text()
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "London"}}}  # fmt: skip
+    messages: list[dict[str, Any]] = [
+        MESSAGES[1],
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "12 C, rain", "tool_call_id": "c1"},
+    ]
+    got = render_chat(qwen, messages, tools=TOOLS)
+    assert got.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in got
+    turns = got.split("<|im_end|>\n")
+    assert turns[-3] == (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "London"}}\n</tool_call>'
+    )
+    assert turns[-2] == "<|im_start|>user\n<tool_response>\n12 C, rain\n</tool_response>"
+    assert turns[-1] == "<|im_start|>assistant\n"
+    tokenizer = Tokenizer.from_metadata(family_vocab("qwen2")["metadata"])
+    ids = tokenizer.encode(got)
+    im_start, im_end = tokenizer.encode("<|im_start|>"), tokenizer.encode("<|im_end|>")
+    assert len(im_start) == len(im_end) == 1
+    assert ids.count(im_start[0]) == 5 and ids.count(im_end[0]) == 4
