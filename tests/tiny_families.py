@@ -65,8 +65,9 @@ def llama3_vocab() -> dict[str, Any]:
     return family_vocab("llama3")
 
 
-def write_tiny(path: Path, name: str) -> Path:
-    """Write family `name`'s tiny model to `path` (~75 MB: the embedding is float32)."""
+def write_tiny(path: Path, name: str, chat_template: str | None = None) -> Path:
+    """Write family `name`'s tiny model to `path` (~75 MB: the embedding is float32), with
+    `chat_template` when given."""
     family, meta = FAMILIES[name], family_vocab(name)["metadata"]
     tokens, arch = meta["tokenizer.ggml.tokens"], family.arch
     w = gguf.GGUFWriter(path, arch)
@@ -82,6 +83,8 @@ def write_tiny(path: Path, name: str) -> Path:
     for key in ("bos_token_id", "eos_token_id"):
         w.add_uint32(f"tokenizer.ggml.{key}", meta[f"tokenizer.ggml.{key}"])
     w.add_bool("tokenizer.ggml.add_bos_token", family.add_bos)
+    if chat_template is not None:
+        w.add_string("tokenizer.chat_template", chat_template)
     rng = np.random.default_rng(SEED)
     dim, kv_dim = SHAPE["embedding_length"], 2 * SHAPE["rope.dimension_count"]
     w.add_tensor("token_embd.weight", random_matrix(rng, len(tokens), dim, 1.0))
