@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,22 @@ from engine.model import Model
 from engine.sequence import Request
 from gateway.auth import hash_key
 from warmfleet.client import Client, KVStoreClient, Reply
+from warmfleet.cluster_config import ClusterConfig
+from warmfleet.launcher import Cluster
 
 NEW_TOKENS = 10  # what a Conversation's turns generate
 TENANT = keys.DEFAULT_TENANT
 TOKEN_BYTES = 30 * 2 * 3 * 64 * 4  # KV of one position of the default model: 45 KiB
+
+
+@contextmanager
+def one_worker(model: Path, folders: Callable[[str], Path], **options: Any) -> Iterator[Cluster]:
+    """A cluster of one worker serving `model` (`options`: more ClusterConfig fields), its
+    logs and spill files in folders made by `folders` (tmp_path_factory.mktemp)."""
+    config = ClusterConfig(num_workers=1, model=model, log_dir=folders("logs"),
+                           spill_dir=folders("spill"), **options)  # fmt: skip
+    with Cluster(config) as c:
+        yield c
 
 
 def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:

@@ -12,16 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
-from engine.chat import render_chat
-from engine.engine import Engine
 from engine.model import Model
-from engine.sequence import Request
+from tests.cluster_helpers import one_worker, prompt_ids, reference
 from tests.conftest import FIXTURES
 from tests.tiny_families import write_tiny
 from warmfleet.client import Client
-from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
@@ -39,9 +35,7 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="module")
 def cluster(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(num_workers=1, model=model_path, log_dir=tmp_path_factory.mktemp("logs"),
-                           spill_dir=tmp_path_factory.mktemp("spill"))  # fmt: skip
-    with Cluster(config) as c:
+    with one_worker(model_path, tmp_path_factory.mktemp) as c:
         yield c
 
 
@@ -49,23 +43,20 @@ def test_a_chat_is_served_as_the_engine_computes_it_and_resumes_warm(
     cluster: Cluster, model_path: Path
 ) -> None:
     model = Model.load(model_path, device="cpu")
-    ids = model.tokenizer.encode(render_chat(model.tokenizer.chat_template or "", MESSAGES))
-    request = Request("r", ids, SamplingParams(max_tokens=6, ignore_eos=True))
-    expected = [t for out in Engine(model).generate([request])["r"] for t in out.token_ids]
+    ids, expected = reference(model, MESSAGES, 6)
     with Client(cluster.target, timeout_s=120) as client:
-        first = client.complete("agent-1", messages=MESSAGES, max_tokens=6, ignore_eos=True)
+        first = client.complete("agent-1", messages=MESSAGES, max_tokens=6)
         assert first.completion.usage.prompt_tokens == len(ids)
         assert list(first.token_ids) == expected
         turn2 = [*MESSAGES, {"role": "assistant", "content": first.text},
                  {"role": "user", "content": "Another."}]  # fmt: skip
-        second = client.complete("agent-1", messages=turn2, max_tokens=6, ignore_eos=True)
+        second = client.complete("agent-1", messages=turn2, max_tokens=6)
     assert second.completion.kv_source == pb.KV_SOURCE_WARM
     assert second.completion.usage.cached_tokens >= len(ids)
 
 
 def test_the_openai_face_answers_with_the_same_prompt(cluster: Cluster, model_path: Path) -> None:
-    model = Model.load(model_path, device="cpu")
-    ids = model.tokenizer.encode(render_chat(model.tokenizer.chat_template or "", MESSAGES))
+    ids = prompt_ids(Model.load(model_path, device="cpu"), MESSAGES)
     body = {"messages": MESSAGES, "max_tokens": 4, "ignore_eos": True}
     with httpx.Client(base_url=cluster.http_url, timeout=120) as http:
         reply = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "agent-2"})

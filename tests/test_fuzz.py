@@ -26,10 +26,10 @@ from common.v1 import inference_pb2_grpc as pb_grpc
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from tests.cluster_helpers import one_worker
 from tests.fuzz_inputs import generate_requests, http_bodies, page_requests, raw_bytes, session_ids
 from tests.tiny_gguf import write_tiny_llama
 from warmfleet.client import Client
-from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
@@ -50,10 +50,7 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(num_workers=1, model=tiny_path, lease_s=2.0,
-                           log_dir=tmp_path_factory.mktemp("fuzz-logs"),
-                           spill_dir=tmp_path_factory.mktemp("fuzz-spill"))  # fmt: skip
-    with Cluster(config) as c:
+    with one_worker(tiny_path, tmp_path_factory.mktemp, lease_s=2.0) as c:
         yield c
 
 

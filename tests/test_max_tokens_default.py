@@ -14,9 +14,9 @@ import pytest
 from common.errors import InvalidRequestError
 from engine.model import Model
 from gateway.validate import DEFAULT_MAX_TOKENS, GenerateInput, build_job
+from tests.cluster_helpers import one_worker
 from tests.tiny_gguf import write_tiny_llama
 from warmfleet.client import Client
-from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
@@ -30,9 +30,7 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(num_workers=1, model=tiny_path, log_dir=tmp_path_factory.mktemp("logs"),
-                           spill_dir=tmp_path_factory.mktemp("spill"))  # fmt: skip
-    with Cluster(config) as c:
+    with one_worker(tiny_path, tmp_path_factory.mktemp) as c:
         yield c
 
 
