@@ -35,7 +35,7 @@ class _Matrix(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", _ptr), ("ffn_norm", _ptr), ("qkv", _Matrix), ("wo", _Matrix),
-                ("gate_up", _Matrix), ("down", _Matrix)]  # fmt: skip
+                ("gate_up", _Matrix), ("down", _Matrix), ("qkv_bias", _ptr)]  # fmt: skip
 
 
 class _Shape(ctypes.Structure):
@@ -73,16 +73,19 @@ class NativeLayers:
             and c.num_heads * c.head_dim == c.dim
             and c.dim % 16 == 0 and c.ffn_dim % 16 == 0 and c.head_dim % 32 == 0
             and c_kernel_fits(c.num_heads, c.num_kv_heads, c.head_dim)
-            and all(lw.bqkv is None for lw in weights.layers)  # no biases in layers.c
         ):  # fmt: skip
             return None
         descriptors = []
         for lw in weights.layers:
             matrices = (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)
             norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
-            if not all(isinstance(m, QuantMatrix) for m in matrices) or None in norms:
+            bias = None if lw.bqkv is None else _vector(lw.bqkv)
+            if (
+                not all(isinstance(m, QuantMatrix) for m in matrices) or None in norms
+                or (lw.bqkv is not None and bias is None)
+            ):  # fmt: skip
                 return None
-            descriptors.append(_Layer(*norms, *(_matrix(m) for m in matrices)))
+            descriptors.append(_Layer(*norms, *(_matrix(m) for m in matrices), bias))
         fn = lib.wf_layers
         p = _ptr
         fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]

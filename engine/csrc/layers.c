@@ -23,6 +23,7 @@ typedef struct {
 typedef struct {
     const float *attn_norm, *ffn_norm;
     WfMatrix qkv, wo, gate_up, down;
+    const float *qkv_bias; /* [q_dim + 2 * kv_dim] added to the qkv product (Qwen 2), or NULL */
 } WfLayer;
 
 typedef struct {
@@ -91,6 +92,9 @@ int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float
         float *kl = k_pool + i * s->layer_floats, *vl = v_pool + i * s->layer_floats;
         wf_rms_norm(x, l->attn_norm, s->eps, rows, s->dim, h);
         product(&l->qkv, h, rows, qkv, threads, scratch);
+        if (l->qkv_bias) /* one add per value, as forward.py's qkv += bqkv */
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < qkv_cols; j++) qkv[r * qkv_cols + j] += l->qkv_bias[j];
         wf_rope(qkv, qkv_cols, 0, rows, s->heads, d, cos_t, sin_t, pos, q);
         wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */

@@ -23,12 +23,26 @@ Q = gguf.GGMLQuantizationType
 SHAPE: dict[str, Any] = {"dim": 256, "num_heads": 8, "num_kv_heads": 2, "ffn_dim": 256}
 
 
-@pytest.mark.parametrize("matrix_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
+def qwen_biases(layers: int = 2) -> dict[str, str | float | np.ndarray]:
+    """q, k and v biases for SHAPE's layers, as a qwen2 file holds them."""
+    rng, q, kv = np.random.default_rng(5), SHAPE["dim"], 2 * 32
+    return {f"blk.{i}.attn_{x}.bias": rng.standard_normal(n).astype(np.float32)
+            for i in range(layers) for x, n in (("q", q), ("k", kv), ("v", kv))}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("matrix_type", "arch"),
+    [(Q.Q8_0, "llama"), (Q.Q4_0, "llama"), (Q.Q4_1, "llama"), (Q.Q8_0, "qwen2")],
+    ids=["Q8_0", "Q4_0", "Q4_1", "Q8_0-qwen2-biases"],
+)
 def test_one_call_equals_the_per_op_loop(
-    matrix_type: Q, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    matrix_type: Q, arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=matrix_type, seed=4, **SHAPE)
+    extras = qwen_biases() if arch == "qwen2" else None
+    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=matrix_type, seed=4, arch=arch,
+                            extras=extras, **SHAPE)  # fmt: skip
     model = Model.load(path, device="cpu", weights="quantized")
+    assert (model.weights.layers[0].bqkv is not None) == (arch == "qwen2")
     assert isinstance(native_layers(model.weights, model.config), NativeLayers)
     rng = np.random.default_rng(2)
     kvs = [new_kv(model) for _ in range(3)]
