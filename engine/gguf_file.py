@@ -60,7 +60,6 @@ class GGUFTensor:
 class GGUFFile:
     """A GGUF file's header values and tensors; the tensors' bytes stay on disk until read."""
 
-    path: Path
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
 
@@ -119,14 +118,14 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise NotGGUFError(f"{path} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     try:
         mapped = np.memmap(path, dtype=np.uint8, mode="r")
-        return _parse(path, mapped)
+        return _parse(mapped)
     except _Truncated as e:
         raise NotGGUFError(f"{path}: malformed GGUF file (truncated)") from e
     except (ValueError, struct.error, UnicodeDecodeError, OverflowError) as e:
         raise NotGGUFError(f"{path}: malformed GGUF file ({type(e).__name__}: {e})") from e
 
 
-def _parse(path: Path, mapped: np.ndarray) -> GGUFFile:
+def _parse(mapped: np.ndarray) -> GGUFFile:
     cur = _Cursor(mapped.data, len(GGUF_MAGIC))
     version = cur.scalar("<I")
     if version not in VERSIONS:
@@ -152,7 +151,7 @@ def _parse(path: Path, mapped: np.ndarray) -> GGUFFile:
             raise ValueError(f"tensor {name} appears twice")
         names.add(name)
         tensors.append(_tensor(mapped, name, dims, kind, data_start + offset))
-    return GGUFFile(path, metadata, tensors)
+    return GGUFFile(metadata, tensors)
 
 
 def _tensor_info(cur: _Cursor) -> tuple[str, np.ndarray, int, int]:

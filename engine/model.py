@@ -55,7 +55,7 @@ class Model:
         meta = read_metadata(reader)
         config = ModelConfig.from_metadata(meta)
         tokenizer = Tokenizer.from_metadata(meta)
-        divisors = frequency_divisors(reader, meta, config)
+        divisors = frequency_divisors(reader, config)
         if on_mlx(xp):
             from engine.mlx_backend.forward import rope_tables
             from engine.mlx_backend.weights import load_mlx_weights

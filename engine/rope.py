@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import gguf
 import numpy as np
 
@@ -16,15 +14,13 @@ FACTORS_TENSOR = "rope_freqs.weight"
 SUPPORTED_SCALING = ("none", "linear")
 
 
-def frequency_divisors(
-    reader: GGUFFile, meta: dict[str, Any], config: ModelConfig
-) -> np.ndarray | None:
+def frequency_divisors(reader: GGUFFile, config: ModelConfig) -> np.ndarray | None:
     """What each of the head's head_dim / 2 rotation frequencies is divided by, in float64:
     the file's frequency factors (as llama.cpp applies them: the angle of frequency i is
     position * base^(-2i / head_dim) / factor[i]) times a linear scaling's factor (positions
     divided by it); None when the file asks neither. UnsupportedModelError for a scaling
     this engine does not do (YaRN, LongRoPE) or factors of the wrong shape."""
-    arch = config.architecture
+    arch, meta = config.architecture, reader.metadata
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind not in SUPPORTED_SCALING:
         raise UnsupportedModelError(

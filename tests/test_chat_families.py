@@ -13,7 +13,7 @@ import pytest
 from engine.chat import render_chat
 from engine.tokenizer import Tokenizer
 from tests.conftest import FIXTURES
-from tests.tiny_families import family_vocab, llama3_vocab
+from tests.tiny_families import family_vocab
 
 TEMPLATES = FIXTURES / "templates"
 VERSIONS = {"3.1": "meta-llama-Llama-3.1-8B-Instruct", "3.2": "meta-llama-Llama-3.2-3B-Instruct"}
@@ -73,7 +73,7 @@ def test_tools_a_call_and_its_result_take_llama_3s_form(version: str) -> None:
 
 
 def test_the_rendered_markup_is_single_control_tokens() -> None:
-    data = llama3_vocab()
+    data = family_vocab("llama3")
     tokenizer = Tokenizer.from_metadata(data["metadata"])
     ids = tokenizer.encode(render_chat(template("3.1"), MESSAGES))
     assert ids[0] == START and ids.count(START) == 3 and ids.count(END) == 3

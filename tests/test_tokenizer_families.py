@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import UnsupportedModelError
 from engine.tokenizer import Tokenizer
-from tests.tiny_families import FAMILIES, family_vocab, llama3_vocab
+from tests.tiny_families import FAMILIES, family_vocab
 
 BEGIN_OF_TEXT, END_OF_TEXT = 128000, 128001
 START_HEADER, END_HEADER, EOT = 128006, 128007, 128009
@@ -17,7 +17,7 @@ START_HEADER, END_HEADER, EOT = 128006, 128007, 128009
 
 @pytest.fixture(scope="module")
 def fixture() -> dict[str, Any]:
-    data = llama3_vocab()
+    data = family_vocab("llama3")
     assert data["metadata"]["tokenizer.ggml.pre"] == "llama-bpe"
     assert len(data["metadata"]["tokenizer.ggml.tokens"]) == 128256
     return data

@@ -61,10 +61,6 @@ def family_vocab(name: str) -> dict[str, Any]:
     return data
 
 
-def llama3_vocab() -> dict[str, Any]:
-    return family_vocab("llama3")
-
-
 def write_tiny(path: Path, name: str, chat_template: str | None = None) -> Path:
     """Write family `name`'s tiny model to `path` (~75 MB: the embedding is float32), with
     `chat_template` when given."""
