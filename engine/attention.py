@@ -111,7 +111,7 @@ def _paged_rows_kernel() -> RowsKernel:
     fn = lib.wf_paged_rows
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.restype = i64  # 0, or the scratch bytes refused
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
             lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip
@@ -120,11 +120,11 @@ def _paged_rows_kernel() -> RowsKernel:
             _paged_rows(q, k, v, tables, lengths, scale, out)
             return
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
-        failed = fn(address(q), address(k), address(v), address(tables), tables.shape[1],
-                    address(lengths), num_rows, num_heads, k.shape[1], dim, scale,
-                    address(out), get_num_threads())  # fmt: skip
-        if failed:
-            raise MemoryError(f"no memory for the attention scratch of {num_rows} rows")
+        refused = fn(address(q), address(k), address(v), address(tables), tables.shape[1],
+                     address(lengths), num_rows, num_heads, k.shape[1], dim, scale,
+                     address(out), get_num_threads())  # fmt: skip
+        if refused:
+            raise native.scratch_refused("wf_paged_rows", refused, f"a {num_rows}-row attention")
 
     return run
 

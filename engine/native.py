@@ -83,6 +83,15 @@ def address(a: np.ndarray) -> int:
         return int(a.ctypes.data)
 
 
+def scratch_refused(kernel: str, refused_bytes: int, work: str) -> MemoryError:
+    """The error to raise where a kernel returned the bytes of scratch it could not allocate
+    (it then did nothing): the engine retries the step smaller, and a worker fails the
+    step's requests and lives."""
+    return MemoryError(
+        f"the C kernel {kernel} could not allocate {refused_bytes} bytes of scratch ({work})"
+    )
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, built if need be; None (the reason logged once) where they

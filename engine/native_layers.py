@@ -89,7 +89,7 @@ class NativeLayers:
         fn = lib.wf_layers
         p = _ptr
         fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]
-        fn.restype = ctypes.c_int
+        fn.restype = _i64  # 0, or the scratch bytes refused
         return cls((_Layer * len(descriptors))(*descriptors), config, weights, fn)
 
     def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
@@ -112,13 +112,13 @@ class NativeLayers:
         shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_dim, layer_floats,
                        c.rms_eps, c.head_dim**-0.5)  # fmt: skip
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
-        failed = self.fn(self.layers, len(self.layers), ctypes.byref(shape), address(x),
-                         x.shape[0], address(positions), address(rope.cos), address(rope.sin),
-                         address(pool.k), address(pool.v), address(kv_rows),
-                         address(plan.tables), plan.tables.shape[1], address(plan.lengths),
-                         threads)  # fmt: skip
-        if failed:
-            raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row step")
+        refused = self.fn(self.layers, len(self.layers), ctypes.byref(shape), address(x),
+                          x.shape[0], address(positions), address(rope.cos), address(rope.sin),
+                          address(pool.k), address(pool.v), address(kv_rows),
+                          address(plan.tables), plan.tables.shape[1], address(plan.lengths),
+                          threads)  # fmt: skip
+        if refused:
+            raise native.scratch_refused("wf_layers", refused, f"a {x.shape[0]}-row step")
         return True
 
 

@@ -586,16 +586,17 @@ void wf_paged_rows_with(const float *q, const float *k, const float *v, const in
     }
 }
 
-/* wf_paged_rows_with with scratch of its own: 0, or -1 (nothing done) where it could not be
-   allocated. */
-int wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
-                  int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                  int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale, float *out,
-                  int num_threads) {
+/* wf_paged_rows_with with scratch of its own: 0, or the bytes it could not allocate
+   (nothing done). */
+int64_t wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
+                      int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                      int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                      float *out, int num_threads) {
     int64_t floats =
         wf_paged_rows_scratch(lengths, num_rows, num_heads, num_kv_heads, dim, num_threads);
-    float *scratch = aligned_alloc(64, sizeof(float) * ((floats + 15) / 16 * 16));
-    if (!scratch) return -1;
+    int64_t bytes = sizeof(float) * ((floats + 15) / 16 * 16);
+    float *scratch = aligned_alloc(64, bytes);
+    if (!scratch) return bytes;
     wf_paged_rows_with(q, k, v, tables, max_blocks, lengths, num_rows, num_heads, num_kv_heads,
                        dim, scale, out, num_threads, scratch);
     free(scratch);

@@ -58,12 +58,12 @@ static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
-/* 0, or -1 (nothing done) where its scratch could not be allocated: all of it, the
+/* 0, or the bytes of scratch it could not allocate (nothing done): all of it, the
    products' and attention's too, is taken before the first layer. */
-int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
-              int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
-              float *k_pool, float *v_pool, const int64_t *kv_rows, const int32_t *tables,
-              int64_t max_blocks, const int32_t *lengths, int threads) {
+int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
+                  int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
+                  float *k_pool, float *v_pool, const int64_t *kv_rows, const int32_t *tables,
+                  int64_t max_blocks, const int32_t *lengths, int threads) {
     int64_t d = s->head_dim, q_dim = s->heads * d, kv_dim = s->kv_heads * d;
     int64_t qkv_cols = q_dim + 2 * kv_dim, wide = s->dim > q_dim ? s->dim : q_dim;
     /* scratch: h [R, dim], qkv [R, qkv_cols], q and attention out [R, q_dim], k [R, kv_dim],
@@ -81,8 +81,9 @@ int wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float
     int64_t attention = wf_paged_rows_scratch(lengths, rows, s->heads, s->kv_heads, d, threads);
     kernels = kernels > attention ? kernels : attention; /* one at a time */
     floats = (floats + 15) / 16 * 16; /* the kernels' room starts 64-byte aligned */
-    float *h = aligned_alloc(64, sizeof(float) * (floats + (kernels + 15) / 16 * 16));
-    if (!h) return -1;
+    int64_t bytes = sizeof(float) * (floats + (kernels + 15) / 16 * 16);
+    float *h = aligned_alloc(64, bytes);
+    if (!h) return bytes;
     float *scratch = h + floats;
     float *qkv = h + rows * s->dim, *q = qkv + rows * qkv_cols, *att = q + rows * q_dim;
     float *k = att + rows * q_dim, *gate_up = k + rows * kv_dim;

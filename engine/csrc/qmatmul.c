@@ -464,29 +464,38 @@ void wf_matmul_with(int kind, int gshift, const uint8_t *codes, const void *scal
     }
 }
 
-/* wf_matmul_with with scratch of its own: 0, or -1 (nothing done) where it could not be
-   allocated. */
-int wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale, const void *offset,
-              int64_t n_rows, int64_t k, const float *x, int64_t m_rows, float *out, int64_t ldo,
-              int num_threads) {
+/* wf_matmul_with with scratch of its own: 0, or the bytes it could not allocate (nothing
+   done). */
+int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
+                  const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
+                  float *out, int64_t ldo, int num_threads) {
     int64_t floats = wf_matmul_scratch(kind, gshift, k, m_rows, num_threads);
-    float *scratch = aligned_alloc(64, sizeof(float) * (floats ? floats : 16));
-    if (!scratch) return -1;
+    int64_t bytes = sizeof(float) * (floats ? floats : 16);
+    float *scratch = aligned_alloc(64, bytes);
+    if (!scratch) return bytes;
     wf_matmul_with(kind, gshift, codes, scale, offset, n_rows, k, x, m_rows, out, ldo,
                    num_threads, scratch);
     free(scratch);
     return 0;
 }
 
-void wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale,
-                const void *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
-                int num_threads) {
-    int64_t groups = 2 * (k >> gshift);
+/* out[i] = weight row rows[i] as float32: 0, or the bytes it could not allocate (nothing
+   done). Only the float16 kinds take scratch (their rows' groups widened, a thread's share
+   on the heap: a long row's would overflow a thread's stack). */
+int64_t wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale,
+                   const void *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
+                   int num_threads) {
+    int64_t room = half_groups(kind) ? (2 * (k >> gshift) + 15) / 16 * 16 : 0;
+    int64_t bytes = sizeof(float) * room * num_threads;
+    float *scratch = NULL;
+    if (bytes && !(scratch = malloc(bytes))) return bytes;
 #pragma omp parallel num_threads(num_threads)
     {
-        float scratch[half_groups(kind) ? groups : 1]; /* widened float16 groups */
+        float *groups = scratch ? scratch + omp_get_thread_num() * room : NULL;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < num; i++)
-            dequant_row(kind, gshift, codes, scale, offset, k, rows[i], out + i * k, scratch);
+            dequant_row(kind, gshift, codes, scale, offset, k, rows[i], out + i * k, groups);
     }
+    free(scratch);
+    return 0;
 }

@@ -27,26 +27,33 @@ class NativeKernels:
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._matmul = lib.wf_matmul
         self._matmul.argtypes = [i, i, p, p, p, i64, i64, p, i64, p, i64, i]
-        self._matmul.restype = ctypes.c_int
+        self._matmul.restype = i64  # 0, or the scratch bytes refused
         self._dequant = lib.wf_dequant
         self._dequant.argtypes = [i, i, p, p, p, i64, p, i64, p, i]
-        self._dequant.restype = None
+        self._dequant.restype = i64
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32. MemoryError (nothing
         done) where the kernel's scratch cannot be allocated."""
         codes, scale, offset = w.pointers
         n, m = out.shape[1], x.shape[0]
-        failed = self._matmul(w.c_kind, w.gshift, codes, scale, offset, n, w.k, address(x), m,
-                              address(out), n, threads)  # fmt: skip
-        if failed:
-            raise MemoryError(f"no memory for the scratch of a {m}-row product")
+        refused = self._matmul(w.c_kind, w.gshift, codes, scale, offset, n, w.k, address(x), m,
+                               address(out), n, threads)  # fmt: skip
+        if refused:
+            raise native.scratch_refused(
+                "wf_matmul", refused, f"a {m}-row product of [{n}, {w.k}] weights"
+            )
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]."""
+        """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]. MemoryError
+        (nothing done) where the kernel's scratch cannot be allocated."""
         codes, scale, offset = w.pointers
-        self._dequant(w.c_kind, w.gshift, codes, scale, offset, w.k, address(rows),
-                      len(rows), address(out), threads)  # fmt: skip
+        refused = self._dequant(w.c_kind, w.gshift, codes, scale, offset, w.k, address(rows),
+                                len(rows), address(out), threads)  # fmt: skip
+        if refused:
+            raise native.scratch_refused(
+                "wf_dequant", refused, f"{len(rows)} rows of [{w.shape[0]}, {w.k}] weights"
+            )
 
 
 def load() -> NativeKernels | None:

@@ -173,7 +173,7 @@ def test_a_long_row_spread_over_the_threads_keeps_its_bits(
     fn = lib.wf_paged_rows
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.restype = ctypes.c_int64  # 0, or the scratch bytes it could not allocate
     num_heads, hkv, d = heads
     rng = np.random.default_rng(num_heads * d + threads)
     k, v = (rng.standard_normal((160, hkv, BLOCK, d)).astype(np.float32) for _ in range(2))

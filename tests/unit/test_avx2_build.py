@@ -81,7 +81,7 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
     fn = haswell.wf_paged_rows
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.restype = ctypes.c_int64  # 0, or the scratch bytes it could not allocate
     order = rng.permutation(72).astype(np.int32)
     # single rows of different lengths (a task per KV head; a long one spread over the
     # threads where its KV heads are fewer than twice them; whole rows with 4+ rows), and
