@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from broker import codec, keys
 from broker.messages import ControlOrder, Job
+from broker.progress import Progress, read_progress
 from common.errors import ProtocolError
 
 log = logging.getLogger("warmfleet.worker")
@@ -41,6 +42,7 @@ class Delivery:
     job: Job | None = None
     order: ControlOrder | None = None
     error: str = ""
+    progress: Progress = field(default_factory=Progress)  # a job taken over: its out stream
 
 
 def parse_entries(reply: Iterable[Any]) -> list[Delivery]:
@@ -92,6 +94,15 @@ class Leases:
                     taken += self._adopt(dead, limit - len(taken))
                 finally:
                     self.r.delete(lock)
+        return self._with_progress(taken)
+
+    def _with_progress(self, taken: list[Delivery]) -> list[Delivery]:
+        """Each job's progress, read from its out stream: an earlier worker may have sent
+        some of its tokens, or all of it."""
+        progress = read_progress(self.r, (d.job.request_id for d in taken if d.job))
+        for d in taken:
+            if d.job is not None:
+                d.progress = progress[d.job.request_id]
         return taken
 
     def _autoclaim(self, stream: str, min_idle_ms: int, count: int) -> list[Delivery]:

@@ -87,6 +87,11 @@ class Engine:
         cache, num_cached = self._attach_cache(request, restored)
         rng, seed = make_rng(request.sampling.seed)
         text = TextStream(StreamDecoder(self.model.tokenizer), request.sampling.stop)
+        if request.generated:  # where the earlier run left its sampler and its text
+            if not request.sampling.greedy:
+                rng.random(len(request.generated))  # sample() draws one number a token
+            for token in request.generated:
+                text.push(token)
         seq = Sequence(request, cache, num_cached, rng, seed, text)
         self.sequences[request.request_id] = seq
         self.scheduler.add(seq)
@@ -99,7 +104,8 @@ class Engine:
         batch, ended = self._make_room(batch)
         if not batch:
             return ended
-        prefill = sum(n for seq, n in batch if not seq.output_ids)
+        prefills = [seq.prefilling for seq, _ in batch]
+        prefill = sum(n for (_, n), p in zip(batch, prefills, strict=True) if p)
         t0 = time.perf_counter()
         try:
             logits, due = self.runner.run(batch)
@@ -115,7 +121,7 @@ class Engine:
         self.scheduler.step_ran()
         took = time.perf_counter() - t0
         self.scheduler.cost.observe(prefill, took)
-        self._count(batch, len(due), took)
+        self._count(batch, prefills, len(due), took)
         return ended + [self._postprocess(seq, row) for seq, row in zip(due, logits, strict=True)]
 
     def _make_room(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[StepOutput]]:
@@ -154,17 +160,19 @@ class Engine:
         disk) put into the pool, sharing the blocks it holds already."""
         return self.pool.load(scope, k, v, token_ids)
 
-    def _count(self, batch: ScheduledBatch, sampled: int, took_s: float) -> None:
+    def _count(
+        self, batch: ScheduledBatch, prefills: list[bool], sampled: int, took_s: float
+    ) -> None:
         self.stats.num_steps += 1
         self.stats.num_generated_tokens += sampled
         self.stats.step_seconds += took_s
         self.stats.last_step_s = took_s
-        for seq, n in batch:
-            # a decode step feeds back one sampled token; everything else is prompt
-            if seq.output_ids:
-                self.stats.num_decode_tokens += n
-            else:
+        for (_, n), prefilled in zip(batch, prefills, strict=True):
+            # a decode step feeds back one sampled token; everything else is prefill
+            if prefilled:
                 self.stats.num_prefill_tokens += n
+            else:
+                self.stats.num_decode_tokens += n
 
     def abort(self, request_id: str) -> StepOutput | None:
         """End a queued or running request now; its KV so far stays with its session."""
@@ -213,7 +221,11 @@ class Engine:
     def _check(self, request: Request) -> None:
         if request.request_id in self.sequences:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already active")
-        self.model.config.check_prompt(request.prompt_ids)
+        self.model.config.check_prompt(request.prompt_ids + request.generated)
+        if len(request.generated) >= request.sampling.max_tokens:
+            raise InvalidRequestError(
+                "generated", "holds max_tokens tokens already: nothing to run"
+            )
 
     def _attach_cache(self, request: Request, restored: PagedKV | None) -> tuple[PagedKV, int]:
         """The session's KV trimmed to the prompt's common prefix, or an empty block table
@@ -225,9 +237,8 @@ class Engine:
         if cached is None:
             return self.pool.new_kv(request.scope), 0
         # at least the prompt's last token is recomputed: its logits give the first token
-        reuse = min(
-            common_prefix_len(cached.token_ids, request.prompt_ids), len(request.prompt_ids) - 1
-        )
+        ids = request.prompt_ids + request.generated
+        reuse = min(common_prefix_len(cached.token_ids, ids), len(ids) - 1)
         cached.trim(reuse)
         return cached, reuse
 

@@ -91,6 +91,6 @@ class Scheduler:
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
         seq.take_shared_prefix()  # what another sequence computed is not computed again
-        n = min(self.config.prefill_chunk_tokens, budget, seq.num_prompt - seq.num_computed)
+        n = min(self.config.prefill_chunk_tokens, budget, seq.num_prefill - seq.num_computed)
         batch.append((seq, n))
         return n

@@ -27,6 +27,9 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_key: str | None = None  # the session whose KV this request may reuse and extend
     scope: str = ""  # who may share KV blocks with it (the tenant); never across scopes
+    # tokens an earlier run of this request generated (a worker that died had sent them):
+    # prefilled after the prompt, and the run goes on from there as if it had not stopped
+    generated: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class Sequence:
         "finish_reason",
         "num_cached",
         "num_prefix",
+        "num_resumed",
         "output_ids",
         "request",
         "rng",
@@ -78,7 +82,8 @@ class Sequence:
         self.cache = cache
         self.num_cached = num_cached
         self.num_prefix = 0  # of num_cached: tokens taken from shared blocks
-        self.output_ids: list[int] = []
+        self.output_ids: list[int] = list(request.generated)
+        self.num_resumed = len(request.generated)  # of output_ids: computed as a prefill
         self.rng = rng
         self.seed = seed
         self.text = text
@@ -106,13 +111,24 @@ class Sequence:
         return self.cache.offset
 
     @property
+    def num_prefill(self) -> int:
+        """Tokens computed as a prefill: the prompt, and the tokens of an earlier run."""
+        return self.num_prompt + self.num_resumed
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        if not self.num_resumed:
+            return self.request.prompt_ids
+        return self.request.prompt_ids + self.output_ids[: self.num_resumed]
+
+    @property
     def prefilling(self) -> bool:
-        return self.num_computed < self.num_prompt
+        return self.num_computed < self.num_prefill
 
     def take_shared_prefix(self) -> None:
         """Before its next prefill chunk: take the blocks the pool already holds for the
         next part of the prompt (another sequence of its scope computed them)."""
-        gained = self.cache.extend_prefix(self.request.prompt_ids, self.num_prompt - 1)
+        gained = self.cache.extend_prefix(self.prefill_ids, self.num_prefill - 1)
         self.num_cached += gained
         self.num_prefix += gained
 
@@ -131,8 +147,8 @@ class Sequence:
         return Completion(
             finish_reason=self.finish_reason,
             prompt_tokens=self.num_prompt,
-            cached_tokens=self.num_cached,
-            prefix_tokens=self.num_prefix,
+            cached_tokens=min(self.num_cached, self.num_prompt),
+            prefix_tokens=min(self.num_prefix, self.num_prompt),
             completion_tokens=n_out,
             seed=self.seed,
             queue_s=(self.t_scheduled or self.t_finished) - self.t_added,

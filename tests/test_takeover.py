@@ -3,28 +3,37 @@ supervision (warmfleet/supervisor.py, polled here as `warmfleet up` polls it). S
 worker running streams: they resume on the other worker within 2 s of the kill, measured
 from when their tokens arrive, exact and contiguous; the launcher starts the killed worker
 again, and it takes new sessions. The lease is the default 5 s, so only the heartbeat can
-explain a takeover this fast."""
+explain a takeover this fast. Killed late in a long answer, the adopter prefills the
+tokens already sent instead of decoding them again: its first new token comes after as
+many steps as that prefill takes, plus one."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_lib
 
 from broker import codec, keys
 from broker.messages import Completion, JobError, TokenChunk
+from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.model import Model
+from engine.sequence import Request
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
-from tests.cluster_helpers import reference, worker_status
+from tests.cluster_helpers import prompt_ids, reference, worker_status
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -34,6 +43,7 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 48
 RESUME_S = 2.0  # the issue's bound, from the kill to each stream's next token
 POLL_S = 0.1  # as `warmfleet up` polls its supervisor
+LATE_TOKENS, LATE_KILL_AT = 300, 200
 TOPICS = ["a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper"]
 
 
@@ -56,13 +66,14 @@ class TimedStream:
     """One Generate call read on a thread: each chunk with the time it arrived."""
 
     messages: list[dict[str, str]]
+    options: dict[str, Any] = field(default_factory=lambda: {"max_tokens": MAX_TOKENS})
     arrivals: list[tuple[float, pb.Chunk]] = field(default_factory=list)
     completion: pb.Completion | None = None
     error: BaseException | None = None
 
     def read(self, client: Client, session_id: str) -> None:
         try:
-            call = client.stream(session_id, messages=self.messages, max_tokens=MAX_TOKENS)
+            call = client.stream(session_id, messages=self.messages, **self.options)
             for response in call:
                 if response.HasField("completion"):
                     self.completion = response.completion
@@ -185,3 +196,44 @@ def came_back(
         if reply.completion.worker_id == victim:
             return
     raise AssertionError(f"20 new sessions and none ran on the restarted {victim}")
+
+
+def test_a_late_kill_resumes_by_prefilling_the_tokens_sent(
+    cluster: Cluster, client: Client, r: redis_lib.Redis, model: Model
+) -> None:
+    """Killed after 200 tokens of a 300-token answer: the same tokens as an undisturbed run,
+    and the adopter's first new token within ceil((prompt + sent) / chunk) + 1 steps."""
+    sampling = SamplingParams(max_tokens=LATE_TOKENS, ignore_eos=True)
+    messages = [{"role": "user", "content": "Tell me a long story about a cartographer."}]
+    stream = TimedStream(messages, {"max_tokens": LATE_TOKENS, "ignore_eos": True})
+    ids = prompt_ids(model, messages)
+    out = Engine(model).generate([Request("ref", ids, sampling)])
+    expected = [t for o in out["ref"] for t in o.token_ids]
+    supervisor = Supervisor(cluster, lambda line: None)
+    reader = threading.Thread(target=stream.read, args=(client, "late-kill"))
+    reader.start()
+    supervise_until(supervisor, lambda: len(stream.tokens()) >= LATE_KILL_AT, "200 tokens")
+    kill = kill_the_busiest(cluster, r)
+    supervise_until(supervisor, lambda: not reader.is_alive(), "the stream")
+    assert stream.error is None and stream.completion is not None, stream.error
+    assert stream.tokens() == expected
+    adopter = stream.completion.worker_id
+    assert adopter != kill.worker_id
+    sent, steps = resume_counts(cluster, adopter, stream.completion.request_id)
+    assert sent >= LATE_KILL_AT
+    chunk = EngineConfig().prefill_chunk_tokens
+    assert steps <= math.ceil((len(ids) + sent) / chunk) + 1, (sent, steps)
+    stall_s = stream.resumed_s(r, kill)
+    print(f"\nkilled after {sent} tokens sent: resumed in {steps} steps, {stall_s:.3f} s")
+    w = kill.worker_id
+    supervise_until(supervisor, lambda: ready(r, w, cluster.processes[w].pid), "the restart")
+
+
+def resume_counts(cluster: Cluster, worker_id: str, request_id: str) -> tuple[int, int]:
+    """From the adopter's log: the tokens sent before it took the request over, and the
+    engine steps it took to the first new one."""
+    text = cluster.log_path(worker_id).read_text(errors="replace")
+    sent = re.search(rf"resuming {request_id} after the (?P<sent>\d+) token", text)
+    steps = re.search(rf"resumed {request_id}: its first new token after (?P<steps>\d+) ", text)
+    assert sent and steps, f"no resume of {request_id} in {worker_id}'s log"
+    return int(sent["sent"]), int(steps["steps"])

@@ -65,6 +65,9 @@ class Admission:
         job = d.job
         if job.request_id in self.s.inflight:
             return  # our own entry, claimed back: it is already running
+        if d.progress.ended:  # taken over after its worker had published its end
+            out.acks.append(d)
+            return
         if time.time() > job.deadline_at:
             late = JobError("DEADLINE_EXCEEDED", "deadline passed in the queue")
             out.results.append((job.request_id, late))
@@ -101,7 +104,12 @@ class Admission:
             self._preempt_for(job.request_id)
         if kv_from is None:
             kv_from, restored = self.residency.bring_back(key) if key else ("none", None)
-        request = Request(job.request_id, list(job.prompt_ids), job.sampling, key, job.tenant)
+        # a job taken over goes on after the tokens already sent: all but the last are
+        # prefilled, the last is sampled again (the gateway drops it) so that every way of
+        # ending (a stop string, max_tokens, end of turn) is decided as it was
+        generated = list(d.progress.sent[:-1])
+        request = Request(job.request_id, list(job.prompt_ids), job.sampling, key, job.tenant,
+                          generated)  # fmt: skip
         try:
             seq = self.s.engine.add(request, restored)
         except WarmfleetError as e:  # the engine's own guards (the gateway checked first)
@@ -111,8 +119,12 @@ class Admission:
             self.s.outbox.results.append((job.request_id, JobError(code, str(e))))
             self.s.outbox.acks.append(d)
             return
-        self.s.inflight[job.request_id] = InFlight(d, job, time.time(), cache_key=key,
-                                                   kv_from=kv_from)  # fmt: skip
+        f = InFlight(d, job, time.time(), len(generated), cache_key=key, kv_from=kv_from)
+        self.s.inflight[job.request_id] = f
+        if d.progress.sent:
+            f.resumed = (len(d.progress.sent), self.s.engine.stats.num_steps)
+            log.info("resuming %s after the %d token(s) already sent", job.request_id,
+                     len(d.progress.sent))  # fmt: skip
         if key:
             self.s.outbox.events.append(self.s.event(EventKind.HOT, key, seq.cache, source=kv_from))
 

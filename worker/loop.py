@@ -227,8 +227,19 @@ class Worker:
                 chunk = TokenChunk(f.next_index, tuple(out.token_ids), out.text)
                 s.outbox.results.append((out.request_id, chunk))
                 f.next_index += len(out.token_ids)
+                if f.resumed is not None and f.next_index > f.resumed[0]:
+                    self._resumed(f, f.resumed)
             if out.completion is not None:
                 self._finish(f, out.completion)
+
+    def _resumed(self, f: InFlight, resumed: tuple[int, int]) -> None:
+        """A job taken over published its first token past those already sent."""
+        num_sent, at_step = resumed
+        f.resumed = None
+        steps = self.state.engine.stats.num_steps - at_step
+        log.info("resumed %s: its first new token after %d engine step(s) (a prompt of %d "
+                 "tokens, %d sent)", f.job.request_id, steps, len(f.job.prompt_ids),
+                 num_sent)  # fmt: skip
 
     def _out_of_memory(self, e: MemoryError) -> None:
         """A step of one row could not get the memory it needed (its kernels' scratch, its

@@ -27,6 +27,9 @@ class InFlight:
     next_index: int = 0  # index of the next generated token to publish
     cache_key: str | None = None
     kv_from: str = "none"  # where the session's KV was found: none, pool, pending, disk
+    # taken over with tokens an earlier worker sent: (how many, the engine's step count at
+    # admission), until the first token past them is published
+    resumed: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
