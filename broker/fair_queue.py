@@ -19,15 +19,13 @@ work as for pinned requests. Key names are built inside the scripts from prefixe
 scripts assume one Redis (not a Redis Cluster).
 
 Placement: a queued request (a new session, or one whose KV no live worker holds) goes to
-the least loaded live worker, not to whichever dispatches first. A worker's load is the
-entries on its pinned stream (running, paused, waiting for a restore or not yet read: an
-entry leaves at the request's end) plus the requests it runs from a dead worker's stream
-(`num_adopted` in its heartbeat). DISPATCH takes the head of the queues only if no other
-live worker with a free slot (load under the heartbeat's `max_running`) stands before it by
-(load, idle sessions held, id); else it leaves the request where it is, wakes that worker
-(an entry on its own wake stream) and stops. The order in which requests leave the queues
-is untouched, so the fairness above holds; and the worker first in that order always
-takes, so an idle worker never watches work wait (the exception: a worker that died
+the least loaded live worker, not to whichever dispatches first; broker/placement.py ranks
+the workers, and a draining worker's hand-over follows the same ranking. DISPATCH takes the
+head of the queues only if no other live worker with a free slot (load under the
+heartbeat's `max_running`) stands before it; else it leaves the request where it is, wakes
+that worker (an entry on its own wake stream) and stops. The order in which requests leave
+the queues is untouched, so the fairness above holds; and the worker first in that order
+always takes, so an idle worker never watches work wait (the exception: a worker that died
 idle is deferred to until its heartbeat lapses). Loads are read inside the script, so two
 workers never both see themselves first.
 """
@@ -39,12 +37,14 @@ from string import Template
 
 from broker import keys
 from broker.codec import FIELD
+from broker.placement import STANDING
 from common.enums import PRIORITIES
 
 
 def _stream_field(script: str) -> str:
-    """A script with the stream field that holds a message (codec.FIELD) filled in."""
-    return Template(script).substitute(field=FIELD)
+    """A script with the stream field that holds a message (codec.FIELD) and placement's
+    ranking of workers filled in."""
+    return Template(script).substitute(field=FIELD, standing=STANDING)
 
 
 # A worker takes requests while its heartbeat key exists and its draining key does not.
@@ -114,25 +114,8 @@ return {'queued', tostring(all + 1)}
 #       then (placement) the worker's id, workers set, heartbeat, draining, pinned-stream
 #       and wake-stream prefixes, then the charge prefix
 DISPATCH = _stream_field("""
-local me, hb, pinned = ARGV[15], ARGV[17], ARGV[19]
--- a live worker's (load, idle sessions, id, batch slots); nil if it takes nothing now
-local function standing(w)
-  local raw = redis.call('GET', hb .. w)
-  if not raw or redis.call('EXISTS', ARGV[18] .. w) == 1 then
-    return nil
-  end
-  local ok, s = pcall(cjson.decode, raw)
-  if not ok or type(s) ~= 'table' then
-    s = {}
-  end
-  local load = redis.call('XLEN', pinned .. w) + (tonumber(s.num_adopted) or 0)
-  return {load, tonumber(s.num_sessions) or 0, w, tonumber(s.max_running)}
-end
-local function before(a, b)
-  if a[1] ~= b[1] then return a[1] < b[1] end
-  if a[2] ~= b[2] then return a[2] < b[2] end
-  return a[3] < b[3]
-end
+local me, hb, draining, pinned = ARGV[15], ARGV[17], ARGV[18], ARGV[19]
+$standing
 local rival, own = nil, nil  -- the first other live worker with a free slot; this one
 local function placed_elsewhere(taken)
   if not own then
@@ -227,30 +210,32 @@ return removed
 """
 
 
-# A draining worker hands a request it has not started to the live worker with the
-# shortest pinned stream (the smallest id among equals), in one step (the entry leaves its
-# stream as it joins the other).
+# A draining worker hands a request it has not started to the worker placement would pick
+# (the first by `before` among those with a free slot, else the first of all), in one step
+# (the entry leaves its stream as it joins the other).
 # KEYS: the draining worker's pinned stream
 # ARGV: entry id, the job (encoded), heartbeat prefix, pinned-stream prefix, workers set, draining
 #       prefix, the draining worker's id, the consumer group
 HAND_OVER = _stream_field("""
-local best, best_len = nil, nil
+local me, hb, draining, pinned = ARGV[7], ARGV[3], ARGV[6], ARGV[4]
+$standing
+local best, room = nil, false
 for _, w in ipairs(redis.call('SMEMBERS', ARGV[5])) do
-  if w ~= ARGV[7] and redis.call('EXISTS', ARGV[3] .. w) == 1
-      and redis.call('EXISTS', ARGV[6] .. w) == 0 then
-    local n = redis.call('XLEN', ARGV[4] .. w)
-    if not best or n < best_len or (n == best_len and w < best) then
-      best, best_len = w, n
+  local s = w ~= me and standing(w)
+  if s then
+    local free = not s[4] or s[1] < s[4]
+    if not best or (free and not room) or (free == room and before(s, best)) then
+      best, room = s, free
     end
   end
 end
 if not best then
   return ''
 end
-redis.call('XADD', ARGV[4] .. best, '*', '$field', ARGV[2])
+redis.call('XADD', pinned .. best[3], '*', '$field', ARGV[2])
 redis.call('XACK', KEYS[1], ARGV[8], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
-return best
+return best[3]
 """)
 
 

@@ -1,6 +1,6 @@
 """Routing on a real Redis: a session goes to the worker the index names, else to the one
 that last started it; a draining worker is routed nothing and hands what waits on its stream
-to the live worker with the shortest stream; the worker's liveness thread keeps its
+to the live worker placement ranks first; the worker's liveness thread keeps its
 heartbeat, notices a lost registration, and stops when the loop stalls."""
 
 from __future__ import annotations
@@ -89,6 +89,33 @@ def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
     assert [d.job.request_id for d in left if d.job] == ["on-w1", "y"]
     assert [w1.hand_over(d) for d in left] == ["", ""]  # no live worker: they stay there
     assert r.xlen(keys.pinned_stream("w1")) == 2
+
+
+def test_the_hand_over_follows_placements_ranking(r: redis_lib.Redis, gateway: Any) -> None:
+    """Load counts the requests a worker runs from a dead worker's stream, idle sessions
+    break ties, and a worker with a free slot comes before a full one."""
+    w0, _, _, _ = (worker(r, w) for w in ("w0", "w1", "w2", "w3"))
+    for w, held in (("w2", "w2"), ("w3", "w3")):
+        r.hset(keys.session_key("t", held), mapping={"worker": w, "tier": "warm"})
+        assert send(gateway, f"on-{w}", held) == ("pinned", w)
+    r.hset(keys.session_key("t", "s"), mapping={"worker": "w0", "tier": "warm"})
+    for rid in ("x", "y", "z", "late"):
+        assert send(gateway, rid) == ("pinned", "w0")
+    status = {  # loads: w1 2 (adopted), w2 1 with 5 idle sessions, w3 1 and full
+        "w1": {"num_adopted": 2, "num_sessions": 0, "max_running": 8},
+        "w2": {"num_sessions": 5, "max_running": 8},
+        "w3": {"num_sessions": 0, "max_running": 1},
+    }
+    for w, s in status.items():
+        r.set(keys.heartbeat_key(w), json.dumps(s), ex=60)
+    w0.set_draining()
+    waiting = w0.read_pinned(10)
+    # the shortest stream (w1's, empty) would take the first; then w2 and w1 at 2 each
+    # (w1 has fewer idle sessions); then w2 at 2 and w1 at 3
+    assert [w0.hand_over(d) for d in waiting[:3]] == ["w2", "w1", "w2"]
+    r.set(keys.heartbeat_key("w1"), json.dumps({**status["w1"], "max_running": 3}), ex=60)
+    r.set(keys.heartbeat_key("w2"), json.dumps({**status["w2"], "max_running": 3}), ex=60)
+    assert w0.hand_over(waiting[3]) == "w3"  # every one full: the least loaded of all
 
 
 def test_liveness_beats_rejoins_and_stops_when_the_loop_stalls(r: redis_lib.Redis) -> None:
