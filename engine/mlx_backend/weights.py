@@ -1,11 +1,12 @@
 """A GGUF llama model's weights on MLX.
 
 MLX's affine quantization stores w = scale * q + bias per group of 32 weights, q packed
-little-endian into uint32 words. Q4_0 (scale d, bias -8d), Q4_1 (d, m), Q8_0 (d, -128d on
-q + 128), Q4_K and Q5_K (a scale and offset per 32-weight sub-block) are exactly that form
-with group 32 and 4, 4, 8, 4 and 5 bits, so their blocks go to `mx.quantized_matmul` as
-they are. Q6_K has a scale per 16 weights (MLX's smallest group is 32), and F16/BF16/F32
-are not blocks: those are expanded to the compute dtype at load.
+little-endian into uint32 words. Q4_0 (scale d, bias -8d), Q4_1 (d, m), Q5_0 (d, -16d),
+Q5_1 (d, m), Q8_0 (d, -128d on q + 128), Q4_K and Q5_K (a scale and offset per 32-weight
+sub-block) are exactly that form with group 32 and 4, 4, 5, 5, 8, 4 and 5 bits, so their
+blocks go to `mx.quantized_matmul` as they are. Q6_K has a scale per 16 weights (MLX's
+smallest group is 32), and F16/BF16/F32 are not blocks: those are expanded to the compute
+dtype at load.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from engine.weights import WEIGHT_MODES, LayerWeights, Tensors, Weights, qk_orde
 
 T = gguf.GGMLQuantizationType
 GROUP = 32  # weights per scale and bias
-BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q5_K: 5, T.Q8_0: 8}  # the types kept quantized
+BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q4_K: 4, T.Q5_K: 5, T.Q8_0: 8}  # kept
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:

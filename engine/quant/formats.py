@@ -61,6 +61,30 @@ def _q4_1(raw: np.ndarray) -> Decoded:
     return Decoded(KIND_Q4, 32, _unpack_32(b[..., 4:]), _rows(d, n), _rows(m, n))
 
 
+def _q5_codes(b: np.ndarray) -> np.ndarray:
+    """[N, nb, block bytes] Q5_0/Q5_1 blocks -> [N, nb * 32] 5-bit codes: the low nibbles
+    as Q4_0's (the block's last 16 bytes), bit j of the 32-bit word before them on top of
+    weight j."""
+    n = b.shape[0]
+    qh = np.ascontiguousarray(b[..., -20:-16]).view("<u4")  # [N, nb, 1]
+    high = (qh >> np.arange(32, dtype=np.uint32)) & 1  # [N, nb, 32]
+    return _unpack_32(b[..., -16:]) | _rows(high.astype(np.uint8) << 4, n)
+
+
+def _q5_0(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, T.Q5_0)
+    n = b.shape[0]
+    d = _f16(b[..., 0:2])
+    return Decoded(KIND_Q8, 32, _q5_codes(b), _rows(d, n), _rows(-16 * d, n))
+
+
+def _q5_1(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, T.Q5_1)
+    n = b.shape[0]
+    d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    return Decoded(KIND_Q8, 32, _q5_codes(b), _rows(d, n), _rows(m, n))
+
+
 def _q8_0(raw: np.ndarray) -> Decoded:
     b = _blocks(raw, T.Q8_0)
     n = b.shape[0]
@@ -123,6 +147,8 @@ def _half(kind: int) -> Decoder:
 DECODERS: dict[T, Decoder] = {
     T.Q4_0: _q4_0,
     T.Q4_1: _q4_1,
+    T.Q5_0: _q5_0,
+    T.Q5_1: _q5_1,
     T.Q8_0: _q8_0,
     T.Q4_K: _q4_k,
     T.Q5_K: _q5_k,

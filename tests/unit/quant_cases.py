@@ -14,7 +14,7 @@ from engine.quant.formats import decode
 from engine.quant.matrix import QuantMatrix
 
 T = gguf.GGMLQuantizationType
-TYPES = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16)
+TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 N, K = 37, 512  # 37 rows: the last task of 4 rows is short
 MAX_ROWS = 64

@@ -35,7 +35,7 @@ from tests.unit.test_quant_kernels import K_QUANTS, random_blocks
 
 T = gguf.GGMLQuantizationType
 U = 2.0**-24
-MLX_BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 5}  # kept quantized
+MLX_BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 5}
 EXPANDED = (T.Q6_K, T.F16, T.BF16)  # expanded to float32 at load
 ROW_COUNTS = (1, 7, 33)  # one row (MLX's vector kernel), a few, more than SMALL_ROWS
 

@@ -88,11 +88,12 @@ def test_product_within_float32_summation_error_for_1_to_64_rows(
 def test_the_files_own_scales_stay_float16_and_products_of_scales_float32(
     stored: Stored,
 ) -> None:
-    # Q4_0, Q4_1, Q8_0: a block's scale (and min) is a float16 in the file, kept as it is;
+    # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a block's scale (and min) is a float16 in the file,
+    # kept as it is (Q5_0's offset -16d is exact in float16 too);
     # a K-quant's is a float16 times a 6- or 8-bit sub-scale, not a float16 in general
     for qtype in TYPES:
         matrix, _ = stored[qtype]
-        half = qtype in (T.Q4_0, T.Q4_1, T.Q8_0)
+        half = qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
         assert matrix.half == half, qtype.name
         assert matrix.scale.dtype == matrix.offset.dtype == (np.float16 if half else np.float32)
     q8 = stored[T.Q8_0][0]

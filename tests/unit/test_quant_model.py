@@ -34,7 +34,9 @@ def logits(model: Model, chunk: int) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.F16, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16], ids=lambda t: t.name
+)
 def test_quantized_model_equals_its_float32_expansion(tmp_path: Path, qtype: T) -> None:
     path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=qtype, dim=64, ffn_dim=128)
     quantized = Model.load(path, device="cpu", weights="quantized")
@@ -57,8 +59,9 @@ def test_auto_picks_quantized_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_a_type_without_kernel_is_named_or_expanded(tmp_path: Path) -> None:
-    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=T.Q5_0)
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight \(Q5_0\)"):
+    # ternary weights: no kernel here (rows of 256 weights: TQ2_0's block)
+    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=T.TQ2_0, dim=256, ffn_dim=256)
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight \(TQ2_0\)"):
         Model.load(path, device="cpu", weights="quantized")
     fallback = Model.load(path, device="cpu", weights="auto")
     assert fallback.weights_mode == "float32"
