@@ -7,6 +7,7 @@ a second set of rules and another error format."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,25 +21,39 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.errors import NotFoundError, QueueFullError, WarmfleetError
 from gateway import anthropic_api, dashboard, openai_api, responses_api, sessions_api
 from gateway.dashboard import Operator
-from gateway.http_errors import Shape, error_response
+from gateway.http_errors import Shape, bug_response, error_response
 from gateway.http_jobs import HttpContext
 from gateway.metrics import GatewayMetrics
 
 Endpoint = Callable[[Any, Request], Awaitable[Response]]
+log = logging.getLogger("warmfleet.gateway")
+
+
+def answering(
+    endpoint: Endpoint, on: Any, shape: Shape
+) -> Callable[[Request], Awaitable[Response]]:
+    """`endpoint` on `on`, its named errors answered in the API's shape; any other exception
+    is a bug: logged with its traceback and answered 500, so the connection serves on (were
+    it raised to uvicorn, uvicorn would close the connection without saying so)."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            return await endpoint(on, request)
+        except WarmfleetError as e:
+            session = request.headers.get("x-session-id")
+            return error_response(e, shape, {"X-Session-Id": session} if session else None)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.scope["path"])
+            return bug_response(shape)
+
+    return handle
 
 
 def build_app(ctx: HttpContext, op: Operator, max_open: int = 4096) -> ASGIApp:
     def route(
         path: str, endpoint: Endpoint, method: str, shape: Shape = Shape.OPENAI, on: Any = ctx
     ) -> Route:
-        async def handle(request: Request) -> Response:
-            try:
-                return await endpoint(on, request)
-            except WarmfleetError as e:
-                session = request.headers.get("x-session-id")
-                return error_response(e, shape, {"X-Session-Id": session} if session else None)
-
-        return Route(path, handle, methods=[method])
+        return Route(path, answering(endpoint, on, shape), methods=[method])
 
     async def unknown(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)

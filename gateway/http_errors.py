@@ -77,3 +77,10 @@ def error_response(
     if isinstance(error, e.QueueFullError):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
     return JSONResponse(error_body(error, shape), status_code=status, headers=headers)
+
+
+def bug_response(shape: Shape) -> JSONResponse:
+    """The 500 for an exception no handler expected (a bug in the gateway, logged where it is
+    caught), in the API's shape: the client's connection stays open for its next request."""
+    error = e.WarmfleetError("the gateway failed on this request (an internal error, logged)")
+    return error_response(error, shape)  # no entry of TABLE: 500, server_error / api_error

@@ -1,5 +1,6 @@
-"""Reading an HTTP request: the body (bounded), its JSON fields with their types checked,
-the caller's tenant, the session and the deadline from the headers."""
+"""Reading an HTTP request: the body (bounded, its JSON checked by gateway/json_checks.py),
+its fields with their types checked, the caller's tenant, the session and the deadline from
+the headers."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 import uuid
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from common.errors import InvalidRequestError, PayloadTooLargeError
 from common.ids import check_session_id
 from gateway.auth import KeyRing, Tenant
+from gateway.json_checks import DEEP, problem
 
 SESSION_HEADER = "x-session-id"
 TIMEOUT_HEADER = "x-request-timeout"  # seconds: the request's deadline (like gRPC's)
@@ -20,21 +22,30 @@ Body = dict[str, Any]
 
 async def read_json(request: Request, max_bytes: int) -> Body:
     """The body as a JSON object; PayloadTooLargeError past `max_bytes` (read no further),
-    InvalidRequestError when it is not a JSON object."""
+    InvalidRequestError when it is not a JSON object, nests too deep or holds a lone
+    surrogate (the error names the field)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLargeError(f"the body has {declared} bytes; the limit is {max_bytes}")
     data = bytearray()
-    async for piece in request.stream():
-        data += piece
-        if len(data) > max_bytes:
-            raise PayloadTooLargeError(f"the body is over the limit of {max_bytes} bytes")
+    try:
+        async for piece in request.stream():
+            data += piece
+            if len(data) > max_bytes:
+                raise PayloadTooLargeError(f"the body is over the limit of {max_bytes} bytes")
+    except ClientDisconnect:  # nobody reads the answer: a client's leaving is no failure here
+        raise InvalidRequestError("body", "the client left before the body's end") from None
     try:
         body = json.loads(data)
+    except RecursionError:
+        raise InvalidRequestError("body", DEEP) from None
     except ValueError as e:
         raise InvalidRequestError("body", f"not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
+    found = problem(body)
+    if found is not None:
+        raise InvalidRequestError(found[0] or "body", found[1])
     return body
 
 
@@ -80,11 +91,19 @@ def joined_text(content: Any, kinds: tuple[str, ...] = ("text",)) -> str | None:
 
 
 def json_arguments(text: str, field: str, where: str) -> Any:
-    """A tool call's arguments sent as JSON text, parsed ("" is no arguments)."""
+    """A tool call's arguments sent as JSON text, parsed ("" is no arguments) and checked as
+    a body is."""
     try:
-        return json.loads(text) if text.strip() else {}
+        value = json.loads(text) if text.strip() else {}
+    except RecursionError:
+        raise InvalidRequestError(field, f"{where}: {DEEP}") from None
     except ValueError as e:
         raise InvalidRequestError(field, f"{where}: not JSON: {e}") from e
+    found = problem(value)
+    if found is not None:
+        inside = f" (in its JSON text at {found[0]})" if found[0] else ""
+        raise InvalidRequestError(field, f"{where}{inside}: {found[1]}")
+    return value
 
 
 def tenant_of(request: Request, keys: KeyRing) -> Tenant:

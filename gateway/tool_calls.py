@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.chat_tools import CALL_CLOSE, CALL_OPEN
+from gateway.json_checks import problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +35,7 @@ Piece = str | ToolCall
 
 def calls_of(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, Any]]] | None:
     """The calls of a whole reply that is a call object or a non-empty list of them."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
+    value = _parsed(text)
     values = value if isinstance(value, list) else [value]
     found = [call for call in (_call_in(v, names) for v in values) if call is not None]
     return found if found and len(found) == len(values) else None
@@ -46,11 +44,17 @@ def calls_of(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, Any]
 def call_of(text: str, names: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
     """The tool and arguments a JSON object names, when it is an offered tool with object
     arguments."""
+    return _call_in(_parsed(text), names)
+
+
+def _parsed(text: str) -> Any:
+    """The JSON value of the model's text; None where it is no JSON, or JSON that no code
+    should walk (too deep to parse or to write again, a lone surrogate): text, not a call."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return _call_in(value, names)
+    return None if problem(value) is not None else value
 
 
 def _call_in(value: Any, names: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
@@ -58,10 +62,7 @@ def _call_in(value: Any, names: frozenset[str]) -> tuple[str, dict[str, Any]] | 
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
+        arguments = _parsed(arguments)
     if not isinstance(arguments, dict):
         return None
     return value["name"], arguments
