@@ -12,6 +12,9 @@ KV_EVENTS = "wf:kv:events"  # stream: workers' session events and commands, for 
 KV_GROUP = "kvstore"  # the consumer group on KV_EVENTS
 KV_STATS = "wf:kv:stats"  # hash: the kvstore's counters (spills, restores, rejected files...)
 KV_USAGE = "wf:kv:usage"  # the kvstore's GetUsage report as JSON, renewed twice a second
+# string: the id of the last KV_EVENTS entry the kvstore applied, moved in the transaction
+# that applies it (a kvstore whose picture is older writes nothing: no event applied twice)
+KV_APPLIED = "wf:kv:applied"
 STATS = "wf:stats"  # hash: the gateways' counters (admitted, refused, responses by status)
 
 

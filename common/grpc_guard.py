@@ -3,14 +3,17 @@ SyncRequestGuard for a thread-pool server): bytes that do not decode answer INVA
 (gRPC alone answers INTERNAL and logs a traceback per call), and an encoded request over its
 method's size bound answers RESOURCE_EXHAUSTED, decided from the size alone, without
 decoding it. Undecodable requests are logged as one line with a running count, at most
-every LOG_EVERY_S."""
+every LOG_EVERY_S. SyncCallLimit bounds a thread-pool server's open calls with a status
+that says so (gRPC's own bound answers "Concurrent RPC limit exceeded!", health checks
+included)."""
 
 from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +21,7 @@ import grpc
 
 log = logging.getLogger("warmfleet.grpc")
 LOG_EVERY_S = 10.0
+RETRY_AFTER_MS = 1000  # a refused call's hint: open calls end at their clients' pace
 SizeCheck = Callable[[int], str | None]  # an encoded request's bytes -> why it is refused
 Behavior = Callable[..., Any]
 
@@ -106,6 +110,74 @@ class SyncRequestGuard(_Decoding, grpc.ServerInterceptor):
         kind = "stream_unary" if handler.stream_unary is not None else "stream_stream"
         guarded = _sync_many(getattr(handler, kind))
         return handler._replace(request_deserializer=decode, **{kind: guarded})
+
+
+class SyncCallLimit(grpc.ServerInterceptor):
+    """Bounds the open calls of a thread-pool server's own services (not health or
+    reflection, so a server at its limit still says it is healthy): one more is refused
+    RESOURCE_EXHAUSTED with a `retry-after-ms` trailer. Counted where the call runs, on
+    the pool's thread: a call cancelled while it waited for one never ran."""
+
+    def __init__(self, max_open: int, services: Iterable[str]) -> None:
+        self.max_open = max_open
+        self.services = list(services)
+        self.num_open = 0
+        self.num_refused = 0
+        self._prefixes = tuple(f"/{name}/" for name in self.services)
+        self._lock = threading.Lock()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = continuation(details)
+        if handler is None or not details.method.startswith(self._prefixes):
+            return handler
+        for kind in ("unary_unary", "stream_unary"):
+            if (behavior := getattr(handler, kind)) is not None:
+                return handler._replace(**{kind: self._bounded(behavior)})
+        kind = "unary_stream" if handler.unary_stream is not None else "stream_stream"
+        return handler._replace(**{kind: self._bounded_stream(getattr(handler, kind))})
+
+    def _bounded(self, behavior: Behavior) -> Behavior:
+        def bounded(request: Any, context: grpc.ServicerContext) -> Any:
+            self._admit(context)
+            try:
+                return behavior(request, context)
+            finally:
+                self._leave()
+
+        return bounded
+
+    def _bounded_stream(self, behavior: Behavior) -> Behavior:
+        def bounded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            self._admit(context)
+            try:
+                yield from behavior(request, context)
+            finally:
+                self._leave()
+
+        return bounded
+
+    def _admit(self, context: grpc.ServicerContext) -> None:
+        """Count the call open, or end it RESOURCE_EXHAUSTED (raises) if that would pass
+        the limit."""
+        with self._lock:
+            if self.num_open < self.max_open:
+                self.num_open += 1
+                return
+            self.num_refused += 1
+        who = " and ".join(self.services)
+        context.set_trailing_metadata((("retry-after-ms", str(RETRY_AFTER_MS)),))
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{who} has {self.max_open} calls open, its limit; retry after {RETRY_AFTER_MS} ms",
+        )
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.num_open -= 1
 
 
 def _sync_one(behavior: Behavior) -> Behavior:

@@ -10,11 +10,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common.grpc_guard import RequestGuard, SyncRequestGuard
+from common.grpc_guard import RequestGuard, SyncCallLimit, SyncRequestGuard
 
 # (add_XServicer_to_server, the servicer, the service's full name)
 Service = tuple[Callable[[Any, grpc.Server], None], Any, str]
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20  # gRPC's own default
+# threads beyond a thread-pool server's call limit: health checks, reflection and the
+# refusals of calls past the limit run on them while our services' calls fill the rest
+SPARE_THREADS = 4
 
 
 def serve(
@@ -29,12 +32,17 @@ def serve(
     SERVING (or NOT_SERVING) for the overall service "" and each of ours; returns it, its
     port and its health servicer (to change that). Raises OSError if it cannot bind.
 
-    At most `max_workers` calls run at once (more: RESOURCE_EXHAUSTED); `guard` answers
-    undecodable requests INVALID_ARGUMENT and applies its per-method size bounds."""
+    At most `max_workers` calls of our services run at once: one more is refused
+    RESOURCE_EXHAUSTED, naming the limit, with a `retry-after-ms` trailer (SyncCallLimit);
+    health and reflection answer meanwhile on SPARE_THREADS threads of their own (past
+    those too, gRPC refuses a call itself). `guard` answers undecodable requests
+    INVALID_ARGUMENT and applies its per-method size bounds."""
+    limit = SyncCallLimit(max_workers, [name for _, _, name in services])
+    threads = max_workers + SPARE_THREADS
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        interceptors=[guard or SyncRequestGuard()],
-        maximum_concurrent_rpcs=max_workers,
+        futures.ThreadPoolExecutor(max_workers=threads),
+        interceptors=[limit, guard or SyncRequestGuard()],
+        maximum_concurrent_rpcs=threads,
     )
     health_servicer = health.HealthServicer()
     names, port = _register(server, services, health_servicer, address)

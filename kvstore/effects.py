@@ -26,6 +26,16 @@ class Effects:
     counters: dict[str, int] = field(default_factory=dict)
     replies: list[tuple[str, CommandAnswer]] = field(default_factory=list)  # (reply key, answer)
 
+    def is_empty(self) -> bool:
+        return not (
+            self.upserts
+            or self.removals
+            or self.orders
+            or self.unlink
+            or self.counters
+            or self.replies
+        )
+
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 

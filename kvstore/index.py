@@ -99,11 +99,18 @@ class ResidencyIndex:
             fx.replies.append((item.reply_to, commands.OK))
         return fx
 
-    def set_workers(self, budgets_by_worker: dict[str, int]) -> Effects:
+    def set_workers(
+        self, budgets_by_worker: dict[str, int], *, ask_returned: bool = True
+    ) -> Effects:
         """The live workers and their warm budgets (from their heartbeats): sessions of
         workers that are gone move to disk (when their file exists) or to gone, and every
-        live worker's warm bytes are brought within its budget."""
+        live worker's warm bytes are brought within its budget. With `ask_returned`, a
+        worker live again (or new) since the last call is ordered to report its inventory:
+        what the index took for lost while its heartbeat lapsed, it may still hold."""
         fx = Effects()
+        if ask_returned:
+            for worker in sorted(set(budgets_by_worker) - self.alive):
+                fx.orders.append(Order(worker, ControlOrder(OrderOp.REPORT)))
         self.budgets = dict(budgets_by_worker)
         self.alive = set(budgets_by_worker)
         for worker in list(self._by_worker):

@@ -2,8 +2,12 @@
 Redis, sends eviction orders, and keeps the spill directory within its disk budget.
 
 Events are read with a consumer group, and an event is acknowledged in the same Redis
-transaction that writes what it changed, so a kvstore killed at any point resumes where
-it stopped: pending events are read again first, and applying one twice changes nothing.
+transaction that writes what it changed and moves the applied-events marker (writer.py),
+so a kvstore killed at any point resumes where it stopped: pending events are read again
+first, and no event is applied twice. When the connection to Redis fails, the kvstore
+rebuilds its picture once Redis answers again (Redis may have restarted, kept or lost its
+state, and the last transaction may or may not have landed); and a worker seen live again
+after its heartbeat lapsed is asked for its inventory (the index took its sessions for lost).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from typing import Any
 import redis
 
 from broker import codec, keys
-from broker.kv_commands import REPLY_TTL_S
 from broker.messages import (
     AnswerStatus,
     CommandAnswer,
@@ -31,11 +34,12 @@ from broker.records import SessionRecord
 from broker.streams import ensure_group
 from common.backoff import Backoff
 from common.errors import ProtocolError
-from engine.spill_file import read_summary, spill_path
+from engine.spill_file import spill_path
 from kvstore import usage
 from kvstore.disk_sweep import DiskSweep
 from kvstore.effects import Effects, Order
 from kvstore.index import ResidencyIndex
+from kvstore.writer import IndexWriter
 
 log = logging.getLogger("warmfleet.kvstore")
 CONSUMER = "kvstore"
@@ -62,8 +66,11 @@ class KVStore:
         self.statuses: dict[str, dict[str, Any]] = {}  # live workers' heartbeats
         self.stopping = threading.Event()
         self.block_ms = block_ms
+        self.writer = IndexWriter(r, self.sweep, self._any_worker)
         self._backlog = True  # events delivered to us before a restart, not yet acked
         self._next_refresh = 0.0
+        self._started = False  # start() asks every live worker; then each that returns
+        self._stale = False  # the picture may not be Redis's: rebuild before the next step
 
     # ---- start --------------------------------------------------------------------
 
@@ -71,13 +78,14 @@ class KVStore:
         """Load the index, match it with the disk and the live workers, and ask each live
         worker for its inventory (so that what happened while no kvstore ran is known)."""
         ensure_group(self.r, keys.KV_EVENTS, keys.KV_GROUP)
+        self.writer.load_marker()
         records = self._load_records()
         files = self._scan_disk()
         with self.lock:
             self.index.load(records)
             fx = self.index.reconcile_disk(files)
         fx.merge(self._refresh())
-        self._commit(fx, [])
+        self.writer.commit(fx, [])
         # apply what happened while no kvstore ran, then ask each worker what it holds
         # (orders that backlog caused reach a worker before its report order does)
         applied = 0
@@ -91,7 +99,8 @@ class KVStore:
             log.info("applied %d events that arrived while no kvstore ran", applied)
         report = ControlOrder(OrderOp.REPORT)
         reports = Effects(orders=[Order(w, report) for w in sorted(self.index.alive)])
-        self._commit(reports, [])
+        self.writer.commit(reports, [])
+        self._started = True
         counts = self.index.tier_counts()
         log.info(
             "index: %d sessions (%s); %d live workers; spill dir %s",
@@ -125,26 +134,36 @@ class KVStore:
         backoff = Backoff()
         while not self.stopping.is_set():
             try:
+                if self._stale:
+                    self.rebuild()
                 self.step()
                 backoff.reset()
+            except redis.WatchError as e:
+                log.warning("%s: rebuilding the index", e)
+                self._stale = True
+                self.stopping.wait(backoff.next_s())  # two kvstores at once take turns
             except redis.ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise
                 log.warning("Redis lost the event stream's group (it restarted without "
                             "persistence): rebuilding the index")  # fmt: skip
-                self.rebuild()
+                self._stale = True
             except redis.RedisError as e:
                 delay = backoff.next_s()
-                log.warning("redis: %s; retrying in %.1f s", e, delay)
+                log.warning("redis: %s; retrying in %.1f s, then rebuilding the index", e, delay)
+                self._stale = True
                 self.stopping.wait(delay)
 
     def rebuild(self) -> None:
         """Start over from what Redis, the spill directory and the workers' inventories say
-        (after Redis lost its state, the index in memory describes a world that is gone)."""
+        (after Redis restarted or a transaction's fate is unknown, the index in memory may
+        describe a world that is gone)."""
         with self.lock:
             self.index = ResidencyIndex(self.disk_budget, self._file_info, self.sweep.file_blocks)
         self._backlog = True
+        self._started = False
         self.start()
+        self._stale = False
 
     def step(self, *, block: bool = True) -> int:
         """Apply one batch of events (waiting up to block_ms for some); how many."""
@@ -173,7 +192,7 @@ class KVStore:
         with self.lock:
             for item in items:
                 fx.merge(self.index.apply(item))
-        self._commit(fx, [entry_id for entry_id, _ in entries])
+        self.writer.commit(fx, [entry_id for entry_id, _ in entries])
         if refreshed:  # for dashboards, which need not reach the kvstore's gRPC port
             report = usage.to_json(usage.build(self))
             self.r.set(keys.KV_USAGE, report, px=int(HEARTBEAT_TTL_S * 1000))
@@ -205,43 +224,9 @@ class KVStore:
             budgets = {w: int(s.get("warm_budget", 0)) for w, s in statuses.items()}
             for w, status in statuses.items():  # until its next event says it
                 self.index.warm_held.setdefault(w, int(status.get("pool_bytes", 0)))
-            return self.index.set_workers(budgets)
+            return self.index.set_workers(budgets, ask_returned=self._started)
 
     # ---- effects ------------------------------------------------------------------
-
-    def _commit(self, fx: Effects, entry_ids: list[str]) -> None:
-        """Carry out `fx` and acknowledge `entry_ids` in one transaction (files first:
-        deleting one twice after a crash does no harm)."""
-        for key, mtime_ns in fx.unlink:
-            self._unlink(key, mtime_ns)
-        pipe = self.r.pipeline(transaction=True)
-        for key, record in fx.upserts.items():
-            tenant, session_id = keys.split_cache_key(key)
-            pipe.hset(keys.session_key(tenant, session_id), mapping=record.to_fields())
-            pipe.zadd(keys.session_index(tenant), {session_id: record.last_used})
-            pipe.sadd(keys.TENANTS, tenant)
-        for key in fx.removals:  # deleted: its record, and the hint that routes it
-            tenant, session_id = keys.split_cache_key(key)
-            pipe.delete(keys.session_key(tenant, session_id), keys.affinity_key(tenant, session_id))
-            pipe.zrem(keys.session_index(tenant), session_id)
-        replies = list(fx.replies)
-        for o in fx.orders:
-            worker = o.worker or self._any_worker()
-            if worker:
-                pipe.xadd(keys.pinned_stream(worker), codec.fields(o.order))
-            elif o.order.reply_to:  # no worker to do it: the caller hears so at once
-                answer = CommandAnswer(AnswerStatus.ERROR, message="no worker is running")
-                replies.append((o.order.reply_to, answer))
-        for name, n in fx.counters.items():
-            pipe.hincrby(keys.KV_STATS, name, n)
-        for reply_key, answer in replies:
-            pipe.rpush(reply_key, codec.encode(answer))
-            pipe.expire(reply_key, REPLY_TTL_S)
-        if entry_ids:
-            pipe.xack(keys.KV_EVENTS, keys.KV_GROUP, *entry_ids)
-            pipe.xdel(keys.KV_EVENTS, *entry_ids)
-        if len(pipe):
-            pipe.execute()
 
     def _any_worker(self) -> str:
         """A live worker for an order any worker of the host can carry out ("" if none):
@@ -250,20 +235,6 @@ class KVStore:
             w: s.get("num_running", 0) for w, s in self.statuses.items() if not s.get("stopping")
         }
         return min(running, key=lambda w: (running[w], w), default="")
-
-    def _unlink(self, key: str, mtime_ns: int) -> None:
-        """Delete the session's file, unless it is a newer one than the index knew; the
-        blocks no other file lists go at the next sweep."""
-        path = spill_path(self.spill_dir, key)
-        try:
-            if mtime_ns and path.stat().st_mtime_ns != mtime_ns:
-                return
-            summary = read_summary(path)
-            path.unlink()
-        except FileNotFoundError:
-            return
-        if summary is not None:
-            self.sweep.soon(summary.blocks)
 
     def _file_info(self, key: str) -> tuple[int, int] | None:
         try:

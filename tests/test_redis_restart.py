@@ -1,11 +1,17 @@
-"""Redis without persistence killed and restarted on its port while requests run: the
-streams in flight end UNAVAILABLE at once, every part rebuilds what it owns (workers their
-registration and groups, the kvstore its group and the index from the workers' inventories
-and the spill directory), and the fleet serves again: sessions resume warm or from disk
-with the right tokens, and Delete and Fork work."""
+"""Redis killed (SIGKILL) and started again on its port and data directory.
+
+Without its state (the AOF wiped) while requests run: the streams in flight end UNAVAILABLE
+at once, every part rebuilds what it owns (workers their registration and groups, the
+kvstore its group and the index from the workers' inventories and the spill directory), and
+the fleet serves again: sessions resume warm or from disk with the right tokens, and Delete
+and Fork work. With its state (appendonly yes) after an outage longer than a heartbeat's
+TTL: the sessions the workers still hold are listed warm on them again."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +48,8 @@ class Fleet:
 
     def __init__(self, model_path: Path, tmp: pytest.TempPathFactory) -> None:
         self.port = free_port()
-        self.redis = RedisServer(port=self.port).start()
+        self.data = tmp.mktemp("redis-data")
+        self.redis = self._redis().start()
         self.cluster = Cluster(
             ClusterConfig(
                 num_workers=2,
@@ -54,9 +61,26 @@ class Fleet:
             )
         )
 
-    def restart_redis(self) -> None:
-        self.redis.stop(timeout_s=0)
-        self.redis = RedisServer(port=self.port).start()
+    def _redis(self) -> RedisServer:
+        aof = ["--appendonly", "yes", "--dir", str(self.data)]
+        return RedisServer(port=self.port, extra_args=aof)
+
+    def restart_redis(self, *, keep_state: bool = False, outage_s: float = 0.0) -> None:
+        """SIGKILL Redis, and start it again `outage_s` later on the same port and data
+        directory: with what its AOF holds, or empty."""
+        assert self.redis.process is not None
+        self.redis.process.kill()
+        self.redis.stop()
+        if not keep_state:
+            shutil.rmtree(self.data)
+            self.data.mkdir()
+        time.sleep(outage_s)
+        self.redis = self._redis().start()
+
+    def pause_workers(self, paused: bool) -> None:
+        for name in self.cluster.worker_ids:
+            process = self.cluster.processes[name]
+            os.kill(process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +202,60 @@ def check_delete_and_fork(client: Client, to_fork: str, to_delete: str) -> None:
     with pytest.raises(grpc.RpcError) as err:
         client.get_session(to_delete)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_warm_sessions_are_listed_warm_again_after_redis_restarts_with_its_state(
+    fleet: Fleet, model: Model
+) -> None:
+    cluster = fleet.cluster
+    with (
+        Client(cluster.target, timeout_s=120) as client,
+        KVStoreClient(cluster.kvstore_target) as kv,
+    ):
+        r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
+        talks = [Conversation(f"aof-{i}") for i in range(4)]
+        for c in talks:
+            c.turn(client, f"Name a river, {c.session_id}.")
+        settle(r, kv)
+        held = {c.session_id: records(r)[c.session_id]["worker"] for c in talks}
+        assert all(held.values()), held
+        r.close()
+
+        # the workers stay paused a moment past Redis's return, so that the kvstore looks
+        # at their heartbeats (lapsed in the outage) before they beat again
+        fleet.pause_workers(True)
+        try:
+            fleet.restart_redis(keep_state=True, outage_s=5.0)
+            r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
+            lost = {sid: ("gone", "") for sid in held}
+            wait_for(lambda: tiers(r, held) == lost, lambda: f"them lost: {tiers(r, held)}")
+        finally:
+            fleet.pause_workers(False)
+        warm_again = {sid: ("warm", worker) for sid, worker in held.items()}
+        wait_for(
+            lambda: tiers(r, held) == warm_again,
+            lambda: f"them warm on their workers: {tiers(r, held)}",
+            timeout_s=60,
+        )
+        listed = {s.session_id: (s.tier, s.worker_id) for s in client.list_sessions()}
+        assert {sid: listed[sid] for sid in held} == {
+            sid: (pb.TIER_WARM, worker) for sid, worker in held.items()
+        }
+        for c in talks:  # served where the index says, from the KV kept there
+            previous = prompt_ids(model, c.turns[-1][0]) + c.turns[-1][1].token_ids
+            reply = c.turn(client, "How long is it?")
+            assert reply.completion.kv_source == pb.KV_SOURCE_WARM
+            assert reply.completion.worker_id == held[c.session_id]
+            prompt = prompt_ids(model, c.turns[-1][0])
+            assert reply.completion.usage.cached_tokens == common_prefix(previous[:-1], prompt)
+        assert_exact(model, [t for c in talks for t in c.turns])
+        r.close()
+
+
+def tiers(r: redis_lib.Redis, sessions: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """(tier, worker) of each session, as the index in Redis holds them."""
+    index = records(r)
+    found = {sid: index.get(sid, {}) for sid in sessions}
+    return {
+        sid: (record.get("tier", ""), record.get("worker", "")) for sid, record in found.items()
+    }

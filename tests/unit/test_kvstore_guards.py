@@ -1,19 +1,22 @@
-"""The kvstore's gRPC face against bad input (common/grpc_guard.py's SyncRequestGuard on its
-thread-pool server, kvstore/grpc_service.py's checks): undecodable, oversized and misnamed
-requests get a precise status, the service goes on answering, and Redis is not touched by
-them. A real in-process server over loopback, a real Redis."""
+"""The kvstore's gRPC face against bad input and too many calls (common/grpc_guard.py's
+SyncRequestGuard and SyncCallLimit on its thread-pool server, kvstore/grpc_service.py's
+checks): undecodable, oversized and misnamed requests and calls past the limit get a precise
+status, the service goes on answering, and Redis is not touched by them. A real in-process
+server over loopback, a real Redis."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import pytest
 import redis as redis_lib
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from broker import keys
 from common.grpc_guard import SyncRequestGuard
 from common.grpc_serve import serve
 from common.v1 import kvstore_pb2 as pb
@@ -21,26 +24,32 @@ from common.v1 import kvstore_pb2_grpc
 from kvstore.grpc_service import MAX_REQUEST_BYTES, SERVICE_NAME, KVStoreService, size_checks
 from kvstore.service import KVStore
 from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
+from tests.cluster_helpers import wait_for
 
 EVICT = f"/{SERVICE_NAME}/Evict"
 REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+MAX_CALLS = 4  # the server's limit on open calls here (`warmfleet kvstore`: 16)
+
+
+class Served(NamedTuple):
+    channel: grpc.Channel
+    guard: SyncRequestGuard
+    store: KVStore
 
 
 @pytest.fixture(name="kv")
-def kv_server(
-    decoded: redis_lib.Redis, tmp_path: Path
-) -> Iterator[tuple[grpc.Channel, SyncRequestGuard]]:
+def kv_server(decoded: redis_lib.Redis, tmp_path: Path) -> Iterator[Served]:
     """The kvstore's gRPC service as `warmfleet kvstore` serves it (its loop not running:
-    nothing here gets as far as a command)."""
+    a command waits until the test steps it)."""
     store = KVStore(decoded, tmp_path / "spill", disk_budget=None, block_ms=10)
     store.start()
     guard = SyncRequestGuard(size_checks())
     add = kvstore_pb2_grpc.add_KVStoreServicer_to_server
-    server, port, _ = serve([(add, KVStoreService(store), SERVICE_NAME)], "127.0.0.1:0", 4,
-                            guard=guard)  # fmt: skip
+    service = [(add, KVStoreService(store), SERVICE_NAME)]
+    server, port, _ = serve(service, "127.0.0.1:0", MAX_CALLS, guard=guard)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield channel, guard
+        yield Served(channel, guard, store)
     finally:
         channel.close()
         server.stop(0)
@@ -59,11 +68,11 @@ def status_of(call: object) -> tuple[grpc.StatusCode, str]:
 
 
 def test_undecodable_requests_are_invalid_argument_logged_once_and_the_service_goes_on(
-    kv: tuple[grpc.Channel, SyncRequestGuard],
+    kv: Served,
     decoded: redis_lib.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    channel, guard = kv
+    channel, guard, _ = kv
     before = sorted(decoded.keys("*"))
     calls = [
         lambda: channel.unary_unary(EVICT)(b"\xff\xff\xff", timeout=10),  # corrupt
@@ -91,9 +100,9 @@ def test_undecodable_requests_are_invalid_argument_logged_once_and_the_service_g
 
 
 def test_an_oversized_request_is_refused_from_its_size(
-    kv: tuple[grpc.Channel, SyncRequestGuard],
+    kv: Served,
 ) -> None:
-    channel, guard = kv
+    channel, guard, _ = kv
     big = pb.EvictRequest(session_id="s" * 2000).SerializeToString()
     code, message = status_of(lambda: channel.unary_unary(EVICT)(big, timeout=10))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -117,13 +126,13 @@ def test_an_oversized_request_is_refused_from_its_size(
     ],
 )
 def test_a_misnamed_session_is_invalid_before_redis(
-    kv: tuple[grpc.Channel, SyncRequestGuard],
+    kv: Served,
     decoded: redis_lib.Redis,
     tenant: str,
     session_id: str,
     expected: str,
 ) -> None:
-    channel, _ = kv
+    channel, _, _ = kv
     before = sorted(decoded.keys("*"))
     request = pb.EvictRequest(session_id=session_id, tenant=tenant)
     stub = kvstore_pb2_grpc.KVStoreStub(channel)
@@ -131,3 +140,36 @@ def test_a_misnamed_session_is_invalid_before_redis(
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert message.startswith(expected)
     assert sorted(decoded.keys("*")) == before  # no command went out
+
+
+def test_calls_past_the_limit_are_refused_with_a_retry_hint_while_health_answers(
+    kv: Served, decoded: redis_lib.Redis
+) -> None:
+    channel, _, store = kv
+    stub = kvstore_pb2_grpc.KVStoreStub(channel)
+    evict = pb.EvictRequest(session_id="nobody")
+    waiting = [stub.Evict.future(evict, timeout=30) for _ in range(MAX_CALLS)]
+    # each is open once its command is on the stream: it waits there for the kvstore
+    wait_for(lambda: decoded.xlen(keys.KV_EVENTS) == MAX_CALLS, "the calls to be open")
+    refused = [status_of(lambda: stub.Evict(evict, timeout=10)) for _ in range(3)]
+    refused.append(status_of(lambda: stub.GetUsage(pb.GetUsageRequest(), timeout=10)))
+    expected = f"{SERVICE_NAME} has {MAX_CALLS} calls open, its limit; retry after 1000 ms"
+    assert refused == [(grpc.StatusCode.RESOURCE_EXHAUSTED, expected)] * 4
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Evict(evict, timeout=10)
+    assert isinstance(err.value, grpc.Call)
+    assert dict(err.value.trailing_metadata() or ())["retry-after-ms"] == "1000"
+    health = health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10
+    )
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert decoded.xlen(keys.KV_EVENTS) == MAX_CALLS  # the refused sent no command
+    assert store.step(block=False) == MAX_CALLS  # the kvstore answers the open ones
+    for call in waiting:
+        assert status_of(call.result)[0] == grpc.StatusCode.NOT_FOUND
+    # their slots are free again
+    assert stub.GetUsage(pb.GetUsageRequest(), timeout=10).disk.budget_bytes == 0
+    call = stub.Evict.future(evict, timeout=30)
+    wait_for(lambda: decoded.xlen(keys.KV_EVENTS) == 1, "the next call to be open")
+    assert store.step(block=False) == 1
+    assert status_of(call.result)[0] == grpc.StatusCode.NOT_FOUND
