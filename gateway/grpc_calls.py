@@ -12,10 +12,9 @@ from typing import Any
 
 import grpc
 
+from common.grpc_guard import RETRY_AFTER_MS
 from common.v1 import inference_pb2 as pb
 from gateway.metrics import GatewayMetrics
-
-RETRY_AFTER_MS = 1000  # a refused call's hint: open calls end at their clients' pace
 
 
 @dataclass
