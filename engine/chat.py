@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -15,6 +16,8 @@ from common.errors import InvalidRequestError
 from engine.chat_tools import Message, check_tool_calls, check_tools, tools_as_text
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+# the variables render_chat sets itself; template_kwargs may not replace them
+OWN_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -97,10 +100,15 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    template_kwargs: Mapping[str, object] | None = None,
 ) -> str:
     """The prompt for `messages` (and the `tools` offered); a bad message or a failing
-    template is InvalidRequestError."""
+    template is InvalidRequestError. `template_kwargs` are further variables the template
+    reads, as llama-server's and vLLM's chat_template_kwargs (Qwen 3's enable_thinking)."""
     validate_messages(messages)
+    taken = sorted(OWN_VARIABLES & set(template_kwargs or {}))
+    if taken:
+        raise InvalidRequestError("chat_template_kwargs", f"cannot set {', '.join(taken)}")
     if tools is not None:
         check_tools(tools)
     with_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
@@ -112,6 +120,7 @@ def render_chat(
         raise InvalidRequestError("chat_template", f"does not compile: {e}") from e
     try:
         return compiled.render(
+            **(template_kwargs or {}),
             messages=messages,
             **({"tools": tools} if tools else {}),
             add_generation_prompt=add_generation_prompt,

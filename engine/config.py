@@ -8,10 +8,12 @@ from typing import Any
 
 from common.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")  # qwen2: llama with q, k and v biases
+# qwen2: llama with q, k and v biases; qwen3: llama with each head's q and k RMS-normed
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # files whose q and k rows rotate in halves (llama.cpp's NEOX rope) as this engine does; a
 # llama file's rotate adjacent pairs, its rows reordered at load
-HALVES_ROPE_ARCHITECTURES = ("qwen2",)
+HALVES_ROPE_ARCHITECTURES = ("qwen2", "qwen3")
+QK_NORM_ARCHITECTURES = ("qwen3",)  # blk.N.attn_q_norm / attn_k_norm, [head_dim] each
 RUNNING_TOKENS = 2048  # positions per running sequence the default KV pool makes room for
 
 
@@ -48,15 +50,22 @@ class ModelConfig:
                 f"head_count {self.num_heads} is not a multiple of head_count_kv "
                 f"{self.num_kv_heads}"
             )
-        if self.head_dim * self.num_heads != self.dim or self.head_dim % 2:
-            raise UnsupportedModelError(
-                f"head_dim {self.head_dim} x {self.num_heads} heads does not make an even split "
-                f"of embedding_length {self.dim}"
-            )
+        # heads x head_dim need not be dim (Qwen 3 0.6B: 16 heads of 128 on a 1024-wide model)
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise UnsupportedModelError(f"head_dim {self.head_dim} is not a positive even number")
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def qk_norm(self) -> bool:
+        """Each head's q and k are RMS-normed before rope (Qwen 3)."""
+        return self.architecture in QK_NORM_ARCHITECTURES
 
     @property
     def rope_in_pairs(self) -> bool:
@@ -95,6 +104,7 @@ class ModelConfig:
         dim = int(get("embedding_length"))
         num_heads = int(get("attention.head_count"))
         vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+        head_dim = _head_dim(meta, arch, dim, num_heads)
         return cls(
             architecture=arch,
             num_layers=int(get("block_count")),
@@ -102,12 +112,32 @@ class ModelConfig:
             ffn_dim=int(get("feed_forward_length")),
             num_heads=num_heads,
             num_kv_heads=int(get("attention.head_count_kv", num_heads)),
-            head_dim=int(get("rope.dimension_count", dim // num_heads)),
+            head_dim=head_dim,
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(get("rope.freq_base", 10000.0)),
             context_length=int(get("context_length")),
             vocab_size=int(vocab),
         )
+
+
+def _head_dim(meta: dict[str, Any], arch: str, dim: int, num_heads: int) -> int:
+    """The file's head size: attention.key_length where it gives one (as llama.cpp reads
+    it), else dim / heads; values and rope must span the same size (no partial rope)."""
+    key_length = meta.get(f"{arch}.attention.key_length")
+    if key_length is None and num_heads > 0 and dim % num_heads:
+        raise UnsupportedModelError(
+            f"embedding_length {dim} is not a multiple of head_count {num_heads} and the file "
+            f"gives no {arch}.attention.key_length"
+        )
+    head_dim = int(key_length if key_length is not None else dim // max(num_heads, 1))
+    for key, what in (("attention.value_length", "value heads"), ("rope.dimension_count", "rope")):
+        value = meta.get(f"{arch}.{key}")
+        if value is not None and int(value) != head_dim:
+            raise UnsupportedModelError(
+                f"{arch}.{key}={value}: {what} of another size than the head_dim {head_dim} "
+                "is not supported"
+            )
+    return head_dim
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
-"""A layer's elementwise steps: RMS norm, rope, SiLU(gate) * up. On NumPy float32 each is
-one C call (engine/csrc/elementwise.c) where the C kernels build, on CuPy float32 one
-launch (engine/gpu_ops.py; rope there is forward.py's, with the pool's writes); otherwise
-NumPy (and CuPy) expressions. Shapes: N rows, D head_dim."""
+"""A layer's elementwise steps: RMS norm (of rows, or of each head's q and k), rope,
+SiLU(gate) * up. On NumPy float32 each is one C call (engine/csrc/elementwise.c) where the
+C kernels build, on CuPy float32 one launch (engine/gpu_ops.py; rope there is forward.py's,
+with the pool's writes); otherwise NumPy (and CuPy) expressions. Shapes: N rows, D head_dim."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ def _lib() -> ctypes.CDLL | None:
         return None
     p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.wf_rms_norm.argtypes = [p, p, f, i64, i64, p]
+    lib.wf_head_rms_norm.argtypes = [p, i64, i64, i64, i64, i64, p, f]
     lib.wf_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p]
     lib.wf_silu_mul.argtypes = [p, i64, i64, p]
-    for fn in (lib.wf_rms_norm, lib.wf_rope, lib.wf_silu_mul):
+    for fn in (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul):
         fn.restype = None
     return lib
 
@@ -55,6 +56,24 @@ def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
     lib.wf_rms_norm(address(x), address(weight), eps, x.shape[0], x.shape[1],
                     address(out))  # fmt: skip
     return out
+
+
+def head_rms_norm(
+    qkv: Array, col0: int, heads: int, head_dim: int, weight: Array, eps: float, xp: ModuleType
+) -> None:
+    """In place: columns col0 .. col0 + heads * D of qkv [N, C] RMS-normed head by head
+    (D values each) with weight [D], as rms_norm does a row."""
+    if gpu_ops.gpu_float32(qkv, weight) and qkv.flags.c_contiguous:
+        gpu_ops.head_rms_norm(qkv, col0, heads, head_dim, weight, eps)
+        return
+    lib = _compiled(qkv, weight, multiple_of=head_dim)
+    if lib is None:
+        n, cols = qkv.shape[0], slice(col0, col0 + heads * head_dim)
+        runs = qkv[:, cols].reshape(n * heads, head_dim)
+        qkv[:, cols] = rms_norm(runs, weight, eps, xp).reshape(n, heads * head_dim)
+        return
+    lib.wf_head_rms_norm(address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim,
+                         address(weight), eps)  # fmt: skip
 
 
 def rope(

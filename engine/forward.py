@@ -16,7 +16,7 @@ import numpy as np
 from engine import gpu_ops
 from engine.attention import AttentionPlan, kernel_row_limit, paged_attention
 from engine.config import ModelConfig
-from engine.elementwise import rms_norm, silu_mul
+from engine.elementwise import head_rms_norm, rms_norm, silu_mul
 from engine.elementwise import rope as apply_rope
 from engine.kernels import RowRuns, get_num_threads, matmul_t, plan_rows
 from engine.kv_pool import KVPool, PagedKV
@@ -98,10 +98,13 @@ def attention_block(
     n_tok = x.shape[0]
     runs = step.runs
     h = rms_norm(x, lw.attn_norm, config.rms_eps, xp)
-    qkv = matmul_t(h, lw.wqkv, runs)  # [N, dim + 2 * kv_dim]
+    qkv = matmul_t(h, lw.wqkv, runs)  # [N, q_dim + 2 * kv_dim]
     if lw.bqkv is not None:
         qkv += lw.bqkv
-    hd, kvd = config.head_dim, config.kv_dim
+    hd, kvd, qd = config.head_dim, config.kv_dim, config.q_dim
+    if lw.q_norm is not None:  # Qwen 3: each head's q and k normed before rope
+        head_rms_norm(qkv, 0, config.num_heads, hd, lw.q_norm, config.rms_eps, xp)
+        head_rms_norm(qkv, qd, config.num_kv_heads, hd, lw.k_norm, config.rms_eps, xp)
     tables = (rope.cos, rope.sin)
     pool = step.pool
     # this step's keys and values into the pool first
@@ -111,8 +114,8 @@ def attention_block(
                                    pool.v)  # fmt: skip
     else:
         q = apply_rope(qkv, 0, config.num_heads, hd, tables, positions, xp)  # [N, H, D]
-        k = apply_rope(qkv, config.dim, config.num_kv_heads, hd, tables, positions, xp)
-        v = qkv[:, config.dim + kvd :].reshape(n_tok, -1, hd)
+        k = apply_rope(qkv, qd, config.num_kv_heads, hd, tables, positions, xp)
+        v = qkv[:, qd + kvd :].reshape(n_tok, -1, hd)
         pool.write_layer(layer, step.kv_rows, k, v)
     out = paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp)
     return matmul_t(out, lw.wo, runs)

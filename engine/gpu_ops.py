@@ -1,8 +1,9 @@
 """A layer's steps on the GPU in float32, one kernel launch each (engine/csrc/*.cu, compiled
-by CuPy's NVRTC on first use and cached by CuPy): RMS norm, rope with the step's keys and
-values written into the pool, SiLU(gate) * up and the paged attention of every row of a
-step. Each CuPy expression they replace is 5-12 launches,
-and a decode step is bound by launches, not by arithmetic. float16 keeps CuPy expressions.
+by CuPy's NVRTC on first use and cached by CuPy): RMS norm (of rows, or of each head's q
+and k), rope with the step's keys and values written into the pool, SiLU(gate) * up and
+the paged attention of every row of a step. Each CuPy expression they replace is 5-12
+launches, and a decode step is bound by launches, not by arithmetic. float16 keeps CuPy
+expressions.
 
 Shapes: N rows, H heads, Hkv KV heads, D head_dim, B block size.
 """
@@ -50,6 +51,20 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
             (x, cupy.ascontiguousarray(weight), np.float32(eps), np.int32(x.shape[1]), out),
         )  # fmt: skip
     return out
+
+
+def head_rms_norm(x: Array, col0: int, heads: int, head_dim: int, weight: Array,
+                  eps: float) -> None:  # fmt: skip
+    """In place: each head's run of x [N, C] (columns col0 .. col0 + heads * D, float32,
+    contiguous) RMS-normed with weight [D]; one launch, a block per (row, head)."""
+    cupy = importlib.import_module("cupy")
+    blocks = x.shape[0] * heads
+    if blocks:
+        compiled("elementwise.cu").get_function("wf_head_rms_norm")(
+            (blocks,), (NORM_THREADS,),
+            (x, np.int64(x.shape[1]), np.int64(col0), np.int32(heads), np.int32(head_dim),
+             cupy.ascontiguousarray(weight), np.float32(eps)),
+        )  # fmt: skip
 
 
 def rope_into_pool(qkv: Array, heads: int, kv_heads: int, head_dim: int,

@@ -35,7 +35,8 @@ class _Matrix(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", _ptr), ("ffn_norm", _ptr), ("qkv", _Matrix), ("wo", _Matrix),
-                ("gate_up", _Matrix), ("down", _Matrix), ("qkv_bias", _ptr)]  # fmt: skip
+                ("gate_up", _Matrix), ("down", _Matrix), ("qkv_bias", _ptr), ("q_norm", _ptr),
+                ("k_norm", _ptr)]  # fmt: skip
 
 
 class _Shape(ctypes.Structure):
@@ -70,7 +71,6 @@ class NativeLayers:
         if not (
             lib is not None
             and quant_kernels().name == "c"
-            and c.num_heads * c.head_dim == c.dim
             and c.dim % 16 == 0 and c.ffn_dim % 16 == 0 and c.head_dim % 32 == 0
             and c_kernel_fits(c.num_heads, c.num_kv_heads, c.head_dim)
         ):  # fmt: skip
@@ -79,13 +79,14 @@ class NativeLayers:
         for lw in weights.layers:
             matrices = (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)
             norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
-            bias = None if lw.bqkv is None else _vector(lw.bqkv)
+            optional = (lw.bqkv, lw.q_norm, lw.k_norm)  # None: the layer has none
+            extras = tuple(None if a is None else _vector(a) for a in optional)
             if (
                 not all(isinstance(m, QuantMatrix) for m in matrices) or None in norms
-                or (lw.bqkv is not None and bias is None)
+                or any(a is not None and e is None for a, e in zip(optional, extras, strict=True))
             ):  # fmt: skip
                 return None
-            descriptors.append(_Layer(*norms, *(_matrix(m) for m in matrices), bias))
+            descriptors.append(_Layer(*norms, *(_matrix(m) for m in matrices), *extras))
         fn = lib.wf_layers
         p = _ptr
         fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import gguf
 import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
@@ -16,24 +15,30 @@ from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.quant import kernels as quant_kernels
 from engine.quant.cuda import GpuQuantMatrix, dequant_rows
-from engine.quant.formats import SUPPORTED, decode
-from engine.quant.matrix import QuantMatrix, concat, is_supported
+from engine.quant.formats import SUPPORTED
+from engine.quant.matrix import QuantMatrix, concat
+from engine.tensors import Tensors
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 Matrix = Any  # an Array, or a QuantMatrix (CPU) / GpuQuantMatrix (CuPy), --weights quantized
 WEIGHT_MODES = ("auto", "quantized", "float32")
-MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(slots=True)
 class LayerWeights:
     attn_norm: Array  # [dim]
-    wqkv: Matrix  # [dim + 2 * kv_dim, dim]; q/k rows of each head in split-half rope order
-    wo: Matrix  # [dim, dim]
+    wqkv: Matrix  # [q_dim + 2 * kv_dim, dim]; q/k rows of each head in split-half rope order
+    wo: Matrix  # [dim, q_dim]
     ffn_norm: Array  # [dim]
     w_gate_up: Matrix  # [2 * ffn_dim, dim]
     w_down: Matrix  # [dim, ffn_dim]
-    bqkv: Array | None = None  # [dim + 2 * kv_dim] added to wqkv's products (Qwen 2); in its order
+    bqkv: Array | None = (
+        None  # [q_dim + 2 * kv_dim] added to wqkv's products (Qwen 2); in its order
+    )
+    q_norm: Array | None = (
+        None  # [head_dim] each head's q RMS-normed with it (Qwen 3); in its order
+    )
+    k_norm: Array | None = None  # [head_dim] the same for k
 
 
 @dataclass(slots=True)
@@ -53,7 +58,7 @@ class Weights:
         for layer in self.layers:
             arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm]
             arrays += [layer.w_gate_up, layer.w_down]
-            arrays += [] if layer.bqkv is None else [layer.bqkv]
+            arrays += [a for a in (layer.bqkv, layer.q_norm, layer.k_norm) if a is not None]
         return sum(int(a.nbytes) for a in arrays)
 
     def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
@@ -92,91 +97,6 @@ def fingerprint(reader: GGUFFile, config: ModelConfig) -> str:
         digest.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}".encode())
         digest.update(np.ascontiguousarray(t.data).tobytes())
     return digest.hexdigest()
-
-
-def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The numpy shape (rows = outputs) of every tensor kind, from the config."""
-    return {
-        "attn_norm": (c.dim,),
-        "ffn_norm": (c.dim,),
-        "attn_q": (c.dim, c.dim),
-        "attn_k": (c.kv_dim, c.dim),
-        "attn_v": (c.kv_dim, c.dim),
-        "attn_output": (c.dim, c.dim),
-        "ffn_gate": (c.ffn_dim, c.dim),
-        "ffn_up": (c.ffn_dim, c.dim),
-        "ffn_down": (c.dim, c.ffn_dim),
-        "token_embd": (c.vocab_size, c.dim),
-        "output": (c.vocab_size, c.dim),
-        "output_norm": (c.dim,),
-    }
-
-
-class Tensors:
-    """The file's tensors, dequantized to float32 on the host and checked one by one."""
-
-    def __init__(self, reader: GGUFFile, config: ModelConfig) -> None:
-        self.by_name = {t.name: t for t in reader.tensors}
-        self.shapes = _shapes(config)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """The numpy shape the metadata implies for tensor `name` (e.g. "blk.3.attn_q.weight");
-        a bias has one value per row of its matrix."""
-        shape = self.shapes[name.split(".")[-2]]
-        return shape[:1] if name.endswith(".bias") else shape
-
-    def qkv_bias(self, prefix: str, orders: list[np.ndarray | None]) -> np.ndarray | None:
-        """The q, k and v biases of layer `prefix` in one float32 vector, each in its
-        matrix's row order (`orders`); None when the file has none (Llama), an error naming
-        the missing one when it has only some."""
-        names = [f"{prefix}attn_{x}.bias" for x in "qkv"]
-        if not any(n in self.by_name for n in names):
-            return None
-        parts = [self.host(n) for n in names]
-        return np.concatenate(
-            [p if o is None else p[o] for p, o in zip(parts, orders, strict=True)]
-        )
-
-    def tensor(self, name: str) -> Any:
-        """The named tensor, checked to be there with the shape the metadata implies."""
-        t = self.by_name.get(name)
-        if t is None:
-            raise UnsupportedModelError(f"tensor {name} is missing from the GGUF file")
-        expected = self.shape(name)
-        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest axis first
-        if shape != expected:
-            raise UnsupportedModelError(
-                f"tensor {name} has shape {shape}, the metadata implies {expected}"
-            )
-        return t
-
-    def host(self, name: str) -> np.ndarray:
-        """The tensor dequantized to float32."""
-        t = self.tensor(name)
-        try:
-            out = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
-            raise UnsupportedModelError(
-                f"tensor {name}: type {t.tensor_type.name} is not supported"
-            ) from e
-        # a copy: a view would keep the whole file mapped (and its read pages resident)
-        return np.array(out, dtype=np.float32).reshape(self.shape(name))
-
-    def quant(self, name: str) -> QuantMatrix | np.ndarray:
-        """The tensor in the kernels' form, or float32 where it is stored as F32."""
-        t = self.tensor(name)
-        if t.tensor_type == gguf.GGMLQuantizationType.F32:
-            return self.host(name)
-        raw = np.asarray(t.data).reshape(self.shape(name)[0], -1)
-        return QuantMatrix.from_decoded(decode(raw, t.tensor_type), t.tensor_type.name)
-
-    def without_kernel(self) -> list[str]:
-        """The matrices no quantized kernel reads, as "name (TYPE)"."""
-        matrices = (*MATRIX_KINDS, "token_embd", "output")
-        return [f"{name} ({t.tensor_type.name})" for name, t in self.by_name.items()
-                if name.endswith(".weight") and name.split(".")[-2] in matrices
-                and t.tensor_type != gguf.GGMLQuantizationType.F32
-                and not is_supported(t.tensor_type, self.shape(name)[1])]  # fmt: skip
 
 
 def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any]) -> bool:
@@ -256,6 +176,7 @@ def load_weights(
     for i in range(config.num_layers):
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        q_norm, k_norm = tensors.head_norms(p, (q_order, k_order))
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
@@ -265,6 +186,8 @@ def load_weights(
                 w_gate_up=put.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
                 w_down=put.matrix(p + "ffn_down.weight"),
                 bqkv=put.maybe(tensors.qkv_bias(p, [q_order, k_order, None])),
+                q_norm=put.maybe(q_norm),
+                k_norm=put.maybe(k_norm),
             )
         )
     embed = put.matrix("token_embd.weight")

@@ -1,7 +1,8 @@
 """The families' own chat templates (tests/fixtures/templates, as llama.cpp keeps them)
 through render_chat: Meta's for Llama 3.1 and 3.2 (the plain prompt exactly, tools and a
-call's round trip in Llama 3's JSON form) and Qwen's for Qwen 2.5 (tools, <tool_call> and
-<tool_response>), and their markup tokenized as single control tokens."""
+call's round trip in Llama 3's JSON form), Qwen's for Qwen 2.5 (tools, <tool_call> and
+<tool_response>) and Qwen 3 (its thinking: enable_thinking, earlier turns' thoughts
+dropped), and their markup tokenized as single control tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from common.errors import InvalidRequestError
 from engine.chat import render_chat
 from engine.tokenizer import Tokenizer
 from tests.conftest import FIXTURES
@@ -108,3 +110,59 @@ def test_qwen_2_5_offers_tools_and_takes_calls_in_its_xml_tags() -> None:
     im_start, im_end = tokenizer.encode("<|im_start|>"), tokenizer.encode("<|im_end|>")
     assert len(im_start) == len(im_end) == 1
     assert ids.count(im_start[0]) == 5 and ids.count(im_end[0]) == 4
+
+
+QWEN3 = "Qwen-Qwen3-0.6B"
+
+
+def qwen3() -> str:
+    return (TEMPLATES / f"{QWEN3}.jinja").read_text()
+
+
+def test_qwen_3_thinks_unless_told_not_to() -> None:
+    plain = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather in London?"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert render_chat(qwen3(), MESSAGES) == plain
+    # enable_thinking false: an empty thought, so the reply starts with the answer
+    got = render_chat(qwen3(), MESSAGES, template_kwargs={"enable_thinking": False})
+    assert got == plain + "<think>\n\n</think>\n\n"
+    assert render_chat(qwen3(), MESSAGES, template_kwargs={"enable_thinking": True}) == plain
+
+
+def test_qwen_3_drops_the_thoughts_of_turns_before_the_last_question() -> None:
+    reply = {"role": "assistant", "content": "<think>\nCloudy, surely.\n</think>\n\nRain."}
+    messages = [*MESSAGES, reply, {"role": "user", "content": "And Paris?"}]
+    got = render_chat(qwen3(), messages)
+    assert "<|im_start|>assistant\nRain.<|im_end|>\n<|im_start|>user\nAnd Paris?" in got
+    assert "Cloudy" not in got
+    # a call's thought after the last question stays, so the turn continues where it was
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}  # fmt: skip
+    thinking = {"role": "assistant", "content": "<think>\nLook it up.\n</think>\n\n",
+                "tool_calls": [call]}  # fmt: skip
+    result = {"role": "tool", "content": "20 C", "tool_call_id": "c1"}
+    got = render_chat(qwen3(), [*messages, thinking, result], tools=TOOLS)
+    assert got.endswith(
+        '<|im_start|>assistant\n<think>\nLook it up.\n</think>\n\n<tool_call>\n{"name": '
+        '"get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n20 C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert got.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+
+
+def test_qwen_3_markup_is_single_control_tokens() -> None:
+    tokenizer = Tokenizer.from_metadata(family_vocab("qwen2")["metadata"])
+    got = render_chat(qwen3(), MESSAGES, template_kwargs={"enable_thinking": False})
+    ids = tokenizer.encode(got)
+    im_start, im_end = tokenizer.encode("<|im_start|>"), tokenizer.encode("<|im_end|>")
+    assert len(im_start) == len(im_end) == 1
+    assert ids.count(im_start[0]) == 3 and ids.count(im_end[0]) == 2
+    assert tokenizer.decode(ids) == got
+
+
+def test_template_kwargs_cannot_replace_what_render_chat_sets() -> None:
+    with pytest.raises(InvalidRequestError, match=r"chat_template_kwargs.*messages"):
+        render_chat(qwen3(), MESSAGES, template_kwargs={"messages": []})

@@ -1,6 +1,7 @@
-"""The Llama 3 and Qwen 2 paths end to end against llama.cpp: tiny random models of each
-family with its real vocabulary (tests/tiny_families.py) and the float32 logits llama.cpp
-computed for them (tests/reference/make_family_fixtures.py)."""
+"""The Llama 3, Qwen 2 and Qwen 3 paths end to end against llama.cpp: tiny random models of
+each family with its real vocabulary (tests/tiny_families.py) and the float32 logits
+llama.cpp computed for them (tests/reference/make_family_fixtures.py); and a batch of 16
+prompts giving each its bits alone."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
+from engine.device import cupy_with_gpu
 from engine.engine import Engine
+from engine.kernels import SMALL_ROWS
 from engine.model import Model
 from engine.sequence import Request
+from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES
 from tests.paged import new_kv, run_segments
 from tests.tiny_families import FAMILIES, write_tiny
 
 LOGIT_TOL = 2e-3  # as for the default model against transformers (measured here: ~3e-05)
 Reference = dict[str, np.ndarray]
+NEEDS_GPU = pytest.mark.skipif(cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy")
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -50,7 +55,7 @@ def logits_one_by_one(model: Model, ids: list[int]) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("device", ["cpu", "mlx"])
+@pytest.mark.parametrize("device", ["cpu", "mlx", pytest.param("cuda", marks=NEEDS_GPU)])
 def test_tokens_and_logits_at_every_position_match_llama_cpp(
     family: str, model_file: Path, reference: Reference, device: str
 ) -> None:
@@ -79,3 +84,13 @@ def test_greedy_tokens_match_llama_cpp(family: str, model_file: Path, reference:
     for n in range(len(texts)):
         got = [t for out in outputs[f"r{n}"] for t in out.token_ids]
         assert got == reference[f"greedy_{n}"].tolist(), n
+
+
+def test_sixteen_prompts_in_one_batch_equal_each_alone(family: str, model_file: Path) -> None:
+    model = Model.load(model_file, device="cpu")
+    rng = np.random.default_rng(11)
+    vocab = model.config.vocab_size
+    sizes = rng.integers(2, 40, size=16)
+    prompts = [[int(t) for t in rng.integers(0, vocab, size=int(n))] for n in sizes]
+    cases = compositions(16, [16, 7, 16], [0, 5, SMALL_ROWS + 8])
+    assert check(model, prompts, cases) == sum(len(c.order) + (c.prefill > 0) for c in cases)

@@ -1,9 +1,12 @@
 """Tiny random-weight models of the families beside the default model, each with its real
 vocabulary and tokenizer (tests/fixtures/*_vocab.json.xz): `llama3`, shaped as Llama 3.2
-(architecture llama, BOS, RoPE frequency factors) and `qwen2`, shaped as Qwen 2.5
-(architecture qwen2: biases on q, k and v; no BOS); both with grouped-query attention and
-the output tied to the embedding. Written the same way by the fixture maker that ran
-llama.cpp on them (tests/reference/make_family_fixtures.py) and by the tests that compare."""
+(architecture llama, BOS, RoPE frequency factors), `qwen2`, shaped as Qwen 2.5
+(architecture qwen2: biases on q, k and v; no BOS) and `qwen3`, shaped as Qwen 3 (each
+head's q and k RMS-normed before rope; heads x head_dim wider than the embedding, as Qwen 3
+0.6B's 16 x 128 on 1024 and 4B's 32 x 128 on 2560; Qwen 2's vocabulary and split); all
+with grouped-query attention and the output tied to the embedding. Written the same way by
+the fixture maker that ran llama.cpp on them (tests/reference/make_family_fixtures.py) and
+by the tests that compare."""
 
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ class Family:
     rope_factors: bool
     biases: bool
     texts: tuple[str, ...]  # what the reference ran: plain text, the chat markup, code
+    qk_norms: bool = False
+    head_dim: int | None = None  # written as attention.key_length (None: dim / heads)
 
 
 CODE = "def f(x):\n    return x ** 2  # 日本語, émigré's café\n" * 2
@@ -50,6 +55,11 @@ FAMILIES = {
         "Hello world, 12345!",
         "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n",
         CODE)),
+    "qwen3": Family("qwen3", "qwen2_vocab.json.xz", False, False, False, (
+        "Hello world, 12345!",
+        "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\n\n</think>\n\n",
+        CODE), qk_norms=True, head_dim=64),
 }  # fmt: skip
 
 
@@ -61,13 +71,47 @@ def family_vocab(name: str) -> dict[str, Any]:
     return data
 
 
-def write_tiny(path: Path, name: str, chat_template: str | None = None) -> Path:
+def shape_keys(family: Family) -> dict[str, int]:
+    """The `{arch}.*` sizes written for `family`: SHAPE, or with its own head size as
+    Qwen 3's files give it (key_length and value_length, no rope.dimension_count)."""
+    if family.head_dim is None:
+        return SHAPE
+    shape = {k: v for k, v in SHAPE.items() if k != "rope.dimension_count"}
+    sizes = {"attention.key_length": family.head_dim, "attention.value_length": family.head_dim}
+    return {**shape, **sizes}
+
+
+def family_layer(rng: np.random.Generator, family: Family, i: int) -> dict[str, np.ndarray]:
+    """Block i's tensors by GGUF name, drawn from `rng` in file order."""
+    dim, head_dim = SHAPE["embedding_length"], family.head_dim or SHAPE["rope.dimension_count"]
+    q_dim = SHAPE["attention.head_count"] * head_dim
+    kv_dim = SHAPE["attention.head_count_kv"] * head_dim
+    layer = random_layer(rng, f"blk.{i}.", dim, kv_dim, SHAPE["feed_forward_length"])
+    if q_dim != dim:  # the wider q and output of Qwen 3's shape, drawn after the layer's
+        layer[f"blk.{i}.attn_q.weight"] = random_matrix(rng, q_dim, dim, 0.1)
+        layer[f"blk.{i}.attn_output.weight"] = random_matrix(rng, dim, q_dim, 0.1)
+    if family.biases:  # Qwen's are large: they move every query and key
+        for x, rows in (("q", dim), ("k", kv_dim), ("v", kv_dim)):
+            layer[f"blk.{i}.attn_{x}.bias"] = random_matrix(rng, 1, rows, 1.0)[0]
+    if family.qk_norms:  # far from 1 (0.2 to 5): a norm left out or misplaced shows
+        for x in "qk":
+            scale = np.exp(0.6 * rng.standard_normal(head_dim)).astype(np.float32)
+            layer[f"blk.{i}.attn_{x}_norm.weight"] = scale
+    return layer
+
+
+def write_tiny(
+    path: Path,
+    name: str,
+    chat_template: str | None = None,
+    matrix_type: gguf.GGMLQuantizationType | None = None,
+) -> Path:
     """Write family `name`'s tiny model to `path` (~75 MB: the embedding is float32), with
-    `chat_template` when given."""
+    `chat_template` when given and the layers' matrices as `matrix_type` (None: F32)."""
     family, meta = FAMILIES[name], family_vocab(name)["metadata"]
     tokens, arch = meta["tokenizer.ggml.tokens"], family.arch
     w = gguf.GGUFWriter(path, arch)
-    for key, value in SHAPE.items():
+    for key, value in shape_keys(family).items():
         w.add_uint32(f"{arch}.{key}", value)
     w.add_uint32(f"{arch}.vocab_size", len(tokens))
     w.add_float32(f"{arch}.rope.freq_base", ROPE_BASE)
@@ -82,16 +126,17 @@ def write_tiny(path: Path, name: str, chat_template: str | None = None) -> Path:
     if chat_template is not None:
         w.add_string("tokenizer.chat_template", chat_template)
     rng = np.random.default_rng(SEED)
-    dim, kv_dim = SHAPE["embedding_length"], 2 * SHAPE["rope.dimension_count"]
-    w.add_tensor("token_embd.weight", random_matrix(rng, len(tokens), dim, 1.0))
+    w.add_tensor(
+        "token_embd.weight", random_matrix(rng, len(tokens), SHAPE["embedding_length"], 1.0)
+    )
     for i in range(SHAPE["block_count"]):
-        layer = random_layer(rng, f"blk.{i}.", dim, kv_dim, SHAPE["feed_forward_length"])
-        if family.biases:  # Qwen's are large: they move every query and key
-            for x, rows in (("q", dim), ("k", kv_dim), ("v", kv_dim)):
-                layer[f"blk.{i}.attn_{x}.bias"] = random_matrix(rng, 1, rows, 1.0)[0]
-        for tensor, array in layer.items():
-            w.add_tensor(tensor, array)
-    w.add_tensor("output_norm.weight", random_norm(rng, dim))
+        for tensor, array in family_layer(rng, family, i).items():
+            if matrix_type is not None and array.ndim == 2:
+                quantized = gguf.quants.quantize(array, matrix_type)
+                w.add_tensor(tensor, quantized, raw_dtype=matrix_type)
+            else:
+                w.add_tensor(tensor, array)
+    w.add_tensor("output_norm.weight", random_norm(rng, SHAPE["embedding_length"]))
     if family.rope_factors:
         w.add_tensor("rope_freqs.weight", ROPE_FACTORS)
     write_and_close(w)

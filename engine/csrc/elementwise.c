@@ -1,5 +1,6 @@
 /* A layer's per-row elementwise steps, each one call over all rows (NumPy takes 6-16
-   calls for each): RMS norm, rope on split halves, SiLU(gate) * up. Single-threaded: at
+   calls for each): RMS norm (of rows, or of each head's run), rope on split halves,
+   SiLU(gate) * up. Single-threaded: at
    decode sizes a thread wake-up costs more than the work. Every row is computed by the
    same instructions whatever the row count. */
 
@@ -21,6 +22,16 @@ void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_
         v16f scale = splat(1.0f / sqrtf(hsum(acc) / (float)dim + eps));
         for (int64_t i = 0; i < dim; i += 16)
             store16(out + r * dim + i, (load16(xr + i) * scale) * load16(w + i));
+    }
+}
+
+/* in place: each of the `heads` runs of d values from x[r * stride + col0] RMS-normed with
+   w [d], for every row r (Qwen 3's q and k norms); a run is wf_rms_norm's row; d % 16 == 0 */
+void wf_head_rms_norm(float *x, int64_t stride, int64_t col0, int64_t rows, int64_t heads,
+                      int64_t d, const float *w, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *runs = x + r * stride + col0;
+        wf_rms_norm(runs, w, eps, heads, d, runs); /* each value read before it is written */
     }
 }
 

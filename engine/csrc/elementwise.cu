@@ -1,16 +1,16 @@
 // A layer's per-row steps on the GPU, float32, each one launch over all rows (CuPy takes
-// 5-12 launches for each): RMS norm, SiLU(gate) * up, and rope on split halves with the
-// step's keys and values written into the pool. Compiled by CuPy's NVRTC (engine/gpu_ops.py). A row is computed by the same threads in the same
+// 5-12 launches for each): RMS norm (of rows, or of each head's run), SiLU(gate) * up, and
+// rope on split halves with the step's keys and values written into the pool. Compiled by
+// CuPy's NVRTC (engine/gpu_ops.py). A row is computed by the same threads in the same
 // order whatever the row count (batch invariant).
 
 #define NORM_THREADS 256  // the launch's block size: the reduction tree below assumes it
 
-// out[r] = (x[r] / sqrt(mean(x[r]^2) + eps)) * w; a block per row
-extern "C" __global__ void wf_rms_norm(const float* __restrict__ x,
-                                       const float* __restrict__ w, float eps, int dim,
-                                       float* __restrict__ out) {
+// o = (xr / sqrt(mean(xr^2) + eps)) * w over dim values, by the block's NORM_THREADS
+// threads; o may be xr (every value is read into the sum before any is written)
+__device__ void norm_run(const float* xr, const float* __restrict__ w, float eps, int dim,
+                         float* o) {
     __shared__ float part[NORM_THREADS];
-    const float* xr = x + (long long)blockIdx.x * dim;
     float acc = 0.0f;
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS) acc = fmaf(xr[i], xr[i], acc);
     part[threadIdx.x] = acc;
@@ -20,8 +20,24 @@ extern "C" __global__ void wf_rms_norm(const float* __restrict__ x,
         __syncthreads();
     }
     float scale = 1.0f / sqrtf(part[0] / (float)dim + eps);
-    float* o = out + (long long)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS) o[i] = (xr[i] * scale) * w[i];
+}
+
+// out[r] = (x[r] / sqrt(mean(x[r]^2) + eps)) * w; a block per row
+extern "C" __global__ void wf_rms_norm(const float* __restrict__ x,
+                                       const float* __restrict__ w, float eps, int dim,
+                                       float* __restrict__ out) {
+    norm_run(x + (long long)blockIdx.x * dim, w, eps, dim, out + (long long)blockIdx.x * dim);
+}
+
+// in place: each head's d values at x[r * stride + col0 + h * d] RMS-normed with w [d]
+// (Qwen 3's q and k norms); a block per (row, head), rows * heads blocks
+extern "C" __global__ void wf_head_rms_norm(float* x, long long stride, long long col0,
+                                            int heads, int d, const float* __restrict__ w,
+                                            float eps) {
+    long long r = blockIdx.x / heads;
+    float* run = x + r * stride + col0 + (long long)(blockIdx.x % heads) * d;
+    norm_run(run, w, eps, d, run);
 }
 
 // out[r] = silu(gate_up[r, :ffn]) * gate_up[r, ffn:]

@@ -1,8 +1,9 @@
 /* The decoder layers of a step in one call: each layer's norms, products, rope, KV writes,
    paged attention and residual adds, through the same kernels engine/forward.py calls one
-   by one from Python (wf_rms_norm, wf_matmul, wf_rope, wf_paged_rows, wf_silu_mul) in the
-   same order on the same values: the same bits. What it saves is the ~14 Python calls per
-   layer between them (about 2 ms of a 10 ms single-row step on 2 cores).
+   by one from Python (wf_rms_norm, wf_matmul, wf_head_rms_norm, wf_rope, wf_paged_rows,
+   wf_silu_mul) in the same order on the same values: the same bits. What it saves is the
+   ~14 Python calls per layer between them (about 2 ms of a 10 ms single-row step on 2
+   cores). q's width, heads * head_dim, need not be dim (Qwen 3).
 
    For quantized weights with every row in the kernels (engine/native_layers.py decides).
    Shapes: x [R, dim]; k_pool, v_pool [layers, num_blocks, Hkv, 16, D]; kv_rows [R * Hkv]
@@ -24,6 +25,7 @@ typedef struct {
     const float *attn_norm, *ffn_norm;
     WfMatrix qkv, wo, gate_up, down;
     const float *qkv_bias; /* [q_dim + 2 * kv_dim] added to the qkv product (Qwen 2), or NULL */
+    const float *q_norm, *k_norm; /* [head_dim] per-head q and k norms (Qwen 3), or NULL */
 } WfLayer;
 
 typedef struct {
@@ -33,6 +35,8 @@ typedef struct {
 
 void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
                  float *out);
+void wf_head_rms_norm(float *x, int64_t stride, int64_t col0, int64_t rows, int64_t heads,
+                      int64_t d, const float *w, float eps);
 void wf_rope(const float *src, int64_t src_stride, int64_t col0, int64_t rows, int64_t heads,
              int64_t d, const float *cos_t, const float *sin_t, const int64_t *pos, float *dst);
 void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
@@ -96,6 +100,10 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         if (l->qkv_bias) /* one add per value, as forward.py's qkv += bqkv */
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < qkv_cols; j++) qkv[r * qkv_cols + j] += l->qkv_bias[j];
+        if (l->q_norm) { /* the calls forward.py makes, in its order */
+            wf_head_rms_norm(qkv, qkv_cols, 0, rows, s->heads, d, l->q_norm, s->eps);
+            wf_head_rms_norm(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, l->k_norm, s->eps);
+        }
         wf_rope(qkv, qkv_cols, 0, rows, s->heads, d, cos_t, sin_t, pos, q);
         wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */

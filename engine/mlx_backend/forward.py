@@ -116,14 +116,18 @@ def _attention_block(
     x: Any, lw: LayerWeights, layer: int, config: ModelConfig, rope: tuple[Any, Any],
     pool: MLXKVPool, plan: StepPlan,
 ) -> Any:  # fmt: skip
-    n, hd, kvd = x.shape[0], config.head_dim, config.kv_dim
+    n, hd, kvd, qd = x.shape[0], config.head_dim, config.kv_dim, config.q_dim
     h = mx.fast.rms_norm(x, lw.attn_norm, config.rms_eps)
-    qkv = lw.wqkv.matmul(h)  # [N, dim + 2 * kv_dim]
+    qkv = lw.wqkv.matmul(h)  # [N, q_dim + 2 * kv_dim]
     if lw.bqkv is not None:
         qkv = qkv + lw.bqkv
-    q = _rope(qkv[:, : config.dim].reshape(n, config.num_heads, hd), *rope)
-    k = _rope(qkv[:, config.dim : config.dim + kvd].reshape(n, config.num_kv_heads, hd), *rope)
-    v = qkv[:, config.dim + kvd :].reshape(n, config.num_kv_heads, hd)
+    q = qkv[:, :qd].reshape(n, config.num_heads, hd)
+    k = qkv[:, qd : qd + kvd].reshape(n, config.num_kv_heads, hd)
+    if lw.q_norm is not None:  # Qwen 3: each head's q and k normed before rope
+        q = mx.fast.rms_norm(q, lw.q_norm, config.rms_eps)
+        k = mx.fast.rms_norm(k, lw.k_norm, config.rms_eps)
+    q, k = _rope(q, *rope), _rope(k, *rope)
+    v = qkv[:, qd + kvd :].reshape(n, config.num_kv_heads, hd)
     pool.write(layer, plan.rows, k, v)  # this step's keys and values first
     out = plan.attend(q, pool.k_layers[layer], pool.v_layers[layer], hd**-0.5)
     return lw.wo.matmul(out)

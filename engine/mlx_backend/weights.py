@@ -24,7 +24,8 @@ from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile
 from engine.mlx_backend import mx_dtype
 from engine.quant.formats import decode
-from engine.weights import WEIGHT_MODES, LayerWeights, Tensors, Weights, qk_orders
+from engine.tensors import Tensors
+from engine.weights import WEIGHT_MODES, LayerWeights, Weights, qk_orders
 
 T = gguf.GGMLQuantizationType
 GROUP = 32  # weights per scale and bias
@@ -173,6 +174,7 @@ def load_mlx_weights(
     for i in range(config.num_layers):
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        q_norm, k_norm = tensors.head_norms(p, (q_order, k_order))
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
@@ -182,6 +184,8 @@ def load_mlx_weights(
                 w_gate_up=put.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
                 w_down=put.matrix([p + "ffn_down.weight"], [None]),
                 bqkv=put.maybe(tensors.qkv_bias(p, [q_order, k_order, None])),
+                q_norm=put.maybe(q_norm),
+                k_norm=put.maybe(k_norm),
             )
         )
     embed = put.matrix(["token_embd.weight"], [None])
@@ -198,7 +202,7 @@ def _matrices(w: Weights) -> list[Any]:
     out: list[Any] = [w.embed, w.output, w.out_norm]
     for lw in w.layers:
         out += [lw.attn_norm, lw.wqkv, lw.wo, lw.ffn_norm, lw.w_gate_up, lw.w_down]
-        out += [] if lw.bqkv is None else [lw.bqkv]
+        out += [a for a in (lw.bqkv, lw.q_norm, lw.k_norm) if a is not None]
     return out
 
 

@@ -1,14 +1,17 @@
 """Make tests/fixtures/tiny_{family}_llamacpp.npz: llama.cpp's logits for the tiny models of
-tests/tiny_families.py (llama3, qwen2), the reference for warmfleet's paths for those
-families (tokenizer, RoPE frequency factors, q/k/v biases, grouped-query attention, tied
-output).
+tests/tiny_families.py (llama3, qwen2, qwen3), the reference for warmfleet's paths for
+those families (tokenizer, RoPE frequency factors, q/k/v biases, per-head q/k norms, a
+head size other than dim / heads, grouped-query attention, tied output).
 
 llama.cpp runs them through llama-cpp-python (`pip install '.[bench]'`, built with the flags
 in DESIGN.md) with float32 weights and a float32 KV cache, flash attention off, so no
 product of its rounds through float16 or 8 bits: its logits are a float32 computation of
 the same model, as transformers' are for the default model. From the repository root::
 
-    .venv/bin/python tests/reference/make_family_fixtures.py
+    .venv/bin/python tests/reference/make_family_fixtures.py [FAMILY ...]
+
+(all families when none is named; a fixture made again on another CPU may differ in its
+last bits, so name only the one that changed).
 
 For each text: the token ids llama.cpp gives (BOS where the family has one), its logits at
 every position on a column subset (every 128th id and each position's top 8), and 8 greedy
@@ -63,7 +66,8 @@ def run(path: Path, texts: tuple[str, ...], add_bos: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    for name, family in FAMILIES.items():
+    for name in sys.argv[1:] or list(FAMILIES):
+        family = FAMILIES[name]
         print(name)
         with tempfile.TemporaryDirectory() as tmp:
             path = write_tiny(Path(tmp) / f"tiny-{name}.gguf", name)
