@@ -111,9 +111,7 @@ def one_row(cluster: Cluster, supervisor: Supervisor, model: Model, sent: int, a
     sampling = SamplingParams(max_tokens=sent + after, ignore_eos=True)
     out = Engine(model).generate([Request("ref", ids, sampling)])["ref"]
     exact = stream.tokens() == [t for o in out for t in o.token_ids]
-    back = cluster.processes
-    supervise_until(supervisor, lambda: victim in live_workers(r) and back[victim].poll() is None,
-                    f"{victim} to come back", 120)  # fmt: skip
+    supervise_until(supervisor, lambda: back_up(cluster, r, victim), f"{victim} to come back", 120)
     return [str(sent), str(published), f"{resumed_at - killed_at:.2f}", "yes" if exact else "NO",
             victim]  # fmt: skip
 
@@ -123,8 +121,10 @@ def cluster_status(r: redis_lib.Redis, worker_id: str) -> list[str]:
     return list(json.loads(raw)["running"]) if raw else []
 
 
-def live_workers(r: redis_lib.Redis) -> set[str]:
-    return {w for w in r.smembers(keys.WORKERS) if r.exists(keys.heartbeat_key(w))}
+def back_up(cluster: Cluster, r: redis_lib.Redis, worker_id: str) -> bool:
+    """The killed worker was started again (a new process) and beats."""
+    raw = r.get(keys.heartbeat_key(worker_id))
+    return raw is not None and json.loads(raw)["pid"] == cluster.processes[worker_id].pid
 
 
 def main() -> None:
