@@ -21,6 +21,7 @@ from common.errors import ProtocolError
 log = logging.getLogger("warmfleet.gateway")
 Result = TokenChunk | Completion | JobError
 WAKE_MAXLEN = 16
+WAKE_DELETE_S = 1.0  # a stopping gateway waits this long at most for Redis to delete it
 
 
 @dataclass(slots=True)
@@ -58,10 +59,15 @@ class ResultsHub:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="results-hub")
 
     async def stop(self) -> None:
+        """Stop reading, and delete the wake stream if Redis still answers: a gateway
+        stopping because Redis is gone must not fail on its way out."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.r.delete(self.wake)
+        try:
+            await asyncio.wait_for(self.r.delete(self.wake), WAKE_DELETE_S)
+        except (redis.RedisError, TimeoutError) as e:
+            log.info("results reader: wake stream %s left in Redis: %s", self.wake, e or "timeout")
 
     async def _run(self) -> None:
         backoff = Backoff()

@@ -3,6 +3,7 @@ client's deadline: it never hangs."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -13,16 +14,15 @@ import httpx
 import pytest
 
 from warmfleet.client import Client
+from warmfleet.commands.gateway import DRAIN_S
 from warmfleet.probes import HealthProbe
-from warmfleet.processes import Process, free_port, kill, spawn
+from warmfleet.processes import Process, free_port, kill, spawn, wait_exit
 
 
-@pytest.fixture(scope="module")
-def gateway(
-    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
+def start_gateway(model: Path, log: Path) -> tuple[Process, str, str]:
+    """A gateway whose Redis URL has nothing behind it, once it answers NOT_SERVING; its
+    process, gRPC target and HTTP URL."""
     port, http_port, dead_redis = free_port(), free_port(), free_port()  # nothing on dead_redis
-    log = tmp_path_factory.mktemp("gw") / "gateway.log"
     proc: Process = spawn(
         [
             sys.executable,
@@ -36,7 +36,7 @@ def gateway(
             "--http-port",
             str(http_port),
             "--model",
-            str(default_model_path),
+            str(model),
         ],
         log,
     )
@@ -48,9 +48,23 @@ def gateway(
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, f"gateway not answering after 60 s: {reason}"
             time.sleep(0.2)
-        yield target, f"http://127.0.0.1:{http_port}"
+    except BaseException:
+        kill(proc)
+        raise
     finally:
         probe.close()
+    return proc, target, f"http://127.0.0.1:{http_port}"
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    proc, target, http_url = start_gateway(default_model_path, log)
+    try:
+        yield target, http_url
+    finally:
         kill(proc)
 
 
@@ -79,3 +93,20 @@ def test_http_requests_get_503_in_each_apis_shape(gateway: tuple[str, str]) -> N
         r = http.post("/v1/messages", json={"messages": chat, "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
         assert http.get("/v1/sessions").status_code == 503
+
+
+def test_sigterm_stops_it_cleanly_without_redis(default_model_path: Path, tmp_path: Path) -> None:
+    """Its way out touches Redis too (the results reader's wake stream): unreachable, that is
+    a line in the log, not a traceback and an exit code of 1."""
+    log = tmp_path / "gateway.log"
+    proc, _, _ = start_gateway(default_model_path, log)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        code = wait_exit(proc, DRAIN_S)  # no stream is open: nothing to wait for
+    finally:
+        kill(proc)
+    text = log.read_text()
+    assert code == 0, text
+    assert "Traceback" not in text, text
+    assert text.rstrip().endswith("gateway: stopped"), text
+    assert "results reader: wake stream wf:hub:" in text  # left behind, and said so

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,17 @@ def make_cluster(tmp_path: Path, **kwargs: object) -> Cluster:
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
     env = child_env(**kwargs.pop("extra_env", {}))  # type: ignore[arg-type]
-    options: dict = {"num_workers": 2, "threads_per_worker": 1, "model": model}
+    options: dict = {
+        "num_workers": 2,
+        "threads_per_worker": 1,
+        "model": model,
+        "progress": lambda _: None,
+    }
     options.update(kwargs)
     return Cluster(
         ClusterConfig(
             extra_env=env,
             log_dir=tmp_path / "logs",
-            progress=lambda _: None,
             cli_module=CLI_MODULE,
             **options,
         )
@@ -75,8 +80,10 @@ def test_starts_every_part_then_stops_gateway_first(tmp_path: Path) -> None:
         assert gateway[gateway.index("--port") + 1] == str(cluster.port)
         kvstore = logged_argv(cluster, "kvstore")
         assert kvstore[kvstore.index("--port") + 1] == str(cluster.kvstore_port)
-        ports = {name: int(argv[argv.index("--metrics-port") + 1])
-                 for name, argv in (("w1", w1), ("kvstore", kvstore))}  # fmt: skip
+        ports = {
+            name: int(argv[argv.index("--metrics-port") + 1])
+            for name, argv in (("w1", w1), ("kvstore", kvstore))
+        }
         assert ports == {
             "w1": cluster.metrics_ports["w1"],
             "kvstore": cluster.metrics_ports["kvstore"],
@@ -134,6 +141,31 @@ def test_stop_kills_a_child_that_ignores_sigterm(
     cluster.stop(timeout_s=1.0)
     codes = {name: p.returncode for name, p in cluster.processes.items()}
     assert codes == {"w0": -9, "w1": 0, "gateway": 0, "kvstore": 0}
+
+
+def test_stop_without_draining_signals_every_part_at_once(
+    tmp_path: Path,
+    redis_server: RedisServer,  # noqa: F811
+    redis: redis_lib.Redis,
+) -> None:
+    """Redis gone: nothing can be handed over, so the kvstore is not kept waiting for the
+    workers (a drain stops it last), and only the part that ignores SIGTERM is killed."""
+    reports: list[str] = []
+    cluster = make_cluster(
+        tmp_path,
+        redis_url=redis_server.url,
+        progress=reports.append,
+        extra_env={"FAKE_IGNORE_TERM": "w0"},
+    )
+    cluster.start(deadline_s=60)
+    reports.clear()
+    before = time.time()
+    cluster.stop(timeout_s=4.0, drain=False)
+    codes = {name: p.returncode for name, p in cluster.processes.items()}
+    assert codes == {"w0": -9, "w1": 0, "gateway": 0, "kvstore": 0}
+    assert reports == ["w0 did not stop in time; killed it"]
+    # a drain would signal the kvstore only once w0 was killed, 4 s in
+    assert stopped_at(cluster, "kvstore") < before + 2.0
 
 
 def test_kill_and_restart_a_worker(

@@ -29,12 +29,14 @@ from warmfleet.processes import (
     port_is_free,
     signal_process,
     spawn,
+    terminate_all,
     wait_exit,
 )
 from warmfleet.readiness import Child, wait_ready
 from warmfleet.redis_server import RedisServer
 
 _REDIS_TIMEOUT_S = 2.0
+STOP_NOW_AFTER_S = 1.0  # without Redis: a part still running this long gets a second signal
 
 
 class Cluster:
@@ -259,14 +261,18 @@ class Cluster:
                 return child
         raise KeyError(f"no child named {name!r}")
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float = 15.0, *, drain: bool = True) -> None:
         """Stop the gateway (it drains its streams first), then the workers, the kvstore, then
         the private Redis.
 
         Each gets SIGTERM and is SIGKILLed when its share of `timeout_s` has passed: the gateway
-        may use two thirds, the workers the rest. `timeout_s=0` kills at once. Idempotent.
+        may use two thirds, the workers the rest. `timeout_s=0` kills at once. Without `drain`
+        (Redis is gone: nothing can be handed over) every part gets SIGTERM at once and a
+        second one (stop now) after STOP_NOW_AFTER_S. Idempotent.
         """
         deadline = time.monotonic() + timeout_s
+        if not drain:
+            self._terminate(self._children(), deadline, again_after_s=STOP_NOW_AFTER_S)
         if self._gateway is not None:
             self._terminate([self._gateway], deadline - timeout_s / 3)
         self._terminate(self._workers, deadline)
@@ -277,19 +283,15 @@ class Cluster:
         if self._redis_server is not None:
             self._redis_server.stop(max(0.0, min(5.0, deadline - time.monotonic())))
 
-    def _terminate(self, children: list[Child], deadline: float) -> None:
-        """SIGTERM `children`, then SIGKILL those still running at `deadline`."""
-        running = [c for c in children if c.process is not None and c.process.poll() is None]
-        patient = deadline > time.monotonic()
-        for child in running:
-            assert child.process is not None
-            signal_process(child.process, signal.SIGTERM)
-        for child in running:
-            assert child.process is not None
-            if wait_exit(child.process, deadline - time.monotonic()) is None:
-                if patient:
-                    self._progress(f"{child.name} did not stop in time; killing it")
-                kill(child.process)
+    def _terminate(
+        self, children: list[Child], deadline: float, again_after_s: float | None = None
+    ) -> None:
+        """SIGTERM `children` (again after `again_after_s`); SIGKILL those left at `deadline`."""
+        running = {c.name: c.process for c in children if c.process is not None}
+        timeout_s = deadline - time.monotonic()
+        for name in terminate_all(running, timeout_s, again_after_s=again_after_s):
+            if timeout_s > 0:
+                self._progress(f"{name} did not stop in time; killed it")
 
     def __enter__(self) -> Cluster:
         return self.start()

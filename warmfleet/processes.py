@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -121,6 +122,28 @@ def terminate(proc: Process, timeout_s: float) -> int | None:
     signal_process(proc, signal.SIGTERM)
     code = wait_exit(proc, timeout_s)
     return code if code is not None else kill(proc)
+
+
+def terminate_all(
+    procs: Mapping[str, Process], timeout_s: float, *, again_after_s: float | None = None
+) -> list[str]:
+    """SIGTERM every process together, SIGTERM again (a second signal: stop now) those still
+    running `again_after_s` later, and SIGKILL those still running at `timeout_s`, then reap
+    them; the names of those killed."""
+    start = time.monotonic()
+    running = dict(procs)
+    steps = [(0.0, signal.SIGTERM), (timeout_s, signal.SIGKILL)]
+    if again_after_s is not None and again_after_s < timeout_s:
+        steps.insert(1, (again_after_s, signal.SIGTERM))
+    for at_s, signum in steps:
+        for p in running.values():
+            wait_exit(p, start + at_s - time.monotonic())
+        running = {name: p for name, p in running.items() if p.poll() is None}
+        for p in running.values():
+            signal_process(p, signum)
+    for p in running.values():
+        wait_exit(p, 5.0)
+    return list(running)
 
 
 def tail(path: Path, num_lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:

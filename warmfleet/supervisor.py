@@ -89,10 +89,11 @@ class Supervisor:
         """Note the children that exited and start those whose back-off is over. Returns why
         serving cannot go on (the private Redis exited), else None."""
         now = self._clock()
-        for name, code in sorted(self.cluster.exited().items()):
-            if name == REDIS:
-                log = format_tail(self.cluster.log_path(name), 10)
-                return f"redis-server {describe_exit(code)}; {log}"
+        exited = self.cluster.exited()
+        if REDIS in exited:  # first: a part that exits because Redis died is not restarted
+            log = format_tail(self.cluster.log_path(REDIS), 10)
+            return f"redis-server {describe_exit(exited[REDIS])}; {log}"
+        for name, code in sorted(exited.items()):
             if name not in self._due:
                 self._exited(name, code, now)
         for name, due in sorted(self._due.items()):

@@ -45,6 +45,7 @@ class Liveness:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._beat_ok_at = time.monotonic()  # when a beat last reached Redis
 
     def update(self, status_json: str, deliveries: Iterable[Delivery]) -> None:
         """The loop, once per pass: what the heartbeat says, the entries whose leases to
@@ -52,6 +53,12 @@ class Liveness:
         self._status = status_json
         self._deliveries = tuple(deliveries)
         self._last_pass = time.monotonic()
+
+    @property
+    def lapsed(self) -> bool:
+        """The beats have failed for longer than the heartbeat's TTL: the other workers now
+        take this one for dead and adopt its requests, so a drain has nothing left to do."""
+        return self._failing and time.monotonic() - self._beat_ok_at > self.heartbeat_ttl_s
 
     def start(self, status_json: str) -> None:
         """Beat once now (so kvstore_alive is known before the first request), then from
@@ -99,6 +106,7 @@ class Liveness:
         if self._failing:
             log.info("heartbeat restored")
         self._failing = False
+        self._beat_ok_at = time.monotonic()
         self.kvstore_alive = beat.kvstore_alive
         if beat.rejoined:
             self.lost.set()

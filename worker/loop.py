@@ -121,6 +121,9 @@ class Worker:
                     if isinstance(e, redis.ResponseError) and is_lost_group(e):
                         self.liveness.lost.set()
                         continue
+                    if s.stopping and self.liveness.lapsed:  # nothing can be handed over
+                        log.warning("draining, but Redis is gone (%s): stopping now", e)
+                        break
                     log.warning("redis: %s; retrying in %.1f s", e, backoff)
                     time.sleep(backoff)
                     backoff = min(backoff * 2, s.config.max_backoff_s)

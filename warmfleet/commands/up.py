@@ -22,6 +22,10 @@ from warmfleet.stop_signals import StopNow, StopRequested, StopSignals
 from warmfleet.supervisor import Supervisor
 
 STOP_TIMEOUT_S = 15.0
+# Without Redis no part can hand its work over, so none is left to drain: each gets a stop
+# signal, a second one (stop now) a second later, and SIGKILL at this.
+NO_DRAIN_TIMEOUT_S = 4.0
+NO_DRAIN = "stopping every part now without draining (nothing can be handed over without Redis)"
 _POLL_S = 0.1  # how soon an exit is seen: a dead worker's requests are adopted then
 
 
@@ -55,7 +59,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model",
         metavar="PATH",
-        help="a GGUF file of a llama or qwen2 model (default: the default model, fetched first)",
+        help="a GGUF file of a llama, qwen2 or qwen3 model (default: the default model, "
+        "fetched first)",
     )
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"
@@ -168,11 +173,12 @@ def _banner(cluster: Cluster) -> str:
 
 def _supervise(cluster: Cluster, signals: StopSignals) -> int:
     """Until a stop signal (0), start again each child that exits (warmfleet/supervisor.py);
-    return 1 if the private Redis exits."""
+    if the private Redis exits, stop every child at once and return 1."""
     supervisor = Supervisor(cluster, cluster.config.progress)
     while not signals.requested:
         if (reason := supervisor.poll()) is not None:
-            print(f"warmfleet: cannot serve any more, stopping: {reason}", file=sys.stderr)
+            print(f"warmfleet: cannot serve any more, {NO_DRAIN}: {reason}", file=sys.stderr)
+            cluster.stop(timeout_s=NO_DRAIN_TIMEOUT_S, drain=False)
             return 1
         time.sleep(_POLL_S)
     return 0
