@@ -1,14 +1,23 @@
-"""The gateway's heap after a large request: glibc keeps freed memory in its arenas, one per
-thread that allocated, and gives back only what lies at a heap's top. Without care a burst of
-multi-megabyte prompts leaves the gateway hundreds of MB larger for good (issue 17; measured
-here: +133 MB after three rounds of 20 prompts of 5 MB and 20 chats of 900 KB).
+"""The gateway's heap after a large request. Two allocators keep what a burst of large input
+freed: glibc keeps freed memory in its arenas, one per thread that allocated, and gives back
+only what lies at a heap's top; Python's own (pymalloc) keeps every 1 MiB arena of small
+objects in which any object still lives, and a large body or a long prompt's token ids are
+hundreds of thousands of small objects, among which the gateway's own objects settle.
 
-`tune_malloc` (at start, before any thread) keeps to MALLOC_ARENAS arenas; `HeapTrimmer`
-runs malloc_trim for a few seconds after large input, which gives back the free pages inside
-the heaps too. glibc's own thresholds stay (mapping each large block on its own, or keeping
-large blocks in the heap for reuse, were both tried: the first makes refusals slower, page
-faults on every large message; the second keeps memory that malloc_trim then does not give
-back). Both are no-ops off glibc."""
+`tune_malloc` (at start, before any thread) keeps glibc to MALLOC_ARENAS arenas and has the
+gateway's objects allocated by glibc's malloc instead of pymalloc (PYTHONMALLOC=malloc: the
+process starts itself again with it); `HeapTrimmer` runs malloc_trim for a few seconds after
+large input, which gives back the free pages inside the heaps too, small objects' included.
+glibc's own thresholds stay (mapping each large block on its own, or keeping large blocks in
+the heap for reuse, were both tried: the first makes refusals slower, page faults on every
+large message; the second keeps memory that malloc_trim then does not give back). All of it
+is a no-op off glibc.
+
+Before a trim, a full collection: a refused request's input can hang on in a reference cycle
+through its error's traceback, and under load that cycle reaches the oldest generation,
+which Python collects rarely. `freeze_startup` keeps that collection cheap. Large HTTP bodies
+are noted as they arrive (`NoteLargeBodies`), refused ones included: their parsed JSON never
+reaches the tokenizing threads, which note the others."""
 
 from __future__ import annotations
 
@@ -18,10 +27,17 @@ import ctypes
 import functools
 import gc
 import os
+import sys
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.work_gate import LARGE_BYTES
 
 M_ARENA_MAX = -8  # mallopt's parameter (malloc.h)
 MALLOC_ARENAS = 2  # the event loop's and one for every other thread together
 TRIM_EVERY_S = 1.0
+SYSTEM_MALLOC = "malloc"  # PYTHONMALLOC's value for glibc's malloc
 TRIMS_AFTER_LARGE = 3  # trims after the last large input (its objects may outlive the first)
 
 
@@ -37,11 +53,17 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def tune_malloc() -> bool:
-    """Bound the arenas; False off glibc. MALLOC_ARENA_MAX in the environment wins (glibc
-    reads it itself)."""
+    """Bound the arenas and allocate objects with malloc; False off glibc. Without
+    PYTHONMALLOC in the environment the process is started again (exec: the same pid,
+    arguments and environment) with PYTHONMALLOC=malloc, so call it first thing.
+    PYTHONMALLOC and MALLOC_ARENA_MAX in the environment win (glibc reads the second
+    itself)."""
     libc = _libc()
     if libc is None:
         return False
+    if "PYTHONMALLOC" not in os.environ:  # read only when the interpreter starts
+        os.environ["PYTHONMALLOC"] = SYSTEM_MALLOC
+        os.execv(sys.executable, sys.orig_argv)
     if "MALLOC_ARENA_MAX" not in os.environ:
         libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
     return True
@@ -52,6 +74,15 @@ def trim_heap() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def freeze_startup() -> None:
+    """Once the gateway serves: collect, leave what is left (modules, the tokenizer, the
+    servers) out of every later collection, so that a full one walks only what requests
+    made, not the whole gateway; and give back what starting freed."""
+    gc.collect()
+    gc.freeze()
+    trim_heap()
 
 
 class HeapTrimmer:
@@ -79,7 +110,36 @@ class HeapTrimmer:
             await asyncio.sleep(TRIM_EVERY_S)
             if self._trims_left > 0:
                 self._trims_left -= 1
-                # a refused request's text can hang on in a cycle (its error's traceback):
-                # the young generations' collection frees it, in well under a millisecond
-                gc.collect(1)
+                # the oldest generation too: a refused input's cycle may have reached it
+                gc.collect()
                 await asyncio.to_thread(trim_heap)
+
+
+class NoteLargeBodies:
+    """ASGI middleware: an HTTP request whose body reaches LARGE_BYTES calls `note` (the
+    trimmer's) as the body arrives and once more as the request ends."""
+
+    def __init__(self, app: ASGIApp, note: Callable[[], None]) -> None:
+        self.app = app
+        self.note = note
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        num_bytes = 0
+
+        async def counted() -> Message:
+            nonlocal num_bytes
+            message = await receive()
+            if num_bytes < LARGE_BYTES and message["type"] == "http.request":
+                num_bytes += len(message.get("body", b""))
+                if num_bytes >= LARGE_BYTES:
+                    self.note()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        finally:
+            if num_bytes >= LARGE_BYTES:  # again: a served request holds its body until its end
+                self.note()

@@ -30,10 +30,10 @@ from gateway.grpc_api import InferenceService
 from gateway.grpc_calls import CountStatuses
 from gateway.http_app import build_app
 from gateway.http_jobs import HttpContext
-from gateway.memory import HeapTrimmer
+from gateway.memory import HeapTrimmer, NoteLargeBodies, freeze_startup
 from gateway.metrics import GatewayMetrics
 from gateway.validate import JobBuilder
-from gateway.work_gate import WorkGate
+from gateway.work_gate import LARGE_BYTES, WorkGate
 from gateway.worker_watch import WorkerWatch
 
 log = logging.getLogger("warmfleet.gateway")
@@ -118,8 +118,9 @@ class Gateway:
         sock = http_socket(listen.host, listen.http_port)
         ctx = HttpContext(self.core, self.jobs, self.keys, self.model_names, listen.max_body_bytes)
         operator = Operator(self.core, self.keys, self.sampler)
+        app = NoteLargeBodies(build_app(ctx, operator, listen.max_streams), self.trimmer.note)
         config = uvicorn.Config(
-            build_app(ctx, operator, listen.max_streams),
+            app,
             log_level="warning",
             lifespan="off",
             # connections, idle ones too: past these uvicorn answers 503 itself
@@ -128,6 +129,7 @@ class Gateway:
         )
         self._http = _Uvicorn(config)
         self._http_task = asyncio.ensure_future(self._http.serve(sockets=[sock]))
+        freeze_startup()
         return grpc_port, sock.getsockname()[1]
 
     async def stop(self, grace_s: float) -> None:
@@ -151,8 +153,8 @@ class Gateway:
 
         def check(num_bytes: int) -> str | None:
             why = bounds.check_request(num_bytes)
-            if why is not None:
-                self.trimmer.note()  # its bytes are freed once refused
+            if why is not None or num_bytes >= LARGE_BYTES:
+                self.trimmer.note()  # its bytes are freed once refused or read
             return why
 
         return {f"/{SERVICE_NAME}/Generate": check}

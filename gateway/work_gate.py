@@ -64,7 +64,10 @@ class WorkGate:
             raise
         # the slot frees when the work ends, not when a caller that went away stops waiting
         work.add_done_callback(lambda _: _call_soon(loop, self._ended, size))
-        return await asyncio.wrap_future(work)
+        try:
+            return await asyncio.wrap_future(work)
+        finally:  # the future holds fn's error, whose traceback holds this frame: a cycle
+            del work  # that kept a refused prompt's input alive until a full collection
 
     def _ended(self, size: int) -> None:
         self._slots.release()
