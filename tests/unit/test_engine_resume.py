@@ -61,7 +61,9 @@ def test_a_resumed_run_writes_the_same_text_and_stops_at_the_same_string(
         again = Request("r", PROMPTS["b"], sampling, generated=ids[:cut])
         rest = Engine(tiny_model).generate([again])["r"]
         assert [(o.token_ids, o.text) for o in rest] == [(o.token_ids, o.text) for o in whole[cut:]]
-        assert rest[-1].completion == replace(whole[-1].completion, **timings(rest[-1].completion))
+        assert collect(rest).completion == replace(
+            collect(whole).completion, **timings(collect(rest).completion)
+        )
 
 
 def timings(c: Completion) -> dict[str, float | int]:
