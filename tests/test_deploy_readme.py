@@ -1,6 +1,7 @@
-"""README.md's "Deploy on a GB10" against the compose files it describes: every command it
-gives runs a real subcommand in a real service, every address it gives is a port that
-service publishes, every file it names exists (files only; no Docker engine)."""
+"""docs/deploy.md against the compose files it describes: every command it gives runs a real
+subcommand in a real service, every address it gives is a port that service publishes, every
+file it names exists; the README's short version gives only the page's steps (files only; no
+Docker engine)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from tests.compose_files import (
 )
 from warmfleet.cli import build_parser
 
-SECTION = "## Deploy on a GB10"
+PAGE = "docs/deploy.md"
+README_SECTION = "## Deploy on a GB10"
 URL = re.compile(r"http://BOX:(\d+)(/[\w/.-]*)?")
 # the .env setting of each port an address may name, and the service that publishes it
 PORT_OWNERS = {"GATEWAY_HTTP_PORT": "gateway", "GRAFANA_PORT": "grafana",
@@ -31,15 +33,19 @@ MADE_BY_THE_STEPS = {"deploy/.env"}  # cp .env.example .env
 
 
 def section() -> str:
+    return (REPO / PAGE).read_text()
+
+
+def readme_section() -> str:
     text = (REPO / "README.md").read_text()
-    start = text.index(f"\n{SECTION}\n")
+    start = text.index(f"\n{README_SECTION}\n")
     end = text.index("\n## ", start + 1)
     return text[start:end]
 
 
-def shell_lines() -> list[str]:
-    """The lines of the section's ```sh blocks, comments off."""
-    blocks = re.findall(r"```sh\n(.*?)```", section(), re.DOTALL)
+def shell_lines(text: str | None = None) -> list[str]:
+    """The lines of the ```sh blocks (the page's by default), comments off."""
+    blocks = re.findall(r"```sh\n(.*?)```", section() if text is None else text, re.DOTALL)
     return [line.split("#")[0].strip() for b in blocks for line in b.splitlines() if line.strip()]
 
 
@@ -120,3 +126,11 @@ def test_each_named_address_is_that_service_s_port() -> None:
     assert {what for what, _ in named} == set(owners)
     for what, port in named:
         assert published()[int(port)][0] == owners[what], what
+
+
+def test_the_readme_s_short_version_gives_the_page_s_steps_and_links_it() -> None:
+    readme = readme_section()
+    lines = shell_lines(readme)
+    assert "docker compose up -d" in lines
+    assert set(lines) <= set(shell_lines()), set(lines) - set(shell_lines())
+    assert f"]({PAGE})" in readme
