@@ -4,9 +4,9 @@ tokens. Shared by bench.multi_agent (gRPC) and bench.agents (OpenAI API)."""
 
 from __future__ import annotations
 
-from engine.chat import render_chat
-from engine.gguf_file import open_gguf, read_metadata
-from engine.tokenizer import Tokenizer
+from engine.text.chat import render_chat
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.tokenizer import Tokenizer
 from warmfleet.models import resolve_model
 
 TOPICS = ["a parser", "a cache", "a scheduler", "a file system", "a compiler", "a database",

@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from bench.table import print_table
-from engine.attention import AttentionPlan, _paged_rows_kernel, paged_attention
-from engine.kernels import SMALL_ROWS
+from engine.ops.attention import AttentionPlan, _paged_rows_kernel, paged_attention
+from engine.ops.kernels import SMALL_ROWS
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 16
 CHUNKS = ((0, 256), (444, 256), (1900, 64), (0, 512))  # (start position, rows)

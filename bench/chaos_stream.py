@@ -15,11 +15,11 @@ import grpc
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
 from common.v1 import inference_pb2_grpc
-from engine.chat import render_chat
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from engine.text.chat import render_chat
 
 OK = "OK"
 HUNG = "HUNG"  # past its deadline: the call's DEADLINE_EXCEEDED, or no end at all

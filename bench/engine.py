@@ -34,7 +34,7 @@ from bench.engine_measure import (
 from bench.engine_rows import Notes, describe, floor_lines, memory_lines, speed_lines, table
 from bench.table import print_table
 from engine.device import set_threads
-from engine.weights import WEIGHT_MODES
+from engine.loader.weights import WEIGHT_MODES
 from warmfleet.models import resolve_model
 
 DEVICES = ("cpu", "mlx")  # the table's column order

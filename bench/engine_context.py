@@ -58,8 +58,8 @@ def measure_llamacpp(context: int, steps: int) -> float:
     """llama.cpp's single-stream decode tokens/s `context` tokens deep (one thread per core,
     or OMP_NUM_THREADS)."""
     from bench.llamacpp import decode_rate_at
-    from engine.gguf_file import open_gguf, read_metadata
-    from engine.tokenizer import Tokenizer
+    from engine.text.gguf_file import open_gguf, read_metadata
+    from engine.text.tokenizer import Tokenizer
     from warmfleet.models import resolve_model
 
     path = resolve_model(None)

@@ -16,8 +16,8 @@ from bench.llamacpp import llamacpp_available, measure_llamacpp
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.kernels import SMALL_ROWS
 from engine.model import Model
+from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
 
 TEXT = (

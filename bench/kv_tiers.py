@@ -40,11 +40,11 @@ from bench.kv_tiers_session import (
     turn,
 )
 from bench.table import print_table
-from engine.chat import render_chat
-from engine.config import ModelConfig
-from engine.gguf_file import open_gguf, read_metadata
-from engine.kv_pool import BLOCK_TOKENS
-from engine.tokenizer import Tokenizer
+from engine.kv.kv_pool import BLOCK_TOKENS
+from engine.text.chat import render_chat
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import ModelConfig
-from engine.spill_file import SpilledKV, SpillStore
+from engine.kv_files.spill_file import SpilledKV, SpillStore
+from engine.text.model_config import ModelConfig
 
 
 def drop_page_cache(paths: Sequence[Path]) -> str:

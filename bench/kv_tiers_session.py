@@ -11,8 +11,8 @@ from pathlib import Path
 
 from bench.kv_tiers_disk import drop_page_cache, resident_bytes
 from common.v1 import inference_pb2 as pb
-from engine.chat import render_chat
-from engine.tokenizer import Tokenizer
+from engine.text.chat import render_chat
+from engine.text.tokenizer import Tokenizer
 from warmfleet.client import Client, collect
 
 MAX_TOKENS = 4

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from bench.agent_prompts import system_prompt
 from bench.table import print_table
-from engine.gguf_file import open_gguf, read_metadata
-from engine.tokenizer import Tokenizer
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.tokenizer import Tokenizer
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster

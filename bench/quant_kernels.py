@@ -19,10 +19,10 @@ import numpy as np
 
 from bench.table import print_table
 from engine.device import set_threads
-from engine.kernels import matmul_t
 from engine.model import Model
-from engine.quant import Kernels, fallback, native
-from engine.quant.matrix import QuantMatrix
+from engine.ops.kernels import matmul_t
+from engine.ops.quant import Kernels, fallback, native
+from engine.ops.quant.matrix import QuantMatrix
 from warmfleet.models import resolve_model
 
 ROWS = (1, 2, 4, 8, 16, 32)

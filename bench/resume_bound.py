@@ -29,14 +29,15 @@ import numpy as np
 from bench.kv_tiers_session import MAX_TOKENS, QUESTIONS, long_text
 from bench.table import print_table
 from common.sampling import SamplingParams
-from engine.attention import AttentionPlan, paged_attention
-from engine.chat import render_chat
-from engine.config import EngineConfig, ModelConfig
+from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.kernels import matmul_t
-from engine.kv_pool import BLOCK_TOKENS
+from engine.kv.kv_pool import BLOCK_TOKENS
 from engine.model import Model
+from engine.ops.attention import AttentionPlan, paged_attention
+from engine.ops.kernels import matmul_t
 from engine.sequence import Request
+from engine.text.chat import render_chat
+from engine.text.model_config import ModelConfig
 from warmfleet.models import resolve_model
 
 Messages = list[dict[str, str]]

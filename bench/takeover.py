@@ -25,10 +25,10 @@ from bench.table import print_table
 from broker import codec, keys
 from broker.messages import Completion, JobError, TokenChunk
 from common.sampling import SamplingParams
-from engine.chat import render_chat
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from engine.text.chat import render_chat
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster

@@ -1,16 +1,3 @@
-"""Model runtime: GGUF loading, tokenizer, forward pass, batch-first engine. No Redis, no gRPC.
-
-Two thread pools share the cores: OpenBLAS's (long prefill chunks, unless the quantized C
-kernels take them: Kernels.every_row) and OpenMP's (the C and Numba kernels). A step that mixes both
-calls them in turn, layer after layer, and each pool's idle threads spin after a call:
-OpenBLAS's by default for about 2^28 cycles, which took a core from the kernels for every
-call and made a mixed step up to three times slower (bench/RESULTS.md, issue 12). Both are
-told to sleep almost at once, before NumPy and Numba load their libraries; a value set in
-the environment wins. Waking a sleeping thread costs ~0.3-0.5 ms on a VM, which is why
-quantized weights with the C kernels on AVX-512 keep prefill off BLAS altogether.
-"""
-
-import os
-
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")  # spin 2^12 cycles, then sleep
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # OpenMP's default is 300,000
+"""The model runtime, knows nothing of Redis or gRPC, in packages by what each process needs:
+`text` (the gateway), `kv_files` (the kvstore), and for the worker the rest (ARCHITECTURE.md).
+Importing it does nothing else: a process that computes sets its threads (thread_env.py)."""

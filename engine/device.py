@@ -14,7 +14,7 @@ from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from common.enums import DEVICES
 from common.errors import InvalidRequestError
-from engine import kernels
+from engine.ops import kernels
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 

@@ -11,19 +11,19 @@ import numpy as np
 from common.enums import FinishReason
 from common.errors import InvalidRequestError
 from common.sampling import SamplingParams
-from engine.blocks import PoolExhaustedError, common_prefix_len
 from engine.config import EngineConfig
-from engine.detokenizer import StreamDecoder
-from engine.kv_pool import PagedKV, detach
+from engine.kv.blocks import PoolExhaustedError, common_prefix_len
+from engine.kv.kv_pool import PagedKV, detach
+from engine.kv.session_pool import SessionPool
+from engine.kv_files.spill_file import SpilledKV
 from engine.model import Model
 from engine.runner import ModelRunner
 from engine.sampling import make_rng, sample
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Completion, Request, Sequence, SequenceStatus
-from engine.session_pool import SessionPool
-from engine.spill_file import SpilledKV
 from engine.step_cost import StepCost
-from engine.text_stream import TextStream
+from engine.text.detokenizer import StreamDecoder
+from engine.text.text_stream import TextStream
 
 log = logging.getLogger("warmfleet.engine")
 

@@ -1,4 +1,5 @@
-"""A loaded model: config, weights on the device, rope tables, tokenizer and fingerprint."""
+"""A loaded model: config, family, weights on the device, rope tables, tokenizer and
+fingerprint."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import ModelConfig
 from engine.device import array_module, compute_dtype, on_mlx, to_host
-from engine.forward import RopeTables, Segment, forward
-from engine.gguf_file import open_gguf, read_metadata
-from engine.kv_pool import KVPool
-from engine.rope import frequency_divisors
-from engine.tokenizer import Tokenizer
-from engine.weights import Weights, fingerprint, load_weights
+from engine.forward import forward
+from engine.kv.kv_pool import KVPool
+from engine.loader.rope import frequency_divisors
+from engine.loader.weights import Weights, fingerprint, load_weights
+from engine.models.families import family_for
+from engine.models.family import Family
+from engine.step import RopeTables, Segment
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 
 
 def release_freed_memory() -> None:
@@ -32,6 +36,7 @@ def release_freed_memory() -> None:
 class Model:
     path: Path
     config: ModelConfig
+    family: Family  # the architecture's layer and what it loads (engine/models)
     weights: Weights
     rope: RopeTables
     tokenizer: Tokenizer
@@ -48,11 +53,13 @@ class Model:
         dtype: str = "float32",
         weights: str = "auto",
     ) -> Model:
-        """Read and check a GGUF llama-family file; its matrices kept quantized or
-        dequantized as `weights` says (auto|quantized|float32); named errors on bad input."""
+        """Read and check a GGUF file of a family the engine runs (engine/models); its
+        matrices kept quantized or dequantized as `weights` says (auto|quantized|float32);
+        named errors on bad input."""
         xp, np_dtype = array_module(device), compute_dtype(dtype)
         reader = open_gguf(path)
         meta = read_metadata(reader)
+        family = family_for(meta.get("general.architecture"))
         config = ModelConfig.from_metadata(meta)
         tokenizer = Tokenizer.from_metadata(meta)
         divisors = frequency_divisors(reader, config)
@@ -60,14 +67,15 @@ class Model:
             from engine.mlx_backend.forward import rope_tables
             from engine.mlx_backend.weights import load_mlx_weights
 
-            loaded = load_mlx_weights(reader, config, np_dtype, weights)
+            loaded = load_mlx_weights(reader, config, family.tensors, np_dtype, weights)
             rope = rope_tables(config, np_dtype, divisors)
         else:
-            loaded = load_weights(reader, config, np_dtype, xp, weights)
+            loaded = load_weights(reader, config, family.tensors, np_dtype, xp, weights)
             rope = RopeTables.build(config, np_dtype, xp, divisors)
         model = cls(
             path=Path(path),
             config=config,
+            family=family,
             weights=loaded,
             rope=rope,
             tokenizer=tokenizer,
@@ -103,10 +111,10 @@ class Model:
             from engine.mlx_backend.kv_pool import MLXKVPool
 
             assert isinstance(pool, MLXKVPool)
-            return mlx_forward(self.weights, self.config, self.rope, pool, tokens, positions,
-                               segments)  # fmt: skip
+            return mlx_forward(self.weights, self.config, self.family, self.rope, pool, tokens,
+                               positions, segments)  # fmt: skip
         xp = self.xp
-        logits = forward(self.weights, self.config, self.rope, pool,
+        logits = forward(self.weights, self.config, self.family, self.rope, pool,
                          xp.asarray(tokens, dtype=xp.int64),
                          xp.asarray(positions, dtype=xp.int64), segments, xp)  # fmt: skip
         return to_host(logits).astype(np.float32, copy=False)

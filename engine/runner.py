@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.device import threads_for_step
-from engine.forward import Segment
-from engine.kv_pool import KVPool
+from engine.kv.kv_pool import KVPool
 from engine.model import Model
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+from engine.step import Segment
 
 
 class ModelRunner:

@@ -10,8 +10,8 @@ import numpy as np
 
 from common.enums import FinishReason
 from common.sampling import SamplingParams
-from engine.kv_pool import PagedKV
-from engine.text_stream import TextStream
+from engine.kv.kv_pool import PagedKV
+from engine.text.text_stream import TextStream
 
 
 class SequenceStatus(enum.Enum):

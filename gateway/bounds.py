@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.errors import PromptTooLargeError, PromptTooLongError
-from engine.config import ModelConfig
-from engine.tokenizer import Tokenizer
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 
 # What a Generate request carries besides its text: a chat message's framing (tags, lengths,
 # role) each, and the rest (stop strings, session id, sampling fields) in all.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.errors import InvalidRequestError
-from engine.chat_tools import Message, check_tools
+from engine.text.chat_tools import Message, check_tools
 from gateway.http_request import Body, get, joined_text, json_arguments
 
 

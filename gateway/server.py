@@ -20,8 +20,8 @@ from broker.results_hub import ResultsHub
 from common.grpc_guard import RequestGuard, SizeCheck
 from common.grpc_serve import serve_async
 from common.v1 import inference_pb2, inference_pb2_grpc
-from engine.config import ModelConfig
-from engine.tokenizer import Tokenizer
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 from gateway.auth import KeyRing
 from gateway.core import GatewayConfig, GatewayCore
 from gateway.dashboard import Operator

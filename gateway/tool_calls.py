@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chat_tools import CALL_CLOSE, CALL_OPEN
+from engine.text.chat_tools import CALL_CLOSE, CALL_OPEN
 from gateway.json_checks import problem
 
 
@@ -83,7 +83,7 @@ class ToolCallScanner:
 
     @classmethod
     def offering(cls, tools: list[dict[str, Any]] | None) -> ToolCallScanner:
-        """The scanner for a request's tools (engine/chat_tools.py's form; None: none)."""
+        """The scanner for a request's tools (engine/text/chat_tools.py's form; None: none)."""
         return cls(frozenset(t["function"]["name"] for t in tools or ()))
 
     def feed(self, text: str) -> list[Piece]:

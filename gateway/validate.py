@@ -15,9 +15,9 @@ from common.enums import Priority
 from common.errors import InvalidRequestError, PromptTooLargeError
 from common.ids import check_session_id
 from common.sampling import SamplingParams
-from engine.chat import render_chat, validate_messages
-from engine.config import ModelConfig
-from engine.tokenizer import Tokenizer
+from engine.text.chat import render_chat, validate_messages
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 from gateway.bounds import InputBounds
 from gateway.work_gate import WorkGate
 
@@ -27,7 +27,7 @@ DEFAULT_MAX_TOKENS = 256
 @dataclass(frozen=True, slots=True)
 class GenerateInput:
     """What a client asked for, whatever API it spoke; exactly one of messages, prompt and
-    token_ids. `tools`: the functions offered, with messages (engine/chat_tools.py's form).
+    token_ids. `tools`: the functions offered, with messages (engine/text/chat_tools.py's form).
     Sampling fields left None take their defaults."""
 
     session_id: str = ""

@@ -7,8 +7,8 @@ import logging
 import time
 from pathlib import Path
 
-from engine.block_file import block_path, sweep
-from engine.spill_file import BLOCKS_DIR, read_summary, spill_path
+from engine.kv_files.block_file import block_path, sweep
+from engine.kv_files.spill_file import BLOCKS_DIR, read_summary, spill_path
 
 log = logging.getLogger("warmfleet.kvstore")
 SWEEP_S = 30.0  # how often the directory is swept

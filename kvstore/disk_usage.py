@@ -4,7 +4,7 @@ and every block some of them list, once however many list it."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 # file_blocks(key) -> (bytes of the session's own file, {block hash: bytes}), or None when
 # there is no such file to read (then the record's own size stands for it)
@@ -46,3 +46,17 @@ class DiskUsage:
             if self._refs[h] == 0:
                 del self._refs[h]
                 self.used -= self._block_bytes.pop(h)
+
+    def used_after_removing(self, keys: Iterable[str]) -> Iterator[int]:
+        """`used` as it would be after removing each of `keys` (sessions on disk) in turn;
+        nothing is removed."""
+        removed: Counter[str] = Counter()
+        used = self.used
+        for key in keys:
+            own, blocks = self._files[key]
+            used -= own
+            for h in blocks:
+                removed[h] += 1
+                if removed[h] == self._refs[h]:
+                    used -= self._block_bytes[h]
+            yield used

@@ -15,7 +15,6 @@ from common.ids import check_tenant, require_session_id
 from common.pb_maps import tier_pb
 from common.v1 import kvstore_pb2 as pb
 from common.v1 import kvstore_pb2_grpc
-from kvstore import usage
 from kvstore.service import KVStore
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
@@ -42,7 +41,7 @@ class KVStoreService(kvstore_pb2_grpc.KVStoreServicer):
 
     def GetUsage(self, request: pb.GetUsageRequest, context: grpc.ServicerContext) -> pb.KVUsage:
         try:
-            return usage.build(self.store)
+            return self.store.usage()
         except redis.RedisError as e:
             fail(context, UnavailableError(f"redis: {e}"))
 

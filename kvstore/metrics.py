@@ -13,7 +13,6 @@ from prometheus_client.registry import Collector
 
 from common import prom
 from common.prom import sample
-from kvstore import usage
 from kvstore.service import KVStore
 
 
@@ -28,7 +27,7 @@ class KVStoreMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            report = usage.build(self.store)
+            report = self.store.usage()
         except redis.RedisError:
             return  # Redis is down: a scrape with no samples says so (the part is up)
         tiers = GaugeMetricFamily(

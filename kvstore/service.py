@@ -34,7 +34,8 @@ from broker.records import SessionRecord
 from broker.streams import ensure_group
 from common.backoff import Backoff
 from common.errors import ProtocolError
-from engine.spill_file import spill_path
+from common.v1 import kvstore_pb2 as pb
+from engine.kv_files.spill_file import spill_path
 from kvstore import usage
 from kvstore.disk_sweep import DiskSweep
 from kvstore.effects import Effects, Order
@@ -101,10 +102,10 @@ class KVStore:
         reports = Effects(orders=[Order(w, report) for w in sorted(self.index.alive)])
         self.writer.commit(reports, [])
         self._started = True
-        counts = self.index.tier_counts()
+        counts = self.index.table.tier_counts()
         log.info(
             "index: %d sessions (%s); %d live workers; spill dir %s",
-            len(self.index.records),
+            len(self.index.table.records),
             ", ".join(f"{n} {t}" for t, n in counts.items()),
             len(self.index.alive),
             self.spill_dir,
@@ -194,7 +195,7 @@ class KVStore:
                 fx.merge(self.index.apply(item))
         self.writer.commit(fx, [entry_id for entry_id, _ in entries])
         if refreshed:  # for dashboards, which need not reach the kvstore's gRPC port
-            report = usage.to_json(usage.build(self))
+            report = usage.to_json(self.usage())
             self.r.set(keys.KV_USAGE, report, px=int(HEARTBEAT_TTL_S * 1000))
         return len(entries)
 
@@ -222,9 +223,8 @@ class KVStore:
         with self.lock:
             self.statuses = statuses
             budgets = {w: int(s.get("warm_budget", 0)) for w, s in statuses.items()}
-            for w, status in statuses.items():  # until its next event says it
-                self.index.warm_held.setdefault(w, int(status.get("pool_bytes", 0)))
-            return self.index.set_workers(budgets, ask_returned=self._started)
+            pool = {w: int(s.get("pool_bytes", 0)) for w, s in statuses.items()}
+            return self.index.set_workers(budgets, ask_returned=self._started, pool_bytes=pool)
 
     # ---- effects ------------------------------------------------------------------
 
@@ -243,7 +243,14 @@ class KVStore:
             return None
         return st.st_size, st.st_mtime_ns
 
-    # ---- reading (for the gRPC service) ---------------------------------------------
+    # ---- reading (for the gRPC service and the metrics) -------------------------------
+
+    def usage(self) -> pb.KVUsage:
+        """The usage report now (raises redis.RedisError: the counters and backlog are read
+        from Redis)."""
+        counters, behind = self.counters(), self.events_behind()
+        with self.lock:
+            return usage.build(self.index, self.statuses, self.spill_dir, counters, behind)
 
     def counters(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.r.hgetall(keys.KV_STATS).items()}

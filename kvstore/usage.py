@@ -1,44 +1,47 @@
 """The kvstore's usage report (`KVStore.GetUsage`): per-worker warm bytes against their
-budgets, the disk against its budget, sessions per tier, counters. Built in one place for
-the gRPC service, the copy published in Redis for dashboards (`wf:kv:usage`) and the
-Prometheus metrics."""
+budgets, the disk against its budget, sessions per tier, counters. Built in one place
+(`KVStore.usage` calls it) for the gRPC service, the copy published in Redis for dashboards
+(`wf:kv:usage`) and the Prometheus metrics, from the index's public state."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import Message
 
 from common.enums import Tier
 from common.v1 import kvstore_pb2 as pb
-
-if TYPE_CHECKING:
-    from kvstore.service import KVStore
+from kvstore.index import ResidencyIndex
 
 COUNTERS = [f.name for f in pb.KVCounters.DESCRIPTOR.fields]
 
 
-def build(store: KVStore) -> pb.KVUsage:
-    """Usage now (raises redis.RedisError: the counters and backlog are read from Redis)."""
-    counters, behind = store.counters(), store.events_behind()
-    index = store.index
-    with store.lock:
-        workers = sorted(set(store.statuses) | {r.worker for r in index.records.values()})
-        usage = [_worker(store, w) for w in workers if w]
-        tiers = index.tier_counts()
-        disk = pb.DiskUsage(
-            spill_dir=str(store.spill_dir),
-            used_bytes=index.disk_used,
-            budget_bytes=index.disk_budget or 0,
-            num_files=tiers["disk"],
-        )
+def build(
+    index: ResidencyIndex,
+    statuses: dict[str, dict[str, Any]],
+    spill_dir: Path,
+    counters: dict[str, int],
+    events_behind: int,
+) -> pb.KVUsage:
+    """The report of `index` (not changed meanwhile), the workers' heartbeats (`statuses`),
+    the spill directory, the counters and the events not yet applied."""
+    table = index.table
+    workers = sorted(set(statuses) | {r.worker for r in table.records.values()})
+    tiers = table.tier_counts()
+    disk = pb.DiskUsage(
+        spill_dir=str(spill_dir),
+        used_bytes=table.disk.used,
+        budget_bytes=index.disk_budget or 0,
+        num_files=tiers["disk"],
+    )
     return pb.KVUsage(
-        workers=usage,
+        workers=[_worker(index, w, statuses.get(w, {})) for w in workers if w],
         disk=disk,
         tiers=pb.TierCounts(**tiers),
         counters=pb.KVCounters(**{f: counters.get(f, 0) for f in COUNTERS}),
-        events_behind=behind,
+        events_behind=events_behind,
     )
 
 
@@ -60,9 +63,8 @@ def _as_dict(message: Message) -> dict[str, Any]:
     return out
 
 
-def _worker(store: KVStore, worker: str) -> pb.WorkerUsage:
-    index, status = store.index, store.statuses.get(worker, {})
-    records = [index.records[k] for k in index.on_worker(worker)]
+def _worker(index: ResidencyIndex, worker: str, status: dict[str, Any]) -> pb.WorkerUsage:
+    records = [index.table.records[k] for k in index.table.on_worker(worker)]
 
     def of(tier: str) -> list[int]:
         return [r.nbytes for r in records if r.tier == tier]
@@ -72,7 +74,7 @@ def _worker(store: KVStore, worker: str) -> pb.WorkerUsage:
         alive=worker in index.alive,
         pool_bytes=int(status.get("pool_bytes", 0)),
         warm_budget_bytes=index.budgets.get(worker, 0),
-        warm_bytes=index.warm_bytes(worker),
+        warm_bytes=index.table.warm_bytes(worker),
         spilling_bytes=sum(of(Tier.SPILLING)),
         num_hot=len(of(Tier.HOT)),
         num_warm=len(of(Tier.WARM)),

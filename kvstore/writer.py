@@ -18,7 +18,7 @@ from redis.client import Pipeline
 from broker import codec, keys
 from broker.kv_commands import REPLY_TTL_S
 from broker.messages import AnswerStatus, CommandAnswer
-from engine.spill_file import read_summary, spill_path
+from engine.kv_files.spill_file import read_summary, spill_path
 from kvstore.disk_sweep import DiskSweep
 from kvstore.effects import Effects
 

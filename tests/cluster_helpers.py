@@ -19,10 +19,10 @@ from broker import keys
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
 from common.v1 import kvstore_pb2 as kvpb
-from engine.chat import render_chat
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from engine.text.chat import render_chat
 from gateway.auth import hash_key
 from warmfleet.client import Client, KVStoreClient, Reply
 from warmfleet.cluster_config import ClusterConfig

@@ -10,8 +10,8 @@ import redis as redis_lib
 from broker import keys
 from common.v1 import inference_pb2 as pb
 from common.v1 import kvstore_pb2 as kvpb
+from engine.kv_files.spill_file import SpillStore, read_summary
 from engine.model import Model
-from engine.spill_file import SpillStore, read_summary
 from tests.cluster_helpers import records, settle, worker_status
 from warmfleet.client import KVStoreClient
 from warmfleet.launcher import Cluster

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.forward import Segment
-from engine.kv_pool import KVPool, PagedKV
+from engine.kv.kv_pool import KVPool, PagedKV
 from engine.model import Model
+from engine.step import Segment
 
 TEST_POOL_TOKENS = 1 << 15  # positions one test model's pool holds
 

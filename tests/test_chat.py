@@ -5,7 +5,7 @@ import json
 import pytest
 
 from common.errors import InvalidRequestError
-from engine.chat import render_chat
+from engine.text.chat import render_chat
 
 # tokenizer.chat_template of SmolLM2-135M-Instruct.Q4_1.gguf.
 CHATML = (

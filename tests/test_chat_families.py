@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from common.errors import InvalidRequestError
-from engine.chat import render_chat
-from engine.tokenizer import Tokenizer
+from engine.text.chat import render_chat
+from engine.text.tokenizer import Tokenizer
 from tests.conftest import FIXTURES
 from tests.tiny_families import family_vocab
 

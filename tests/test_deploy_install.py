@@ -65,7 +65,8 @@ def test_the_cpu_image_s_install_steps_give_a_working_warmfleet(tmp_path: Path) 
     assert installed("warmfleet", "--version").startswith("warmfleet ")
     assert "{grpc,worker}" in installed("warmfleet", "health", "--help")
     packaged = installed(
-        "python", "-c", "import engine.native as n, gateway, pathlib; "
+        "python", "-c", "import engine.ops.native as n, gateway, pathlib; "
         "print(len(n.SOURCES), (pathlib.Path(gateway.__file__).parent / 'static').is_dir())",
     )  # fmt: skip
-    assert packaged.split() == [str(len(list((REPO / "engine" / "csrc").glob("*.c")))), "True"]
+    sources = list((REPO / "engine" / "ops" / "csrc").glob("*.c"))
+    assert packaged.split() == [str(len(sources)), "True"]

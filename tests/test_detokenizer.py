@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from engine.detokenizer import StreamDecoder
-from engine.tokenizer import Tokenizer
+from engine.text.detokenizer import StreamDecoder
+from engine.text.tokenizer import Tokenizer
 
 
 def gpt2_byte_chars() -> list[str]:

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from common.sampling import SamplingParams
-from engine.chat import render_chat
 from engine.engine import Engine, StepOutput
-from engine.kernels import SMALL_ROWS
 from engine.model import Model
+from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
+from engine.text.chat import render_chat
 from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES
 

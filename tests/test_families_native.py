@@ -1,6 +1,6 @@
 """The families' tiny models with quantized layers (tests/tiny_families.py) on the CPU's
-fastest path: all layers of a step in one C call (engine/native_layers.py, layers.c) give
-the bits of forward.py's per-op loop, and a batch of 16 gives each prompt its bits alone.
+fastest path: all layers of a step in one C call (engine/ops/native_layers.py, layers.c) give
+the bits of the family's layer op by op, and a batch of 16 gives each prompt its bits alone.
 Qwen 3's shape is the one here the C call had not seen: a q wider than the embedding and
 each head's q and k normed before rope."""
 
@@ -13,10 +13,10 @@ import gguf
 import numpy as np
 import pytest
 
-from engine import native
-from engine.kernels import SMALL_ROWS
 from engine.model import Model
-from engine.native_layers import NativeLayers, native_layers
+from engine.ops import native
+from engine.ops.kernels import SMALL_ROWS
+from engine.ops.native_layers import NativeLayers, native_layers
 from tests.batch_invariance import check, compositions
 from tests.paged import new_kv, pool_of, run_segments, step
 from tests.tiny_families import write_tiny

@@ -14,8 +14,8 @@ import pytest
 from common.sampling import SamplingParams
 from engine.device import cupy_with_gpu
 from engine.engine import Engine
-from engine.kernels import SMALL_ROWS
 from engine.model import Model
+from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
 from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES

@@ -22,8 +22,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 from broker import keys
 from common.v1 import inference_pb2 as pb
 from common.v1 import inference_pb2_grpc
-from engine.gguf_file import open_gguf, read_metadata
-from engine.tokenizer import Tokenizer
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.tokenizer import Tokenizer
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
 from tests.cluster_helpers import wait_for
 from warmfleet.client import Client, build_request, collect

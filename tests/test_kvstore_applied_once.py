@@ -77,7 +77,7 @@ def test_a_batch_applied_but_not_acknowledged_is_applied_once_by_the_next_kvstor
     ids = spill_events(decoded)
     in_flight: list[tuple[Effects, list[str]]] = []
     killed_in_step(first, in_flight, monkeypatch)
-    assert sorted(first.index.records) == [f"local/{sid}" for sid in SESSIONS]  # applied
+    assert sorted(first.index.table.records) == [f"local/{sid}" for sid in SESSIONS]  # applied
     assert decoded.hget(keys.KV_STATS, "spills") is None  # and nothing of it written
     assert decoded.xpending(keys.KV_EVENTS, keys.KV_GROUP)["pending"] == len(ids)
     started(decoded, tmp_path)  # reads the pending batch again
@@ -122,5 +122,5 @@ def test_a_restart_between_the_killed_kvstores_check_and_its_exec_aborts_it(
     in_redis = {
         f"local/{sid}": decoded.hget(keys.session_key("local", sid), "tier") for sid in SESSIONS
     }
-    assert {k: str(r.tier) for k, r in first.index.records.items()} == in_redis
+    assert {k: str(r.tier) for k, r in first.index.table.records.items()} == in_redis
     assert set(in_redis.values()) == {"gone"}

@@ -13,8 +13,8 @@ import redis as redis_lib
 
 from broker import keys
 from common.v1 import inference_pb2 as pb
+from engine.kv_files.spill_file import read_summary
 from engine.model import Model
-from engine.spill_file import read_summary
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
 from tests.cluster_helpers import (
     TENANT,

@@ -15,12 +15,12 @@ import pytest
 from broker.keys import cache_key
 from common.errors import SpillFileError
 from common.sampling import SamplingParams
-from engine.chat import render_chat
 from engine.engine import Engine, StepOutput
-from engine.kv_pool import PagedKV
+from engine.kv.kv_pool import PagedKV
+from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore, read_summary
 from engine.model import Model
 from engine.sequence import Request
-from engine.spill_file import FileSummary, SpilledKV, SpillStore, read_summary
+from engine.text.chat import render_chat
 from worker.spiller import Spiller
 
 pytestmark = pytest.mark.slow

@@ -17,9 +17,9 @@ from broker import keys
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
 from engine.engine import Engine
+from engine.kv_files.spill_file import read_summary, spill_path
 from engine.model import Model
 from engine.sequence import Request
-from engine.spill_file import read_summary, spill_path
 from tests.cluster_helpers import prompt_ids, settle, write_keys
 from warmfleet.client import Client, KVStoreClient, Reply
 from warmfleet.cluster_config import ClusterConfig

@@ -23,8 +23,8 @@ import redis as redis_lib
 
 from broker import keys
 from common.v1 import inference_pb2 as pb
-from engine.chat import render_chat
 from engine.model import Model
+from engine.text.chat import render_chat
 from tests.cluster_helpers import (
     Conversation,
     assert_exact,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
-from engine.chat import render_chat
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from engine.text.chat import render_chat
 from tests.conftest import FIXTURES
 from tests.paged import new_kv, run_segments
 from warmfleet.models import DEFAULT_MODEL_SHA256

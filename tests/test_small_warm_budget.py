@@ -11,8 +11,8 @@ import pytest
 import redis as redis_lib
 
 from common.v1 import inference_pb2 as pb
-from engine.chat import render_chat
 from engine.model import Model
+from engine.text.chat import render_chat
 from tests.cluster_helpers import (
     TOKEN_BYTES,
     Conversation,

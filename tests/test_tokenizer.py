@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import UnsupportedModelError
-from engine.gguf_file import open_gguf, read_metadata
-from engine.tokenizer import Tokenizer
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.tokenizer import Tokenizer
 from warmfleet.models import DEFAULT_MODEL_FILE, model_dir, pull_default_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_cases.json"

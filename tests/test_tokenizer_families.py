@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from common.errors import UnsupportedModelError
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from tests.tiny_families import FAMILIES, family_vocab
 
 BEGIN_OF_TEXT, END_OF_TEXT = 128000, 128001

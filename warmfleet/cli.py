@@ -16,6 +16,7 @@ from warmfleet import __version__
 # importing the engine
 COMMANDS = ("up", "chat", "gateway", "worker", "kvstore", "keys", "generate", "model", "top",
             "health", "doctor")  # fmt: skip
+COMPUTING = ("worker", "generate", "doctor")  # they run the model in this process
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,7 +38,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    if command in COMPUTING:  # before its module loads NumPy and Numba; the others never do
+        from engine.thread_env import quiet_idle_threads
+
+        quiet_idle_threads()
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.run(args))
     except WarmfleetError as e:

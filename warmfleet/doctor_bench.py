@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.kv_pool import BLOCK_TOKENS
+from engine.kv.kv_pool import BLOCK_TOKENS
 from engine.model import Model
 from engine.sequence import Request
 

@@ -20,10 +20,10 @@ import numpy as np
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.forward import Segment
-from engine.kv_pool import BLOCK_TOKENS
+from engine.kv.kv_pool import BLOCK_TOKENS
 from engine.model import Model
 from engine.sequence import Request
+from engine.step import Segment
 
 # float32: the project's tolerance against transformers' float32 reference (tests/
 # test_reference.py). float16: 11 significant bits put a logit near 20 within +-0.008 by

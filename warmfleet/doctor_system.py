@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from engine import native
+from engine.ops import native
 from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.sizes import format_size
 

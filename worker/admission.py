@@ -13,7 +13,7 @@ from broker.leases import Delivery
 from broker.messages import EventKind, JobError, OrderOp
 from common.enums import Priority
 from common.errors import PromptTooLongError, WarmfleetError
-from engine.kv_pool import PagedKV
+from engine.kv.kv_pool import PagedKV
 from engine.sequence import Request
 from worker.residency import Ready, Residency
 from worker.state import InFlight, WorkerState

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from broker.leases import Delivery
 from broker.messages import ControlOrder, EventKind, GoneReason, Held, OrderOp, SessionEvent
-from engine.kv_pool import PagedKV, detach
-from engine.spill_file import SpilledKV
+from engine.kv.kv_pool import PagedKV, detach
+from engine.kv_files.spill_file import SpilledKV
 from worker.state import WorkerState, cache_key
 
 log = logging.getLogger("warmfleet.worker")

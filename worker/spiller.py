@@ -7,8 +7,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.errors import SpillFileError
+from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore
 from engine.model import Model
-from engine.spill_file import FileSummary, SpilledKV, SpillStore
 
 log = logging.getLogger("warmfleet.worker")
 RECLAIM_WAIT_S = 30.0  # longest wait for a write in flight when its session comes back

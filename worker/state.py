@@ -11,8 +11,8 @@ from broker.leases import Delivery
 from broker.messages import EventKind, GoneReason, Job, SessionEvent
 from broker.worker_broker import Outbox, WorkerBroker
 from engine.engine import Engine
-from engine.kv_pool import PagedKV
-from engine.spill_file import SpilledKV
+from engine.kv.kv_pool import PagedKV
+from engine.kv_files.spill_file import SpilledKV
 from worker.config import WorkerConfig
 from worker.spiller import Spiller
 

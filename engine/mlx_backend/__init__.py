@@ -2,9 +2,10 @@
 a Mac and on the CPU elsewhere (MLX's CPU build, which CI runs).
 
 `weights` maps GGUF blocks onto MLX's affine quantization, `kv_pool` keeps the paged KV
-pool in MLX arrays, `forward` runs the llama forward pass lazily and evaluates it once per
-step. Spill files are the same as on the other devices (the pool's keys and values pass
-through host memory), so a session spilled by one kind of worker restores on another.
+pool in MLX arrays, `forward` runs the model family's layers (engine/models) lazily and
+evaluates them once per step. Spill files are the same as on the other devices (the pool's
+keys and values pass through host memory), so a session spilled by one kind of worker
+restores on another.
 """
 
 from __future__ import annotations

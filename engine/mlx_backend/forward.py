@@ -1,6 +1,7 @@
-"""The llama forward pass on MLX over a flat batch of tokens from many sequences: the same
-inputs and results as engine/forward.py. MLX builds the step's graph lazily; it is
-evaluated once, at the end (the logits and the pool's new arrays together).
+"""The forward pass on MLX over a flat batch of tokens from many sequences: the model
+family's layer (engine/models) with the operations bound here, the same inputs and results
+as engine/forward.py. MLX builds the step's graph lazily; it is evaluated once, at the end
+(the logits and the pool's new arrays together).
 
 Attention: every segment of up to SMALL_ROWS tokens (decode rows, short prefill chunks)
 goes into one scaled_dot_product_attention call per layer, padded to the longest such
@@ -17,18 +18,19 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.config import ModelConfig
-from engine.forward import RopeTables, Segment
-from engine.kernels import SMALL_ROWS
+from engine.loader.weights import Weights
 from engine.mlx_backend import mx_dtype
 from engine.mlx_backend.kv_pool import MLXKVPool
-from engine.weights import LayerWeights, Weights
+from engine.models.family import Family
+from engine.ops.kernels import SMALL_ROWS
+from engine.step import RopeTables, Segment
+from engine.text.model_config import ModelConfig
 
 
 def rope_tables(
     config: ModelConfig, dtype: np.dtype[Any], divisors: np.ndarray | None = None
 ) -> RopeTables:
-    """engine/forward.py's tables (computed in float64 on the host) as MLX arrays."""
+    """engine/step.py's tables (computed in float64 on the host) as MLX arrays."""
     host = RopeTables.build(config, dtype, np, divisors)
     return RopeTables(cos=mx.array(host.cos), sin=mx.array(host.sin))
 
@@ -112,37 +114,54 @@ def _rope(x: Any, cos: Any, sin: Any) -> Any:
     return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
-def _attention_block(
-    x: Any, lw: LayerWeights, layer: int, config: ModelConfig, rope: tuple[Any, Any],
-    pool: MLXKVPool, plan: StepPlan,
-) -> Any:  # fmt: skip
-    n, hd, kvd, qd = x.shape[0], config.head_dim, config.kv_dim, config.q_dim
-    h = mx.fast.rms_norm(x, lw.attn_norm, config.rms_eps)
-    qkv = lw.wqkv.matmul(h)  # [N, q_dim + 2 * kv_dim]
-    if lw.bqkv is not None:
-        qkv = qkv + lw.bqkv
-    q = qkv[:, :qd].reshape(n, config.num_heads, hd)
-    k = qkv[:, qd : qd + kvd].reshape(n, config.num_kv_heads, hd)
-    if lw.q_norm is not None:  # Qwen 3: each head's q and k normed before rope
-        q = mx.fast.rms_norm(q, lw.q_norm, config.rms_eps)
-        k = mx.fast.rms_norm(k, lw.k_norm, config.rms_eps)
-    q, k = _rope(q, *rope), _rope(k, *rope)
-    v = qkv[:, qd + kvd :].reshape(n, config.num_kv_heads, hd)
-    pool.write(layer, plan.rows, k, v)  # this step's keys and values first
-    out = plan.attend(q, pool.k_layers[layer], pool.v_layers[layer], hd**-0.5)
-    return lw.wo.matmul(out)
+class MLXOps:
+    """The family layer's operations (engine.models.family.LayerOps) on MLX, bound to one
+    step: its rotation at each row's position, the pool and the attention calls."""
 
+    def __init__(
+        self, config: ModelConfig, rope: tuple[Any, Any], pool: MLXKVPool, plan: StepPlan
+    ) -> None:
+        self.config = config
+        self.rope = rope  # cos, sin [N, 1, D/2]
+        self.pool = pool
+        self.plan = plan
 
-def _mlp_block(x: Any, lw: LayerWeights, config: ModelConfig) -> Any:
-    h = mx.fast.rms_norm(x, lw.ffn_norm, config.rms_eps)
-    gate_up = lw.w_gate_up.matmul(h)  # [N, 2 * ffn]
-    gate, up = gate_up[:, : config.ffn_dim], gate_up[:, config.ffn_dim :]
-    return lw.w_down.matmul(gate * mx.sigmoid(gate) * up)
+    def norm(self, x: Any, weight: Any) -> Any:
+        return mx.fast.rms_norm(x, weight, self.config.rms_eps)
+
+    def matmul(self, x: Any, w: Any) -> Any:
+        return w.matmul(x)
+
+    def add_bias(self, qkv: Any, bias: Any) -> Any:
+        return qkv + bias
+
+    def head_norms(self, qkv: Any, q_norm: Any, k_norm: Any) -> Any:
+        c, n = self.config, qkv.shape[0]
+        qd, kvd, eps = c.q_dim, c.kv_dim, c.rms_eps
+        q = mx.fast.rms_norm(qkv[:, :qd].reshape(n, c.num_heads, c.head_dim), q_norm, eps)
+        k = qkv[:, qd : qd + kvd].reshape(n, c.num_kv_heads, c.head_dim)
+        k = mx.fast.rms_norm(k, k_norm, eps)
+        return mx.concatenate([q.reshape(n, qd), k.reshape(n, kvd), qkv[:, qd + kvd :]], axis=1)
+
+    def attend(self, qkv: Any, layer: int) -> Any:
+        c, n = self.config, qkv.shape[0]
+        hd, kvd, qd = c.head_dim, c.kv_dim, c.q_dim
+        q = _rope(qkv[:, :qd].reshape(n, c.num_heads, hd), *self.rope)
+        k = _rope(qkv[:, qd : qd + kvd].reshape(n, c.num_kv_heads, hd), *self.rope)
+        v = qkv[:, qd + kvd :].reshape(n, c.num_kv_heads, hd)
+        self.pool.write(layer, self.plan.rows, k, v)  # this step's keys and values first
+        pool = self.pool
+        return self.plan.attend(q, pool.k_layers[layer], pool.v_layers[layer], hd**-0.5)
+
+    def silu_mul(self, gate_up: Any) -> Any:
+        gate, up = gate_up[:, : self.config.ffn_dim], gate_up[:, self.config.ffn_dim :]
+        return gate * mx.sigmoid(gate) * up
 
 
 def forward(
     weights: Weights,
     config: ModelConfig,
+    family: Family,
     rope: RopeTables,
     pool: MLXKVPool,
     tokens: list[int],
@@ -156,9 +175,9 @@ def forward(
     tables = (rope.cos[pos][:, None, :], rope.sin[pos][:, None, :])
     x = weights.embed.rows(mx.array(np.asarray(tokens, dtype=np.int32)))
     x = x.astype(mx_dtype(pool.dtype))
+    ops = MLXOps(config, tables, pool, plan)
     for i, lw in enumerate(weights.layers):
-        x = x + _attention_block(x, lw, i, config, tables, pool, plan)
-        x = x + _mlp_block(x, lw, config)
+        x = family.layer(x, lw, i, ops)
     if not plan.last_rows.size:  # a prompt's first chunks (and MLX's CPU build dies on
         mx.eval(pool.k_layers, pool.v_layers)  # a quantized product of zero rows)
         return np.zeros((0, config.vocab_size), dtype=np.float32)

@@ -1,5 +1,5 @@
 """The paged KV pool in MLX arrays: the same blocks, block tables and sharing as
-engine/kv_pool.py, with another layout.
+engine/kv/kv_pool.py, with another layout.
 
 Each layer has its own keys array and values array [num_blocks * block, kv_heads, head_dim]
 (a position's keys in one row), so a step's writes are one scatter per layer and array, by
@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.kv_pool import KVPool
+from engine.kv.kv_pool import KVPool
 from engine.mlx_backend import mx_dtype
 
 FIRST_BLOCKS = 64  # blocks the arrays hold at first

@@ -20,12 +20,12 @@ import mlx.core as mx
 import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
-from engine.config import ModelConfig
-from engine.gguf_file import GGUFFile
+from engine.loader.tensors import LayerTensors, Tensors
+from engine.loader.weights import WEIGHT_MODES, LayerWeights, Weights, qk_orders
 from engine.mlx_backend import mx_dtype
-from engine.quant.formats import decode
-from engine.tensors import Tensors
-from engine.weights import WEIGHT_MODES, LayerWeights, Weights, qk_orders
+from engine.ops.quant.formats import decode
+from engine.text.gguf_file import GGUFFile
+from engine.text.model_config import ModelConfig
 
 T = gguf.GGMLQuantizationType
 GROUP = 32  # weights per scale and bias
@@ -163,18 +163,22 @@ def _quantized(mode: str, tensors: Tensors) -> bool:
 
 
 def load_mlx_weights(
-    reader: GGUFFile, config: ModelConfig, dtype: np.dtype[Any], mode: str = "auto"
+    reader: GGUFFile,
+    config: ModelConfig,
+    spec: LayerTensors,
+    dtype: np.dtype[Any],
+    mode: str = "auto",
 ) -> Weights:
     """The matrices of the types in BITS kept quantized (unless mode is "float32"), the
     others and the norms in `dtype`, all as MLX arrays."""
     tensors = Tensors(reader, config)
     put = _Placer(tensors, _quantized(mode, tensors), dtype)
-    q_order, k_order = qk_orders(config)
+    q_order, k_order = qk_orders(config, spec)
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-        q_norm, k_norm = tensors.head_norms(p, (q_order, k_order))
+        bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
@@ -183,7 +187,7 @@ def load_mlx_weights(
                 ffn_norm=put.vector(p + "ffn_norm.weight"),
                 w_gate_up=put.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
                 w_down=put.matrix([p + "ffn_down.weight"], [None]),
-                bqkv=put.maybe(tensors.qkv_bias(p, [q_order, k_order, None])),
+                bqkv=put.maybe(bias),
                 q_norm=put.maybe(q_norm),
                 k_norm=put.maybe(k_norm),
             )

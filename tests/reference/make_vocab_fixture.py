@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from engine.gguf_file import open_gguf, read_metadata  # noqa: E402
+from engine.text.gguf_file import open_gguf, read_metadata  # noqa: E402
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 FIXTURES = {"llama-bpe": "llama3_vocab.json.xz", "qwen2": "qwen2_vocab.json.xz"}

@@ -88,5 +88,5 @@ def on_disk(key: str, last_used: float, size: int, mtime_ns: int) -> ResidencyIn
     """An index holding one session on disk (spilled by W0, which is still alive)."""
     index = make_index()
     apply_all(index, warm(key, last_used), disk(key, size, mtime_ns))
-    assert index.records[key].tier == "disk"
+    assert index.table.records[key].tier == "disk"
     return index

@@ -10,8 +10,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from engine.quant.formats import decode
-from engine.quant.matrix import QuantMatrix
+from engine.ops.quant.formats import decode
+from engine.ops.quant.matrix import QuantMatrix
 
 T = gguf.GGMLQuantizationType
 TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16)

@@ -8,8 +8,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from engine import native
-from engine.attention import (
+from engine.ops import native
+from engine.ops.attention import (
     AttentionPlan,
     RowsKernel,
     _paged_rows,
@@ -17,7 +17,7 @@ from engine.attention import (
     kernel_row_limit,
     paged_attention,
 )
-from engine.kernels import SMALL_ROWS
+from engine.ops.kernels import SMALL_ROWS
 
 H, HKV, D, BLOCK = 9, 3, 64, 16
 NUM_BLOCKS = 300

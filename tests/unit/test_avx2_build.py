@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import native
-from engine.attention import _paged_rows_kernel
-from engine.quant.native import NativeKernels
+from engine.ops import native
+from engine.ops.attention import _paged_rows_kernel
+from engine.ops.quant.native import NativeKernels
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
 FLAGS = set(native._cpu_flags().split())

@@ -11,8 +11,8 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.kernels import SMALL_ROWS, plan_rows
 from engine.model import Model
+from engine.ops.kernels import SMALL_ROWS, plan_rows
 from tests.batch_invariance import check, compositions
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 

@@ -13,7 +13,7 @@ import pytest
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.kv_pool import PagedKV, detach
+from engine.kv.kv_pool import PagedKV, detach
 from engine.model import Model
 from engine.sequence import Request
 from tests.unit.engine_driver import prompt

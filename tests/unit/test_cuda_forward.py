@@ -1,5 +1,5 @@
-"""The forward pass on the GPU with the weights kept quantized (engine/quant/cuda.py) and the
-layer kernels (engine/gpu_ops.py) against the float64 NumPy reference of
+"""The forward pass on the GPU with the weights kept quantized (engine/ops/quant/cuda.py) and the
+layer kernels (engine/ops/gpu_ops.py) against the float64 NumPy reference of
 test_forward_tiny.py, on tiny random models of two types and three head sizes.
 Skipped where no CUDA GPU is found (CI); `warmfleet doctor --device cuda` checks the real
 model there."""
@@ -14,12 +14,12 @@ import gguf
 import numpy as np
 import pytest
 
-from engine import gpu_ops
 from engine.device import cupy_with_gpu
-from engine.kv_pool import detach
+from engine.kv.kv_pool import detach
+from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
-from engine.quant.cuda import GpuQuantMatrix
-from engine.spill_file import SpillStore
+from engine.ops import gpu_ops
+from engine.ops.quant.cuda import GpuQuantMatrix
 from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import write_tiny_llama
 from tests.unit.test_forward_tiny import ATOL, PROMPT, Reference, read_reference, reference_logits

@@ -1,4 +1,4 @@
-"""The GPU's quantized kernels (engine/csrc/qmatmul.cu through CuPy) against gguf's own
+"""The GPU's quantized kernels (engine/ops/csrc/qmatmul.cu through CuPy) against gguf's own
 dequantization followed by a float64 product, held to the CPU kernels' bound
 (test_quant_kernels.py): every supported type, every activation row count 1..64, and each
 row's bits the same whatever rows come with it.
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from engine.device import cupy_with_gpu
-from engine.kernels import matmul_t
-from engine.quant.cuda import GpuQuantMatrix, dequant_rows
-from engine.quant.formats import decode, reconstruct
-from engine.quant.matrix import QuantMatrix, concat
+from engine.ops.kernels import matmul_t
+from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
+from engine.ops.quant.formats import decode, reconstruct
+from engine.ops.quant.matrix import QuantMatrix, concat
 from tests.unit.quant_cases import MAX_ROWS, TYPES, K, N, Stored, T, summation_bound, write_and_read
 
 cp: Any = cupy_with_gpu()

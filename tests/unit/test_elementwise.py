@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine import native
-from engine.elementwise import _compiled, rms_norm, rope, silu_mul
+from engine.ops import native
+from engine.ops.elementwise import _compiled, rms_norm, rope, silu_mul
 
 RNG = np.random.default_rng(11)
 

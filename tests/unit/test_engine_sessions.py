@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
+from engine.kv.session_pool import SessionPool
 from engine.model import Model
 from engine.sequence import Request
-from engine.session_pool import SessionPool
 from tests.tiny_gguf import VOCAB_SIZE
 from tests.unit.engine_driver import GREEDY, PROMPTS, collect, drive, prompt, run_alone
 

@@ -2,7 +2,7 @@
 
 The reference reads the GGUF tensors itself, loops over heads, applies rope to adjacent pairs
 (2i, 2i+1) of the file's own Q/K layout (ggml's normal rope mode) and masks with an explicit
-causal mask. It shares no code with engine/forward.py or engine/weights.py.
+causal mask. It shares no code with engine/forward.py or engine/loader/weights.py.
 """
 
 from __future__ import annotations

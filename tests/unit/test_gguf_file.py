@@ -1,4 +1,4 @@
-"""engine/gguf_file.py's own header parser against gguf-py's GGUFReader: the same values of
+"""engine/text/gguf_file.py's own header parser against gguf-py's GGUFReader: the same values of
 the same Python types, the same tensors viewing the same bytes; and malformed headers
 refused by name."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from common.errors import NotGGUFError
-from engine.gguf_file import open_gguf, read_metadata
+from engine.text.gguf_file import open_gguf, read_metadata
 from tests.tiny_gguf import write_tiny_llama
 
 

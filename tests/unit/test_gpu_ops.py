@@ -1,4 +1,4 @@
-"""The GPU's layer kernels (engine/gpu_ops.py: RMS norm, rope, SiLU * up, paged attention)
+"""The GPU's layer kernels (engine/ops/gpu_ops.py: RMS norm, rope, SiLU * up, paged attention)
 against float64 NumPy, and each row's bits the same whatever rows come with it. Skipped
 where CuPy sees no GPU (CI); test_cuda_forward.py runs them inside the forward pass."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import gpu_ops
 from engine.device import cupy_with_gpu
+from engine.ops import gpu_ops
 
 cp: Any = cupy_with_gpu()
 pytestmark = pytest.mark.skipif(cp is None, reason="needs a CUDA GPU and CuPy (none here)")

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import native
 from engine.device import cupy_with_gpu
-from engine.elementwise import head_rms_norm
+from engine.ops import native
+from engine.ops.elementwise import head_rms_norm
 
 cp: Any = cupy_with_gpu()
 HEADS, KV_HEADS, D, EPS = 4, 2, 64, 1e-6

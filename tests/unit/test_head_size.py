@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from common.errors import UnsupportedModelError
-from engine.config import ModelConfig
 from engine.model import Model
+from engine.models.families import family_for
+from engine.text.model_config import ModelConfig
 from tests.tiny_gguf import write_tiny_llama
 
 
@@ -29,10 +30,13 @@ def test_key_length_sets_the_head_size_whatever_the_width() -> None:
         metadata({"attention.key_length": 128, "attention.value_length": 128})
     )
     assert (config.head_dim, config.q_dim, config.kv_dim) == (128, 2048, 1024)
-    assert config.qk_norm and not config.rope_in_pairs
+    qwen3 = family_for(config.architecture).tensors
+    assert qwen3.qk_norm and not qwen3.rope_in_pairs
     assert ModelConfig.from_metadata(metadata()).head_dim == 64  # dim / heads without it
     llama = ModelConfig.from_metadata(metadata({"rope.dimension_count": 64}, "llama"))
-    assert llama.head_dim == 64 and not llama.qk_norm and llama.rope_in_pairs
+    assert llama.head_dim == 64
+    tensors = family_for(llama.architecture).tensors
+    assert not tensors.qk_norm and tensors.rope_in_pairs
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from common.errors import PromptTooLargeError, PromptTooLongError
-from engine.config import ModelConfig
-from engine.gguf_file import open_gguf, read_metadata
 from engine.model import Model
-from engine.tokenizer import Tokenizer
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 from gateway.bounds import InputBounds, utf8_size
 from gateway.validate import GenerateInput, JobBuilder, input_size
 from gateway.work_gate import WorkGate

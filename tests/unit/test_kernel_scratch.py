@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import native
+from engine.ops import native
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here")
 
@@ -43,10 +43,10 @@ KERNELS = LIMIT + textwrap.dedent(
     """
     import gguf
     import numpy as np
-    from engine.attention import _paged_rows_kernel
-    from engine.quant import native
-    from engine.quant.formats import KIND_Q8, decode
-    from engine.quant.matrix import QuantMatrix
+    from engine.ops.attention import _paged_rows_kernel
+    from engine.ops.quant import native
+    from engine.ops.quant.formats import KIND_Q8, decode
+    from engine.ops.quant.matrix import QuantMatrix
 
     H, HKV, D, BLOCK = 9, 3, 64, 16
     rng = np.random.default_rng(0)
@@ -101,7 +101,7 @@ LAYERS = LIMIT + textwrap.dedent(
     import gguf
     import numpy as np
     from engine.model import Model
-    from engine.native_layers import NativeLayers
+    from engine.ops.native_layers import NativeLayers
     from tests.paged import new_kv, pool_of, step
     from tests.tiny_gguf import write_tiny_llama
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.kernels import SMALL_ROWS, matmul_t, plan_rows
+from engine.ops.kernels import SMALL_ROWS, matmul_t, plan_rows
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, 16, SMALL_ROWS, SMALL_ROWS + 1])

@@ -51,9 +51,9 @@ def test_delete_on_a_live_worker_orders_a_drop_and_lets_the_worker_answer() -> N
     index = make_index()
     index.apply(warm(S1, 1.0))
     fx = index.apply(command(CommandOp.DELETE, S1))
-    assert S1 not in index.records and fx.removals == {S1} and not fx.upserts
+    assert S1 not in index.table.records and fx.removals == {S1} and not fx.upserts
     assert fx.orders == [Order(W0, ControlOrder(OrderOp.DROP, S1, reply_to=REPLY))]
-    assert not fx.replies and not fx.unlink and index.on_worker(W0) == []
+    assert not fx.replies and not fx.unlink and index.table.on_worker(W0) == []
 
 
 def test_delete_on_disk_unlinks_and_answers_ok() -> None:
@@ -64,7 +64,7 @@ def test_delete_on_disk_unlinks_and_answers_ok() -> None:
         and fx.replies == [(REPLY, answer(AnswerStatus.OK))]
         and not fx.orders
     )
-    assert fx.removals == {S1} and index.disk_used == 0
+    assert fx.removals == {S1} and index.table.disk.used == 0
 
 
 def test_delete_on_a_worker_not_alive_unlinks_and_answers_ok() -> None:
@@ -76,7 +76,7 @@ def test_delete_on_a_worker_not_alive_unlinks_and_answers_ok() -> None:
         and fx.replies == [(REPLY, answer(AnswerStatus.OK))]
         and not fx.orders
     )
-    assert S1 not in index.records and index.on_worker(W1) == []
+    assert S1 not in index.table.records and index.table.on_worker(W1) == []
 
 
 def test_delete_of_an_unknown_session_answers_not_found() -> None:
@@ -98,11 +98,11 @@ def test_late_events_of_a_deleted_session_do_not_bring_it_back() -> None:
         gone(S1, GoneReason.DROPPED),
         inventory(W0, [Held(S1, "warm", 1, 1, 2.0)], NOW),
     ]
-    assert not apply_all(index, *late).upserts and S1 not in index.records
+    assert not apply_all(index, *late).upserts and S1 not in index.table.records
     fx = index.apply(disk(S1, 80, mtime_ns=555))  # written before the drop arrived
-    assert fx.unlink == [(S1, 555)] and not fx.upserts and index.disk_used == 0
+    assert fx.unlink == [(S1, 555)] and not fx.upserts and index.table.disk.used == 0
     fx = index.apply(hot(S1, 3.0))  # a new request: the session lives again
-    assert index.records[S1] == Record(Tier.HOT, W0, TOKENS, 100, 3.0) == fx.upserts[S1]
+    assert index.table.records[S1] == Record(Tier.HOT, W0, TOKENS, 100, 3.0) == fx.upserts[S1]
 
 
 def test_fork_answers_not_found_and_exists() -> None:
@@ -113,24 +113,24 @@ def test_fork_answers_not_found_and_exists() -> None:
     apply_all(index, warm(S1, 1.0), warm(S2, 2.0))
     fx = index.apply(command(CommandOp.FORK, S1, S2), NOW)
     assert fx.replies == [(REPLY, answer(AnswerStatus.EXISTS))] and not fx.orders and not fx.upserts
-    assert index.records[S2] == Record(Tier.WARM, W0, TOKENS, 100, 2.0)
+    assert index.table.records[S2] == Record(Tier.WARM, W0, TOKENS, 100, 2.0)
 
 
 def test_fork_of_a_session_on_a_live_worker_is_copied_there() -> None:
     index = make_index()
     index.apply(warm(S1, 1.0, nbytes=70))
     fx = index.apply(command(CommandOp.FORK, S1, S2), NOW)
-    assert index.records[S2] == Record(Tier.WARM, W0, TOKENS, 70, NOW) == fx.upserts[S2]
+    assert index.table.records[S2] == Record(Tier.WARM, W0, TOKENS, 70, NOW) == fx.upserts[S2]
     assert fx.orders == [fork_order(W0)] and not fx.replies
-    assert index.on_worker(W0) == [S1, S2]
+    assert index.table.on_worker(W0) == [S1, S2]
 
 
 def test_fork_of_a_session_on_disk_goes_to_any_worker() -> None:
     index = on_disk(S1, 1.0, size=80, mtime_ns=555)
     fx = index.apply(command(CommandOp.FORK, S1, S2), NOW)
     assert fx.orders == [fork_order("")] and not fx.replies
-    assert index.records[S2] == Record(Tier.GONE, "", 0, 0, NOW)
-    assert index.records[S1].tier == "disk" and index.disk_used == 80
+    assert index.table.records[S2] == Record(Tier.GONE, "", 0, 0, NOW)
+    assert index.table.records[S1].tier == "disk" and index.table.disk.used == 80
 
 
 def test_fork_of_a_gone_session_answers_at_once() -> None:
@@ -138,7 +138,7 @@ def test_fork_of_a_gone_session_answers_at_once() -> None:
     apply_all(index, warm(S1, 1.0), gone(S1, GoneReason.DROPPED))
     fx = index.apply(command(CommandOp.FORK, S1, S2), NOW)
     assert fx.replies == [(REPLY, answer(AnswerStatus.OK))] and not fx.orders
-    assert index.records[S2] == Record(Tier.GONE, "", 0, 0, NOW) == fx.upserts[S2]
+    assert index.table.records[S2] == Record(Tier.GONE, "", 0, 0, NOW) == fx.upserts[S2]
 
 
 def test_evict_orders_a_spill_of_a_warm_session() -> None:
@@ -148,8 +148,8 @@ def test_evict_orders_a_spill_of_a_warm_session() -> None:
     assert fx.orders == [spill_order(S1)] and fx.replies == [
         (REPLY, answer(AnswerStatus.OK, Tier.SPILLING))
     ]
-    assert index.records[S1] == Record(Tier.SPILLING, W0, TOKENS, 100, 1.0) == fx.upserts[S1]
-    assert index.warm_bytes(W0) == 0
+    assert index.table.records[S1] == Record(Tier.SPILLING, W0, TOKENS, 100, 1.0) == fx.upserts[S1]
+    assert index.table.warm_bytes(W0) == 0
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.config import ModelConfig
-from engine.kv_pool import KVPool
+from engine.kv.kv_pool import KVPool
+from engine.text.model_config import ModelConfig
 
 CONFIG = ModelConfig(architecture="llama", num_layers=3, dim=32, ffn_dim=64, num_heads=4,
                      num_kv_heads=2, head_dim=8, rms_eps=1e-5, rope_base=1e4,

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from common.errors import InvalidRequestError
-from engine.config import ModelConfig
 from engine.device import array_module
-from engine.forward import Segment
-from engine.kernels import SMALL_ROWS
-from engine.kv_pool import PagedKV
+from engine.kv.kv_pool import PagedKV
 from engine.mlx_backend.kv_pool import FIRST_BLOCKS, MLXKVPool
 from engine.model import Model
+from engine.ops.kernels import SMALL_ROWS
+from engine.step import Segment
+from engine.text.model_config import ModelConfig
 from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import (
     VOCAB_SIZE,
@@ -114,7 +114,7 @@ from pathlib import Path
 
 import gguf
 
-from engine.forward import Segment
+from engine.step import Segment
 from engine.model import Model
 from tests.paged import new_kv, pool_of
 from tests.tiny_gguf import write_tiny_llama

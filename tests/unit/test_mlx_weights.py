@@ -20,10 +20,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine.loader.weights import rope_halves_order
 from engine.mlx_backend.weights import GROUP, MLXMatrix, MLXQuant, pack
 from engine.model import Model
-from engine.quant.formats import decode
-from engine.weights import rope_halves_order
+from engine.ops.quant.formats import decode
 from tests.tiny_gguf import (
     VOCAB_SIZE,
     add_integer_keys,

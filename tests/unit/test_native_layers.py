@@ -1,5 +1,5 @@
-"""The layers in one C call (engine/native_layers.py) give the bits of forward.py's per-op
-loop: the same logits and the same keys and values in the pool, for decode rows, a short
+"""The layers in one C call (engine/ops/native_layers.py) give the bits of the family's layer
+run op by op: the same logits and the same keys and values in the pool, for decode rows, a short
 chunk and a long one in one step, on tiny quantized models whose shapes it takes."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import gguf
 import numpy as np
 import pytest
 
-from engine import native
 from engine.model import Model
-from engine.native_layers import NativeLayers, native_layers
+from engine.ops import native
+from engine.ops.native_layers import NativeLayers, native_layers
 from tests.paged import new_kv, pool_of, run_segments, step
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 

@@ -19,11 +19,11 @@ import gguf
 import numpy as np
 import pytest
 
-from engine import kernels as kernels_module
-from engine.kernels import matmul_t, plan_rows
-from engine.quant import Kernels, fallback, native
-from engine.quant.formats import decode, reconstruct
-from engine.quant.matrix import concat
+from engine.ops import kernels as kernels_module
+from engine.ops.kernels import matmul_t, plan_rows
+from engine.ops.quant import Kernels, fallback, native
+from engine.ops.quant.formats import decode, reconstruct
+from engine.ops.quant.matrix import concat
 from tests.unit.quant_cases import (
     K_QUANTS,
     MAX_ROWS,

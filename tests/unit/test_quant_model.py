@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from common.errors import InvalidRequestError, UnsupportedModelError
-from engine.kernels import SMALL_ROWS
 from engine.model import Model
-from engine.quant.matrix import QuantMatrix
+from engine.ops.kernels import SMALL_ROWS
+from engine.ops.quant.matrix import QuantMatrix
 from tests.paged import new_kv, run_segments
 from tests.tiny_gguf import write_tiny_llama
 

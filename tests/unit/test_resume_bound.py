@@ -4,7 +4,7 @@ floating-point operations of its products and attention, against sums done by ha
 from __future__ import annotations
 
 from bench.resume_bound import Work
-from engine.config import ModelConfig
+from engine.text.model_config import ModelConfig
 
 # SmolLM2-135M's shape (the default model)
 SMOL = ModelConfig("llama", 30, 576, 1536, 9, 3, 64, 1e-5, 100000.0, 8192, 49152)

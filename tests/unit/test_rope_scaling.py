@@ -1,5 +1,6 @@
-"""RoPE frequency adjustments a GGUF file asks for (engine/rope.py): Llama 3.1's per-frequency
-factors and linear position scaling, on the CPU and MLX paths; other scalings refused."""
+"""RoPE frequency adjustments a GGUF file asks for (engine/loader/rope.py): Llama 3.1's
+per-frequency factors and linear position scaling, on the CPU and MLX paths; other scalings
+refused."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.errors import SpillFileError
-from engine.spill_file import SpilledKV, SpillStore, read_summary
+from engine.kv_files.spill_file import SpilledKV, SpillStore, read_summary
 
 SHAPE = (3, 2, 5, 8)  # layers, kv_heads, tokens, head_dim
 LIKE = (3, 2, 8)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from common.errors import SpillFileError
-from engine.block_file import sweep, usage
-from engine.spill_file import SpilledKV, SpillStore, read_summary
+from engine.kv_files.block_file import sweep, usage
+from engine.kv_files.spill_file import SpilledKV, SpillStore, read_summary
 
 LAYERS, KV_HEADS, HEAD_DIM = 3, 2, 8
 LIKE = (LAYERS, KV_HEADS, HEAD_DIM)

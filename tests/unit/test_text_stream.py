@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import StreamDecoder
-from engine.text_stream import TextStream
+from engine.text.detokenizer import StreamDecoder
+from engine.text.text_stream import TextStream
 
 PIECES: list[bytes] = [
     b"Hel",

@@ -57,7 +57,7 @@ def add_device(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
 def add_weights(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
     """--weights; `passed_on`: the command hands it to workers, which read the environment
     themselves when it is not given."""
-    from engine.weights import WEIGHT_MODES  # here: the engine's import is for its commands
+    from engine.loader.weights import WEIGHT_MODES  # here: the engine's import is for its commands
 
     p.add_argument(
         "--weights",

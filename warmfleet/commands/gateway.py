@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from common.errors import ServiceError
-from engine.config import ModelConfig
-from engine.gguf_file import open_gguf, read_metadata
-from engine.tokenizer import Tokenizer
+from engine.text.gguf_file import open_gguf, read_metadata
+from engine.text.model_config import ModelConfig
+from engine.text.tokenizer import Tokenizer
 from gateway.auth import LOCAL, KeyRing
 from gateway.core import GatewayConfig
 from gateway.memory import tune_malloc

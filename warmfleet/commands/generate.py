@@ -10,11 +10,11 @@ from typing import Any
 
 from common.errors import InvalidRequestError
 from common.sampling import SamplingParams
-from engine.chat import render_chat, validate_messages
 from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Completion, Request
+from engine.text.chat import render_chat, validate_messages
 from warmfleet.commands.common import add_compute
 from warmfleet.models import resolve_model
 from warmfleet.sizes import format_size

@@ -17,8 +17,8 @@ from common.errors import InvalidRequestError
 from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
+from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
-from engine.spill_file import SpillStore
 from warmfleet.commands.common import (
     add_compute,
     add_metrics,

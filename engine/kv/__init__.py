@@ -1,0 +1,2 @@
+"""The worker's KV memory: the paged pool of blocks, who holds which block, and the idle
+sessions kept in it."""

@@ -1,0 +1,113 @@
+"""Who holds which block of the KV pool: ids, reference counts and the hashes of full blocks
+(shared prefixes). Bookkeeping only: no arrays are touched here.
+
+A block is free, held (its reference count is the number of sequences and idle sessions
+that use it), or cached: no longer held but still known by its hash, so that a later prompt
+with the same prefix can take it back without recomputing it; cached blocks are reused for
+new allocations least recently released first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from common.errors import WarmfleetError
+
+
+class PoolExhaustedError(WarmfleetError):
+    """Every block of the KV pool is held by a running sequence or an idle session."""
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"a pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.refs = [0] * num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() gives the lowest id first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unheld but hashed, LRU first
+        self._hash_of: dict[int, bytes] = {}
+        self._by_hash: dict[bytes, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that an allocation may take (free, or cached and given up)."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_held(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self) -> int:
+        """A block for this caller alone (reference count 1), not known by any hash."""
+        if self._free:
+            block = self._free.pop()
+        elif self._cached:
+            block, _ = self._cached.popitem(last=False)
+            del self._by_hash[self._hash_of.pop(block)]
+        else:
+            raise PoolExhaustedError(f"all {self.num_blocks} KV blocks are in use")
+        self.refs[block] = 1
+        return block
+
+    def ref(self, block: int) -> None:
+        if self.refs[block] == 0:
+            self._cached.pop(block)  # only a cached block can be taken back unheld
+        self.refs[block] += 1
+
+    def unref(self, blocks: Iterable[int]) -> None:
+        for block in blocks:
+            self.refs[block] -= 1
+            assert self.refs[block] >= 0, f"block {block} released more than held"
+            if self.refs[block] == 0:
+                if block in self._hash_of:
+                    self._cached[block] = None
+                else:
+                    self._free.append(block)
+
+    def find(self, h: bytes) -> int | None:
+        """The block known by `h`, held once more for the caller; None if there is none."""
+        block = self._by_hash.get(h)
+        if block is not None:
+            self.ref(block)
+        return block
+
+    def publish(self, block: int, h: bytes) -> int:
+        """Make a full block known by its hash; the block the caller should hold: `block`,
+        or the one already known by `h` (same content: the caller's copy is released)."""
+        known = self._by_hash.get(h)
+        if known is not None and known != block:
+            self.ref(known)
+            self.unref([block])
+            return known
+        self._hash_of[block] = h
+        self._by_hash[h] = block
+        return block
+
+    def forget(self, block: int) -> None:
+        """The block's content is about to change: it is no longer known by its hash."""
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._by_hash[h]
+
+    def hash_of(self, block: int) -> bytes | None:
+        return self._hash_of.get(block)
+
+    def check(self) -> None:
+        """Every block is exactly one of free, cached or held (for tests)."""
+        held = [b for b, n in enumerate(self.refs) if n > 0]
+        assert len(set(self._free)) == len(self._free)
+        assert not set(self._free) & set(self._cached)
+        assert not set(held) & (set(self._free) | set(self._cached))
+        assert len(self._free) + len(self._cached) + len(held) == self.num_blocks
+        assert all(self._by_hash[h] == b for b, h in self._hash_of.items())
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

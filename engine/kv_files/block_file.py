@@ -1,0 +1,115 @@
+"""KV blocks on disk, one file per full block, named by the block's hash (its tokens, every
+token before it, the model and the tenant: see chain.chain_hash). A block shared by many
+sessions (a system prompt) is written once; sessions' spill files list the blocks they use.
+
+Layout: a kv_frame with magic b"WFKB", its JSON header holding the model fingerprint, the
+hash of the block before it and this block's token ids; keys and values are each [layers,
+kv_heads, block, head_dim]. Reading checks everything, the hash chain included, so a block
+of another model, tenant or prefix is refused, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.errors import SpillFileError
+from engine.kv_files.chain import chain_hash
+from engine.kv_files.kv_frame import read_header, read_payload, write_frame
+
+MAGIC = b"WFKB"
+VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+GRACE_S = 120.0  # an unlisted block younger than this may belong to a write in flight
+
+
+def block_path(directory: Path, h: bytes) -> Path:
+    return directory / f"{h.hex()}.wfkb"
+
+
+def write_block(
+    directory: Path, fingerprint: str, previous: bytes, token_ids: list[int], k: Any, v: Any
+) -> int:
+    """Write the block unless it is there already (then only its time is refreshed, so
+    that a sweep does not take it meanwhile); the bytes newly written."""
+    h = chain_hash(previous, token_ids)
+    path = block_path(directory, h)
+    try:
+        os.utime(path)
+        return 0
+    except FileNotFoundError:
+        pass
+    write_frame(path, MAGIC, VERSION, {"fingerprint": fingerprint, "previous": previous.hex(),
+                                       "token_ids": token_ids}, k, v)  # fmt: skip
+    return path.stat().st_size
+
+
+def read_block(
+    directory: Path,
+    fingerprint: str,
+    previous: bytes,
+    token_ids: list[int],
+    shape: tuple[int, int, int, int],
+    dtype: np.dtype[Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The keys and values of the block holding `token_ids` after `previous`; a missing
+    block or one failing any check raises SpillFileError (a bad file is deleted)."""
+    path = block_path(directory, chain_hash(previous, token_ids))
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as e:
+        raise SpillFileError(str(path), "a block it lists is missing") from e
+    try:
+        return _parse(data, fingerprint, previous, token_ids, shape, dtype, str(path))
+    except SpillFileError:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _parse(
+    data: bytes,
+    fingerprint: str,
+    previous: bytes,
+    token_ids: list[int],
+    shape: tuple[int, int, int, int],
+    dtype: np.dtype[Any],
+    name: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    h, payload = read_header(data, ("block", MAGIC, VERSION), MAX_HEADER_BYTES, name)
+    if h.get("fingerprint") != fingerprint:
+        raise SpillFileError(name, "written by another model (fingerprint differs)")
+    if h.get("previous") != previous.hex() or h.get("token_ids") != token_ids:
+        raise SpillFileError(name, "holds another prefix (a foreign block)")
+    return read_payload(h, payload, list(shape), dtype, name)
+
+
+def sweep(directory: Path, listed: set[str], grace_s: float = GRACE_S) -> int:
+    """Delete the block files no spill file lists (`listed`: hashes in hex), except young
+    ones a write in flight may be about to list; the bytes freed."""
+    freed = 0
+    cutoff = time.time() - grace_s
+    for path in directory.glob("*.wfkb"):
+        if path.stem in listed:
+            continue
+        try:
+            st = path.stat()
+            if st.st_mtime < cutoff:
+                path.unlink()
+                freed += st.st_size
+        except FileNotFoundError:
+            pass
+    return freed
+
+
+def usage(directory: Path) -> int:
+    """Bytes of all block files (each shared block once)."""
+    total = 0
+    for path in directory.glob("*.wfkb"):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total

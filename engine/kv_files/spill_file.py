@@ -1,0 +1,207 @@
+"""Spill files: one session's KV on local disk, checked on every read.
+
+A session's full blocks go to block files shared by every session that holds them (see
+block_file); its own file lists them and holds the positions past the last full block.
+
+Layout: a kv_frame with magic b"WFKV", its JSON header holding the session key, tenant,
+model fingerprint, layout, block size, token ids and the blocks' hashes; its payload is the
+tail, keys and values each [layers, kv_heads, tail tokens, head_dim]. The blocks are written
+before the file that lists them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.errors import SpillFileError
+from engine.kv_files.block_file import read_block, write_block
+from engine.kv_files.chain import chain_hash, scope_hash
+from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
+
+MAGIC = b"WFKV"
+VERSION = 3  # 2: the header names the session (key); 3: full blocks in block files
+LAYOUT = "k,v;layers,kv_heads,tokens,head_dim"
+MAX_HEADER_BYTES = 16 << 20
+
+
+def spill_path(directory: Path, key: str) -> Path:
+    """A fixed, filesystem-safe name for a session key (tenant/session id)."""
+    return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.wfkv"
+
+
+BLOCKS_DIR = "blocks"
+READ_THREADS = 8  # block files read at once on restore
+
+
+@functools.cache
+def _readers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="block-read")
+
+
+@dataclass(frozen=True, slots=True)
+class FileSummary:
+    key: str
+    size: int  # bytes the write added: its own file and the blocks not there before
+    mtime_ns: int
+    num_tokens: int
+    blocks: tuple[str, ...] = ()  # hashes (hex) of the block files it lists
+
+
+def read_summary(path: Path) -> FileSummary | None:
+    """The session a spill file holds, from its header alone (no payload check); None when
+    the file is gone or its header cannot be read."""
+    try:
+        with path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            magic, version, header_len = PREFIX.unpack(f.read(PREFIX.size))
+            if magic != MAGIC or version != VERSION or header_len > MAX_HEADER_BYTES:
+                return None
+            h = json.loads(f.read(header_len))
+        return FileSummary(str(h["key"]), st.st_size, st.st_mtime_ns, len(h["token_ids"]),
+                           tuple(h["blocks"]))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SpilledKV:
+    k: np.ndarray  # [layers, kv_heads, tokens, head_dim]
+    v: np.ndarray
+    token_ids: list[int]
+    scope: str = ""  # the tenant: blocks are shared within it only
+    incomplete: str = ""  # read back: why only a prefix of what was written came back
+
+
+class SpillStore:
+    """Spill files of one model in one folder (shared by the workers of a host), their
+    blocks in its blocks/ folder."""
+
+    def __init__(self, directory: str | Path, fingerprint: str, block_size: int = 16) -> None:
+        self.directory = Path(directory)
+        self.blocks = self.directory / BLOCKS_DIR
+        self.blocks.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = fingerprint
+        self.block_size = block_size
+        self.num_rejected = 0
+
+    def path_for(self, key: str) -> Path:
+        return spill_path(self.directory, key)
+
+    def write(self, key: str, kv: SpilledKV) -> FileSummary:
+        """Write the blocks not on disk yet, then the session's file, atomically. Raises
+        OSError (e.g. disk full), leaving no partial file behind."""
+        size, ids = self.block_size, list(kv.token_ids)
+        previous, hashes, added = scope_hash(self.fingerprint, kv.scope), [], 0
+        for i in range(len(ids) // size):
+            part, cols = ids[i * size : (i + 1) * size], slice(i * size, (i + 1) * size)
+            added += write_block(self.blocks, self.fingerprint, previous, part,
+                                 kv.k[:, :, cols], kv.v[:, :, cols])  # fmt: skip
+            previous = chain_hash(previous, part)
+            hashes.append(previous.hex())
+        start, path = len(hashes) * size, self.path_for(key)
+        write_frame(path, MAGIC, VERSION, {
+            "key": key, "scope": kv.scope, "fingerprint": self.fingerprint, "layout": LAYOUT,
+            "block_size": size, "token_ids": ids, "blocks": hashes,
+        }, kv.k[:, :, start:], kv.v[:, :, start:])  # fmt: skip
+        st = path.stat()
+        return FileSummary(key, st.st_size + added, st.st_mtime_ns, len(ids), tuple(hashes))
+
+    def read(
+        self, key: str, *, like: tuple[int, int, int], dtype: np.dtype[Any]
+    ) -> SpilledKV | None:
+        """The session's KV, or None when there is no file. A file failing any check is
+        deleted, counted, and reported as SpillFileError; a block failing one is deleted
+        and counted, and the blocks before it come back (`incomplete` says why). `like` is
+        (layers, kv_heads, head_dim) of the running model."""
+        path = self.path_for(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        dtype = np.dtype(dtype)
+        try:
+            h, k_tail, v_tail = self._parse(data, like, dtype, str(path))
+        except SpillFileError:
+            path.unlink(missing_ok=True)
+            self.num_rejected += 1
+            raise
+        return self._assemble(h, k_tail, v_tail, like, dtype)
+
+    def _assemble(
+        self, h: dict[str, Any], k_tail: np.ndarray, v_tail: np.ndarray,
+        like: tuple[int, int, int], dtype: np.dtype[Any],
+    ) -> SpilledKV:  # fmt: skip
+        """The listed blocks read back and followed by the tail (or as many blocks as
+        passed their checks)."""
+        size, ids = self.block_size, [int(t) for t in h["token_ids"]]
+        layers, kv_heads, head_dim = like
+        shape = (layers, kv_heads, size, head_dim)
+        hashes = [scope_hash(self.fingerprint, h["scope"])]
+        hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
+
+        def one(i: int) -> tuple[np.ndarray, np.ndarray]:
+            part = ids[i * size : (i + 1) * size]
+            return read_block(self.blocks, self.fingerprint, hashes[i], part, shape, dtype)
+
+        # many small files: read a few at once (one at a time is latency-bound on a cold
+        # cache), checked in order; the blocks after a bad one are not used
+        ks, vs, why = [], [], ""
+        for future in [_readers().submit(one, i) for i in range(len(h["blocks"]))]:
+            try:
+                k, v = future.result()
+            except SpillFileError as e:
+                if not why:
+                    self.num_rejected += 1
+                    why = e.reason
+                continue
+            if not why:
+                ks.append(k)
+                vs.append(v)
+        if not why:
+            ks.append(k_tail)
+            vs.append(v_tail)
+        n = sum(k.shape[2] for k in ks)
+        if not ks:
+            ks = vs = [np.empty((layers, kv_heads, 0, head_dim), dtype=dtype)]
+        return SpilledKV(np.concatenate(ks, axis=2), np.concatenate(vs, axis=2), ids[:n],
+                         str(h["scope"]), why)  # fmt: skip
+
+    def _parse(
+        self, data: bytes, like: tuple[int, int, int], dtype: np.dtype[Any], name: str
+    ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+        """The header and the tail's keys and values of a session's file, all checked."""
+        h, payload = read_header(data, ("spill", MAGIC, VERSION), MAX_HEADER_BYTES, name)
+        if h.get("fingerprint") != self.fingerprint:
+            raise SpillFileError(name, "written by another model (fingerprint differs)")
+        if (h.get("layout"), h.get("block_size")) != (LAYOUT, self.block_size):
+            raise SpillFileError(name, "layout or block size differs from the running model")
+        ids, blocks = h.get("token_ids", []), h.get("blocks", [])
+        if blocks != self._chain(str(h.get("scope")), ids, len(blocks)):
+            raise SpillFileError(name, "its blocks are not those of its tokens")
+        layers, kv_heads, head_dim = like
+        shape = [layers, kv_heads, len(ids) - len(blocks) * self.block_size, head_dim]
+        k, v = read_payload(h, payload, shape, dtype, name)
+        return h, k, v
+
+    def _chain(self, scope: str, ids: list[int], num_blocks: int) -> list[str]:
+        previous, hashes = scope_hash(self.fingerprint, scope), []
+        for i in range(num_blocks):
+            previous = chain_hash(previous, ids[i * self.block_size : (i + 1) * self.block_size])
+            hashes.append(previous.hex())
+        return hashes
+
+    def delete(self, key: str) -> bool:
+        path = self.path_for(key)
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed

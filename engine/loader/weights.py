@@ -1,0 +1,207 @@
+"""A GGUF llama model's weights in the layout the forward pass wants: the matrices kept in
+their quantized blocks (engine/ops/quant) or dequantized into the compute dtype."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from common.errors import InvalidRequestError, UnsupportedModelError
+from engine.loader.tensors import LayerTensors, Tensors
+from engine.ops.quant import kernels as quant_kernels
+from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
+from engine.ops.quant.formats import SUPPORTED
+from engine.ops.quant.matrix import QuantMatrix, concat
+from engine.text.gguf_file import GGUFFile
+from engine.text.model_config import ModelConfig
+
+Array = Any  # numpy.ndarray or cupy.ndarray
+Matrix = Any  # an Array, or a QuantMatrix (CPU) / GpuQuantMatrix (CuPy), --weights quantized
+WEIGHT_MODES = ("auto", "quantized", "float32")
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: Array  # [dim]
+    wqkv: Matrix  # [q_dim + 2 * kv_dim, dim]; q/k rows of each head in split-half rope order
+    wo: Matrix  # [dim, q_dim]
+    ffn_norm: Array  # [dim]
+    w_gate_up: Matrix  # [2 * ffn_dim, dim]
+    w_down: Matrix  # [dim, ffn_dim]
+    bqkv: Array | None = (
+        None  # [q_dim + 2 * kv_dim] added to wqkv's products (Qwen 2); in its order
+    )
+    q_norm: Array | None = (
+        None  # [head_dim] each head's q RMS-normed with it (Qwen 3); in its order
+    )
+    k_norm: Array | None = None  # [head_dim] the same for k
+
+
+@dataclass(slots=True)
+class Weights:
+    embed: Matrix  # [vocab, dim]
+    layers: list[LayerWeights]
+    out_norm: Array  # [dim]
+    output: Matrix  # [vocab, dim]; the same object as embed when the model ties them
+    quantized: bool  # the matrices are (Gpu)QuantMatrix where their type has a kernel
+    native: Any = None  # engine/ops/native_layers.py's C descriptors (False: none), on first use
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.embed, self.out_norm]
+        if self.output is not self.embed:
+            arrays.append(self.output)
+        for layer in self.layers:
+            arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm]
+            arrays += [layer.w_gate_up, layer.w_down]
+            arrays += [a for a in (layer.bqkv, layer.q_norm, layer.k_norm) if a is not None]
+        return sum(int(a.nbytes) for a in arrays)
+
+    def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
+        """[N, dim] float embeddings of the token ids [N]."""
+        if isinstance(self.embed, GpuQuantMatrix):
+            return dequant_rows(self.embed, tokens)
+        if not isinstance(self.embed, QuantMatrix):
+            return self.embed[tokens]
+        ids = np.ascontiguousarray(tokens, dtype=np.int64)
+        out = np.empty((len(ids), self.embed.k), dtype=np.float32)
+        quant_kernels().dequant(self.embed, ids, out, 1)
+        return out
+
+
+def qk_orders(
+    config: ModelConfig, spec: LayerTensors
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The row orders that put a file's q and k rows in split halves (None: they are)."""
+    if not spec.rope_in_pairs:
+        return None, None
+    return (rope_halves_order(config.num_heads, config.head_dim),
+            rope_halves_order(config.num_kv_heads, config.head_dim))  # fmt: skip
+
+
+def rope_halves_order(num_heads: int, head_dim: int) -> np.ndarray:
+    """Row order that turns GGUF's adjacent-pair rope layout into split halves, per head.
+
+    q.k is unchanged by permuting q and k alike; split halves let rope use contiguous slices.
+    """
+    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
+
+
+def fingerprint(reader: GGUFFile, config: ModelConfig) -> str:
+    """A digest of the config and every tensor's name, type, shape and bytes."""
+    digest = hashlib.blake2b(repr(config).encode(), digest_size=16)
+    for t in reader.tensors:
+        digest.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}".encode())
+        digest.update(np.ascontiguousarray(t.data).tobytes())
+    return digest.hexdigest()
+
+
+def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any]) -> bool:
+    """Whether `--weights mode` keeps the matrices quantized here; an error names what
+    stands in the way when "quantized" was asked for and cannot be had."""
+    if mode not in WEIGHT_MODES:
+        choices = ", ".join(WEIGHT_MODES)
+        raise InvalidRequestError("weights", f"must be one of {choices}, got {mode!r}")
+    if mode == "float32":
+        return False
+    why = ""
+    if dtype != np.float32:
+        why = f"quantized kernels compute in float32, not {dtype}"
+    elif missing := tensors.without_kernel():
+        why = f"no quantized kernel for {', '.join(missing[:4])} (kernels: {', '.join(SUPPORTED)})"
+    if why and mode == "quantized":
+        raise UnsupportedModelError(f"--weights quantized: {why}; use --weights float32")
+    return not why
+
+
+class _Placer:
+    """Puts tensors where the forward pass reads them: matrices quantized or expanded,
+    everything else in the compute dtype on the device."""
+
+    def __init__(self, tensors: Tensors, quantized: bool, dtype: np.dtype[Any], xp: ModuleType):
+        self.tensors, self.quantized, self.dtype, self.xp = tensors, quantized, dtype, xp
+
+    def dev(self, a: np.ndarray) -> Array:
+        return self.xp.asarray(np.ascontiguousarray(a, dtype=self.dtype))
+
+    def vector(self, name: str) -> Array:
+        return self.dev(self.tensors.host(name))
+
+    def maybe(self, a: np.ndarray | None) -> Array | None:
+        return None if a is None else self.dev(a)
+
+    def _matrix(self, name: str, order: np.ndarray | None) -> Matrix:
+        m = self.tensors.quant(name) if self.quantized else self.tensors.host(name)
+        if order is None:
+            return m
+        return m.take(order) if isinstance(m, QuantMatrix) else m[order]
+
+    def matrix(self, name: str, order: np.ndarray | None = None) -> Matrix:
+        return self.placed(self._matrix(name, order))
+
+    def placed(self, m: QuantMatrix | np.ndarray) -> Matrix:
+        """A quantized matrix kept as it is (uploaded as it is to a GPU), an array put on
+        the device in the compute dtype."""
+        if not isinstance(m, QuantMatrix):
+            return self.dev(m)
+        return m if self.xp is np else GpuQuantMatrix.upload(m, self.xp)
+
+    def stacked(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
+        """The matrices' rows in one matrix (one product instead of several)."""
+        parts = [self._matrix(n, o) for n, o in zip(names, orders, strict=True)]
+        if all(isinstance(p, QuantMatrix) for p in parts):
+            joined = concat(parts)
+            if joined is not None:
+                return self.placed(joined)
+        return self.dev(np.concatenate([_dense(p) for p in parts]))
+
+
+def load_weights(
+    reader: GGUFFile,
+    config: ModelConfig,
+    spec: LayerTensors,
+    dtype: np.dtype[Any],
+    xp: ModuleType,
+    mode: str = "auto",
+) -> Weights:
+    """Every matrix kept quantized (see use_quantized) or dequantized to `dtype` on `xp`'s
+    device; norms in `dtype`; the layers' tensors beyond Llama's as `spec` (its family) says."""
+    tensors = Tensors(reader, config)
+    quantized = use_quantized(mode, tensors, dtype)
+    put = _Placer(tensors, quantized, dtype, xp)
+    q_order, k_order = qk_orders(config, spec)
+    layers = []
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
+        layers.append(
+            LayerWeights(
+                attn_norm=put.vector(p + "attn_norm.weight"),
+                wqkv=put.stacked(qkv, [q_order, k_order, None]),
+                wo=put.matrix(p + "attn_output.weight"),
+                ffn_norm=put.vector(p + "ffn_norm.weight"),
+                w_gate_up=put.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
+                w_down=put.matrix(p + "ffn_down.weight"),
+                bqkv=put.maybe(bias),
+                q_norm=put.maybe(q_norm),
+                k_norm=put.maybe(k_norm),
+            )
+        )
+    embed = put.matrix("token_embd.weight")
+    output = put.matrix("output.weight") if "output.weight" in tensors.by_name else embed
+    return Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
+                   output=output, quantized=quantized)  # fmt: skip
+
+
+def _dense(m: Matrix) -> np.ndarray:
+    if not isinstance(m, QuantMatrix):
+        return np.asarray(m)
+    out = np.empty(m.shape, dtype=np.float32)
+    quant_kernels().dequant(m, np.arange(m.shape[0], dtype=np.int64), out, 1)
+    return out

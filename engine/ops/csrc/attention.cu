@@ -1,0 +1,113 @@
+// Causal attention over the paged KV pool on the GPU, float32: every row of a step (decode
+// rows and prefill chunks alike) in one launch per layer (engine/ops/gpu_ops.py).
+//
+// A block per (row, query head), SPLIT warps in it: warp w takes the row's keys in runs of
+// KEYS, runs w, w + SPLIT, ... (so a long context is read by SPLIT warps at once, not one).
+// In a warp lane l holds dims l, l + 32, ... of the query and of the output; each run's dot
+// products are reduced across lanes by a fixed butterfly (every lane has the same scores)
+// and go through an online softmax (running max and sum). The warps' partial results are
+// then merged by warp 0 in warp order. What a row gets depends on its query, its keys and
+// its key count alone, not on the rows launched with it (batch invariant).
+//
+// Shapes: R rows, H heads, Hkv KV heads, D head_dim (a multiple of 32, at most 128), B block
+// size; k, v: one layer [num_blocks, Hkv, B, D]; tables [R, width] int32; lengths [R] int32.
+
+#define MAX_DIMS_PER_LANE 4
+#define KEYS 4
+#define SPLIT 8  // warps per (row, head); the launch's block is 32 * SPLIT threads
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int step = 16; step > 0; step >>= 1) v += __shfl_xor_sync(0xffffffffu, v, step);
+    return v;
+}
+
+extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [R, H, D]
+                                              const float* __restrict__ k,
+                                              const float* __restrict__ v,
+                                              const int* __restrict__ tables, int width,
+                                              const int* __restrict__ lengths, float scale,
+                                              float* __restrict__ out,  // [R, H, D]
+                                              int heads, int hkv, int d, int bs) {
+    __shared__ float part_top[SPLIT], part_total[SPLIT];
+    __shared__ float part_acc[SPLIT][32 * MAX_DIMS_PER_LANE];
+    int task = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = task / heads, h = task % heads, kh = h / (heads / hkv);
+    int dpl = d >> 5;  // dims per lane
+    const float* qr = q + (long long)task * d;
+    float qv[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
+        qv[i] = i < dpl ? qr[lane + 32 * i] * scale : 0.0f;
+        acc[i] = 0.0f;
+    }
+    const int* table = tables + (long long)r * width;
+    int n = lengths[r];
+    const float neg_inf = -__int_as_float(0x7f800000);
+    float top = neg_inf, total = 0.0f;
+    for (int t0 = warp * KEYS; t0 < n; t0 += SPLIT * KEYS) {
+        const float* kt[KEYS];
+        const float* vt[KEYS];
+        float p[KEYS];
+#pragma unroll
+        for (int j = 0; j < KEYS; ++j) {
+            int t = min(t0 + j, n - 1);  // past the end: the last key again, weighed 0 below
+            long long at = (((long long)table[t / bs] * hkv + kh) * bs + t % bs) * d + lane;
+            kt[j] = k + at;
+            vt[j] = v + at;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
+                if (i < dpl) s = fmaf(qv[i], kt[j][32 * i], s);
+            }
+            p[j] = warp_sum(s);
+        }
+        float m = top;
+#pragma unroll
+        for (int j = 0; j < KEYS; ++j) {
+            if (t0 + j < n) m = fmaxf(m, p[j]);
+        }
+        float corr = expf(top - m);  // 0 on the first keys (top = -inf)
+        total *= corr;
+#pragma unroll
+        for (int j = 0; j < KEYS; ++j) {
+            p[j] = t0 + j < n ? expf(p[j] - m) : 0.0f;
+            total += p[j];
+        }
+#pragma unroll
+        for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
+            if (i < dpl) {
+                float a = acc[i] * corr;
+#pragma unroll
+                for (int j = 0; j < KEYS; ++j) a = fmaf(p[j], vt[j][32 * i], a);
+                acc[i] = a;
+            }
+        }
+        top = m;
+    }
+    if (lane == 0) {
+        part_top[warp] = top;
+        part_total[warp] = total;
+    }
+#pragma unroll
+    for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) part_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
+    float m = part_top[0];
+    for (int w = 1; w < SPLIT; ++w) m = fmaxf(m, part_top[w]);
+    float sum = 0.0f, merged[MAX_DIMS_PER_LANE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int w = 0; w < SPLIT; ++w) {  // in warp order; a warp that saw no key weighs 0
+        float f = part_top[w] == neg_inf ? 0.0f : expf(part_top[w] - m);
+        sum = fmaf(part_total[w], f, sum);
+#pragma unroll
+        for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
+            merged[i] = fmaf(part_acc[w][lane + 32 * i], f, merged[i]);
+        }
+    }
+    float inv = 1.0f / sum;
+    float* o = out + (long long)task * d;
+#pragma unroll
+    for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
+        if (i < dpl) o[lane + 32 * i] = merged[i] * inv;
+    }
+}

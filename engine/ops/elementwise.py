@@ -1,0 +1,116 @@
+"""A layer's elementwise steps: RMS norm (of rows, or of each head's q and k), rope,
+SiLU(gate) * up. On NumPy float32 each is one C call (engine/ops/csrc/elementwise.c) where
+the C kernels build, on CuPy float32 one launch (engine/ops/gpu_ops.py; rope there is
+forward.py's, with the pool's writes); otherwise NumPy (and CuPy) expressions. Shapes: N
+rows, D head_dim."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine.ops import gpu_ops, native
+from engine.ops.native import address
+
+Array = Any
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    lib = native.library()
+    if lib is None:
+        return None
+    p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.wf_rms_norm.argtypes = [p, p, f, i64, i64, p]
+    lib.wf_head_rms_norm.argtypes = [p, i64, i64, i64, i64, i64, p, f]
+    lib.wf_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p]
+    lib.wf_silu_mul.argtypes = [p, i64, i64, p]
+    for fn in (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul):
+        fn.restype = None
+    return lib
+
+
+def _compiled(*arrays: Array, multiple_of: int) -> ctypes.CDLL | None:
+    """The library, when every array is a C-contiguous NumPy float32 one and the sizes
+    suit the vector loops."""
+    if any(not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous)
+           for a in arrays) or multiple_of % 16:  # fmt: skip
+        return None
+    return _lib()
+
+
+def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
+    # x: [N, dim]
+    if gpu_ops.gpu_float32(x, weight):
+        return gpu_ops.rms_norm(x, weight, eps)
+    lib = _compiled(x, weight, multiple_of=x.shape[-1])
+    if lib is None:
+        # the squares in float32 at least: a float16 activation past 256 squares to inf
+        wide = x.astype(xp.float32) if x.dtype == xp.float16 else x
+        scale = 1.0 / xp.sqrt(xp.mean(wide * wide, axis=-1, keepdims=True) + eps)
+        return (x * scale.astype(x.dtype)) * weight
+    out = np.empty_like(x)
+    lib.wf_rms_norm(address(x), address(weight), eps, x.shape[0], x.shape[1],
+                    address(out))  # fmt: skip
+    return out
+
+
+def head_rms_norm(
+    qkv: Array, col0: int, heads: int, head_dim: int, weight: Array, eps: float, xp: ModuleType
+) -> None:
+    """In place: columns col0 .. col0 + heads * D of qkv [N, C] RMS-normed head by head
+    (D values each) with weight [D], as rms_norm does a row."""
+    if gpu_ops.gpu_float32(qkv, weight) and qkv.flags.c_contiguous:
+        gpu_ops.head_rms_norm(qkv, col0, heads, head_dim, weight, eps)
+        return
+    lib = _compiled(qkv, weight, multiple_of=head_dim)
+    if lib is None:
+        n, cols = qkv.shape[0], slice(col0, col0 + heads * head_dim)
+        runs = qkv[:, cols].reshape(n * heads, head_dim)
+        qkv[:, cols] = rms_norm(runs, weight, eps, xp).reshape(n, heads * head_dim)
+        return
+    lib.wf_head_rms_norm(address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim,
+                         address(weight), eps)  # fmt: skip
+
+
+def rope(
+    qkv: Array, col0: int, heads: int, head_dim: int, tables: tuple[Array, Array],
+    positions: Array, xp: ModuleType,
+) -> Array:  # fmt: skip
+    """[N, heads, D]: columns col0 .. col0 + heads * D of qkv [N, C] rotated at their
+    positions; tables: cos and sin [context, D/2]."""
+    cos_t, sin_t = tables
+    n = qkv.shape[0]
+    lib = _compiled(qkv, cos_t, sin_t, multiple_of=head_dim // 2)
+    if lib is None or positions.dtype != np.int64:
+        x = qkv[:, col0 : col0 + heads * head_dim].reshape(n, heads, head_dim)
+        cos, sin = cos_t[positions][:, None, :], sin_t[positions][:, None, :]
+        half = head_dim // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    pos = np.ascontiguousarray(positions)
+    out = np.empty((n, heads, head_dim), dtype=np.float32)
+    lib.wf_rope(address(qkv), qkv.shape[1], col0, n, heads, head_dim, address(cos_t),
+                address(sin_t), address(pos), address(out))  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
+    # gate_up: [N, 2 * ffn] -> [N, ffn]
+    if gpu_ops.gpu_float32(gate_up):
+        return gpu_ops.silu_mul(gate_up, ffn_dim)
+    lib = _compiled(gate_up, multiple_of=ffn_dim)
+    if lib is None:
+        gate, up = gate_up[:, :ffn_dim], gate_up[:, ffn_dim:]
+        # float16: the sigmoid in float32 (exp(-gate) overflows float16 below gate = -11)
+        wide = gate.astype(xp.float32) if gate.dtype == xp.float16 else gate
+        act = (wide / (1.0 + xp.exp(-wide))).astype(gate.dtype, copy=False)
+        act *= up
+        return act
+    out = np.empty((gate_up.shape[0], ffn_dim), dtype=np.float32)
+    lib.wf_silu_mul(address(gate_up), gate_up.shape[0], ffn_dim, address(out))
+    return out

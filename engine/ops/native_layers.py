@@ -1,0 +1,134 @@
+"""A step's decoder layers in one C call (engine/ops/csrc/layers.c) where every part of them
+runs in the C kernels: quantized weights, NumPy float32, every row in the kernels. The same
+kernels in the same order on the same values as the family's layer run op by op
+(engine/forward.py), so the same bits, without the ~14 Python calls per layer between them
+(about 2 ms of a 10 ms single-row step on 2 cores, bench/RESULTS.md). It runs the layers of
+the families that say so (engine/models): q, k, v biases and per-head q/k norms where the
+weights have them."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.ops import native
+from engine.ops.attention import c_kernel_fits
+from engine.ops.native import address
+from engine.ops.quant import kernels as quant_kernels
+from engine.ops.quant.matrix import QuantMatrix
+from engine.text.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.kv.kv_pool import KVPool
+    from engine.loader.weights import Weights
+    from engine.step import RopeTables, StepLayout
+
+Array = Any
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Matrix(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("gshift", ctypes.c_int), ("codes", _ptr),
+                ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("k", _i64)]  # fmt: skip
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", _ptr), ("ffn_norm", _ptr), ("qkv", _Matrix), ("wo", _Matrix),
+                ("gate_up", _Matrix), ("down", _Matrix), ("qkv_bias", _ptr), ("q_norm", _ptr),
+                ("k_norm", _ptr)]  # fmt: skip
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("dim", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
+                ("ffn_dim", _i64), ("layer_floats", _i64), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float)]  # fmt: skip
+
+
+def _matrix(w: QuantMatrix) -> _Matrix:
+    codes, scale, offset = w.pointers
+    return _Matrix(w.c_kind, w.gshift, codes, scale, offset, w.shape[0], w.k)
+
+
+def _vector(a: Array) -> int | None:
+    ok = isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
+    return int(a.ctypes.data) if ok else None
+
+
+@dataclass(frozen=True, slots=True)
+class NativeLayers:
+    """The layers' descriptors for wf_layers: pointers into `weights`, kept alive here."""
+
+    layers: ctypes.Array[_Layer]
+    config: ModelConfig
+    weights: Weights  # what the descriptors point into
+    fn: Any  # wf_layers
+
+    @classmethod
+    def build(cls, weights: Weights, config: ModelConfig) -> NativeLayers | None:
+        """None where some part would not run in the C kernels (then forward.py runs the
+        family's layer op by op)."""
+        lib, c = native.library(), config
+        if not (
+            lib is not None
+            and quant_kernels().name == "c"
+            and c.dim % 16 == 0 and c.ffn_dim % 16 == 0 and c.head_dim % 32 == 0
+            and c_kernel_fits(c.num_heads, c.num_kv_heads, c.head_dim)
+        ):  # fmt: skip
+            return None
+        descriptors = []
+        for lw in weights.layers:
+            matrices = (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)
+            norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
+            optional = (lw.bqkv, lw.q_norm, lw.k_norm)  # None: the layer has none
+            extras = tuple(None if a is None else _vector(a) for a in optional)
+            if (
+                not all(isinstance(m, QuantMatrix) for m in matrices) or None in norms
+                or any(a is not None and e is None for a, e in zip(optional, extras, strict=True))
+            ):  # fmt: skip
+                return None
+            descriptors.append(_Layer(*norms, *(_matrix(m) for m in matrices), *extras))
+        fn = lib.wf_layers
+        p = _ptr
+        fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]
+        fn.restype = _i64  # 0, or the scratch bytes refused
+        return cls((_Layer * len(descriptors))(*descriptors), config, weights, fn)
+
+    def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
+            step: StepLayout, threads: int) -> bool:  # fmt: skip
+        """Every layer over x [N, dim] in place, writing the step's keys and values into
+        `pool`; False (nothing done) where this step has rows outside the kernels. Raises
+        MemoryError (nothing done) where the step's scratch cannot be allocated."""
+        c, plan = self.config, step.attention
+        every_row = quant_kernels().every_row or all(kernel for *_, kernel in step.runs)
+        if not (
+            every_row and len(plan.kernel_rows) == x.shape[0]
+            and pool.xp is np and pool.dtype == np.float32
+            and pool.k.flags.c_contiguous and pool.v.flags.c_contiguous
+            and x.dtype == np.float32 and x.flags.c_contiguous
+            and positions.dtype == np.int64 and positions.flags.c_contiguous
+            and _vector(rope.cos) is not None and _vector(rope.sin) is not None
+        ):  # fmt: skip
+            return False
+        layer_floats = pool.k[0].size
+        shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_dim, layer_floats,
+                       c.rms_eps, c.head_dim**-0.5)  # fmt: skip
+        kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
+        refused = self.fn(self.layers, len(self.layers), ctypes.byref(shape), address(x),
+                          x.shape[0], address(positions), address(rope.cos), address(rope.sin),
+                          address(pool.k), address(pool.v), address(kv_rows),
+                          address(plan.tables), plan.tables.shape[1], address(plan.lengths),
+                          threads)  # fmt: skip
+        if refused:
+            raise native.scratch_refused("wf_layers", refused, f"a {x.shape[0]}-row step")
+        return True
+
+
+def native_layers(weights: Weights, config: ModelConfig) -> NativeLayers | None:
+    """The weights' NativeLayers, built on first use and kept on the weights (None where
+    the model's layers do not all run in the C kernels)."""
+    if weights.native is None:
+        weights.native = NativeLayers.build(weights, config) or False
+    return weights.native or None

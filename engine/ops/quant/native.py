@@ -1,0 +1,62 @@
+"""ctypes bindings of the quantized-weight products in engine/ops/csrc/qmatmul.c."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from engine.ops import native
+from engine.ops.native import address
+from engine.ops.quant.matrix import QuantMatrix
+
+
+class NativeKernels:
+    """wf_matmul and wf_dequant."""
+
+    name = "c"
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        # Every row, long prefill chunks too, where a 16-lane vector is one register
+        # (AVX-512): on 2 Zen 4 cores as fast as expanding the weights for BLAS, with no
+        # expansion and no hand-over between BLAS's and OpenMP's threads (each woke the
+        # other's sleeping thread: ~0.5 ms, several times a layer): a 512-token prefill
+        # 1.08-1.15 s -> 0.73-0.75 s (bench/RESULTS.md). Built for AVX2 or NEON the tiles
+        # spill their registers and run ~10x below BLAS: long chunks go there.
+        self.every_row = native.wide_vectors()
+        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        self._matmul = lib.wf_matmul
+        self._matmul.argtypes = [i, i, p, p, p, i64, i64, p, i64, p, i64, i]
+        self._matmul.restype = i64  # 0, or the scratch bytes refused
+        self._dequant = lib.wf_dequant
+        self._dequant.argtypes = [i, i, p, p, p, i64, p, i64, p, i]
+        self._dequant.restype = i64
+
+    def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+        """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32. MemoryError (nothing
+        done) where the kernel's scratch cannot be allocated."""
+        codes, scale, offset = w.pointers
+        n, m = out.shape[1], x.shape[0]
+        refused = self._matmul(w.c_kind, w.gshift, codes, scale, offset, n, w.k, address(x), m,
+                               address(out), n, threads)  # fmt: skip
+        if refused:
+            raise native.scratch_refused(
+                "wf_matmul", refused, f"a {m}-row product of [{n}, {w.k}] weights"
+            )
+
+    def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
+        """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]. MemoryError
+        (nothing done) where the kernel's scratch cannot be allocated."""
+        codes, scale, offset = w.pointers
+        refused = self._dequant(w.c_kind, w.gshift, codes, scale, offset, w.k, address(rows),
+                                len(rows), address(out), threads)  # fmt: skip
+        if refused:
+            raise native.scratch_refused(
+                "wf_dequant", refused, f"{len(rows)} rows of [{w.shape[0]}, {w.k}] weights"
+            )
+
+
+def load() -> NativeKernels | None:
+    """The compiled products; None where the C kernels cannot be built."""
+    lib = native.library()
+    return NativeKernels(lib) if lib is not None else None

@@ -1,0 +1,81 @@
+"""The data types of one forward step, shared by the backends, the families' layers and the
+runner: which tokens of which sequences it runs (Segment), the rotation tables (RopeTables)
+and where its rows go, worked out once for all layers (StepLayout).
+
+Shapes: N tokens in the step, Hkv KV heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine.kv.kv_pool import KVPool, PagedKV
+from engine.ops import gpu_ops
+from engine.ops.attention import AttentionPlan, kernel_row_limit
+from engine.ops.kernels import RowRuns, plan_rows
+from engine.text.model_config import ModelConfig
+
+Array = Any
+
+
+@dataclass(slots=True)
+class Segment:
+    """A run of consecutive tokens of one sequence inside the flat batch."""
+
+    kv: PagedKV
+    start: int  # position of the segment's first token; the KV holds [0, start)
+    length: int
+    want_logits: bool  # logits of the segment's last token are needed
+
+
+@dataclass(frozen=True, slots=True)
+class RopeTables:
+    cos: Array  # [context, D/2]
+    sin: Array  # [context, D/2]
+
+    @classmethod
+    def build(
+        cls, config: ModelConfig, dtype: Any, xp: ModuleType, divisors: Any = None
+    ) -> RopeTables:
+        """cos and sin of every position's angle for each of the head's frequencies, each
+        frequency divided by `divisors` when given (engine.loader.rope.frequency_divisors)."""
+        half = config.head_dim // 2
+        inv_freq = 1.0 / config.rope_base ** (
+            xp.arange(half, dtype=xp.float64) * 2 / config.head_dim
+        )
+        if divisors is not None:
+            inv_freq = inv_freq / xp.asarray(divisors, dtype=xp.float64)
+        angles = xp.arange(config.context_length, dtype=xp.float64)[:, None] * inv_freq[None, :]
+        return cls(cos=xp.cos(angles).astype(dtype), sin=xp.sin(angles).astype(dtype))
+
+
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """Where a step's rows go, worked out once for all layers: the matrix kernels' row
+    runs, where each token's keys and values go in the pool, and the attention plan."""
+
+    pool: KVPool
+    runs: RowRuns
+    kv_rows: Array  # [N * Hkv] see KVPool.flat_rows
+    attention: AttentionPlan
+
+    @classmethod
+    def build(cls, pool: KVPool, segments: list[Segment]) -> StepLayout:
+        where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
+        c = pool.config
+        spans = [(seg.kv.blocks, seg.start, seg.length) for seg in segments]
+        if pool.xp is np:
+            plan = AttentionPlan.build(
+                spans, kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
+                compiled=pool.dtype == np.float32,
+            )  # fmt: skip
+        else:  # CuPy: every row in the kernel where it takes this pool
+            gpu = pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
+            plan = AttentionPlan.build(spans, None, compiled=gpu).to(pool.xp)
+        blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))
+        rows = pool.xp.asarray(pool.flat_rows(blocks, slots))
+        return cls(pool, plan_rows([seg.length for seg in segments]), rows, plan)
