@@ -16,6 +16,7 @@ from typing import Any
 import redis as redis_lib
 
 from broker import keys
+from broker.worker_broker import WorkerBroker
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
 from common.v1 import kvstore_pb2 as kvpb
@@ -41,6 +42,16 @@ def one_worker(model: Path, folders: Callable[[str], Path], **options: Any) -> I
                            spill_dir=folders("spill"), **options)  # fmt: skip
     with Cluster(config) as c:
         yield c
+
+
+def registered_worker(
+    r: redis_lib.Redis, worker_id: str, lease_s: float = 5.0, **status: int
+) -> WorkerBroker:
+    """A worker's side of the broker on `r`, registered (its heartbeat `status` for a
+    minute), as a worker process registers when it starts."""
+    broker = WorkerBroker(r, worker_id, lease_s=lease_s)
+    broker.register({"warm_budget": 0, **status}, ttl_s=60)
+    return broker
 
 
 def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:

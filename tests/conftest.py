@@ -1,5 +1,6 @@
-"""Shared fixtures: the real default model (fetched once, loaded once per test session) and
-the default two-worker cluster that the general cluster tests share (started on first use)."""
+"""Shared fixtures: the real default model (fetched once, loaded once per test session), the
+tiny random-weight model's file (written once), and the default two-worker cluster that the
+general cluster tests share (started on first use)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from engine.model import Model
 from tests.cluster_helpers import write_keys
+from tests.tiny_gguf import write_tiny_llama
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import pull_default_model
@@ -26,6 +28,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     return pull_default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight llama file (tests/tiny_gguf.py), written once per session."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 
 
 @pytest.fixture(scope="session")

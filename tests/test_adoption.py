@@ -13,11 +13,11 @@ import redis as redis_lib
 
 from broker import codec, keys
 from broker.messages import Job
-from broker.worker_broker import Outbox, WorkerBroker
+from broker.worker_broker import Outbox
 from common.enums import Priority
 from common.sampling import SamplingParams
 from tests.cluster_fixtures import decoded_client, redis_client, redis_server  # noqa: F401
-from tests.cluster_helpers import wait_for
+from tests.cluster_helpers import registered_worker, wait_for
 from worker.liveness import Liveness
 
 LEASE_S = 600.0  # no lease lapses during a test: only heartbeats decide
@@ -26,12 +26,6 @@ LEASE_S = 600.0  # no lease lapses during a test: only heartbeats decide
 @pytest.fixture
 def r(decoded: redis_lib.Redis) -> redis_lib.Redis:
     return decoded
-
-
-def worker(r: redis_lib.Redis, worker_id: str) -> WorkerBroker:
-    broker = WorkerBroker(r, worker_id, lease_s=LEASE_S)
-    broker.register({"warm_budget": 0}, ttl_s=60)
-    return broker
 
 
 def pin(r: redis_lib.Redis, worker_id: str, *request_ids: str) -> None:
@@ -55,7 +49,7 @@ def die(r: redis_lib.Redis, worker_id: str) -> None:
 def test_a_dead_workers_stream_is_adopted_once_and_again_if_its_adopter_dies(
     r: redis_lib.Redis,
 ) -> None:
-    w0, w1, w2 = worker(r, "w0"), worker(r, "w1"), worker(r, "w2")
+    w0, w1, w2 = (registered_worker(r, w, LEASE_S) for w in ("w0", "w1", "w2"))
     pin(r, "w0", "a", "b", "c")
     assert [d.job.request_id for d in w0.read_pinned(3) if d.job] == ["a", "b", "c"]
     pin(r, "w0", "d")  # not read yet
@@ -83,7 +77,7 @@ def test_a_dead_workers_stream_is_adopted_once_and_again_if_its_adopter_dies(
 def test_nothing_is_adopted_while_the_adopters_own_heartbeat_is_missing(
     r: redis_lib.Redis,
 ) -> None:
-    w0, w1 = worker(r, "w0"), worker(r, "w1")
+    w0, w1 = registered_worker(r, "w0", LEASE_S), registered_worker(r, "w1", LEASE_S)
     pin(r, "w0", "a")
     w0.read_pinned(1)
     die(r, "w0")
@@ -96,7 +90,7 @@ def test_nothing_is_adopted_while_the_adopters_own_heartbeat_is_missing(
 def test_the_liveness_thread_writes_the_heartbeat_with_its_own_short_ttl(
     r: redis_lib.Redis,
 ) -> None:
-    broker = worker(r, "w0")
+    broker = registered_worker(r, "w0", LEASE_S)
     liveness = Liveness(broker, lease_s=LEASE_S, interval_s=0.1, stall_s=LEASE_S,
                         heartbeat_ttl_s=0.5)  # fmt: skip
     liveness.start(json.dumps({"pid": 1}))
@@ -111,7 +105,7 @@ def test_a_request_that_ends_on_two_workers_leaves_the_running_count_once(
     r: redis_lib.Redis,
 ) -> None:
     """w0 was taken for dead but was only slow: it and its adopter both end request a."""
-    w0, w1 = worker(r, "w0"), worker(r, "w1")
+    w0, w1 = registered_worker(r, "w0", LEASE_S), registered_worker(r, "w1", LEASE_S)
     pin(r, "w0", "a", "b")
     r.hset(keys.RUNNING, "t", 2)  # as DISPATCH counts them
     mine = w0.read_pinned(2)
@@ -129,7 +123,7 @@ def test_a_worker_that_came_back_is_not_retired_and_a_dead_ones_streams_go(
 ) -> None:
     """The retirement decided while w0 was dead finds it back (a restart registers at once):
     its new streams and membership stay. Dead for good, its pinned and wake streams go."""
-    w0, w1 = worker(r, "w0"), worker(r, "w1")
+    w0, w1 = registered_worker(r, "w0", LEASE_S), registered_worker(r, "w1", LEASE_S)
     die(r, "w0")
     w0.register({"warm_budget": 0}, ttl_s=60)  # back before w1 acts on what it saw
     w1._retire_if_dead("w0")

@@ -12,8 +12,8 @@ from engine.engine import Engine, StepOutput
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
-from engine.text.chat import render_chat
 from tests.batch_invariance import check, compositions
+from tests.cluster_helpers import prompt_ids
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.slow
@@ -39,11 +39,6 @@ def conversations() -> list[list[dict[str, str]]]:
         ],
     ]
     return (chats + extra)[:8]
-
-
-def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:
-    assert model.tokenizer.chat_template is not None
-    return model.tokenizer.encode(render_chat(model.tokenizer.chat_template, messages))
 
 
 def ids_of(outputs: list[StepOutput]) -> list[int]:

@@ -25,6 +25,7 @@ from tests.cluster_fixtures import (  # noqa: F401
     redis_server,
     sync_gateway,
 )
+from tests.cluster_helpers import registered_worker
 
 BIG = 10_000
 
@@ -36,9 +37,7 @@ def client(decoded: redis_lib.Redis) -> redis_lib.Redis:
 
 @pytest.fixture
 def worker(client: redis_lib.Redis) -> WorkerBroker:
-    broker = WorkerBroker(client, "w0", lease_s=5.0)
-    broker.register({"warm_budget": 0}, ttl_s=60)
-    return broker
+    return registered_worker(client, "w0")
 
 
 def request(rid: str, tenant: str, priority: str = "normal", tokens: int = 10) -> Job:

@@ -28,7 +28,6 @@ from engine.model import Model
 from engine.sequence import Request
 from tests.cluster_helpers import one_worker
 from tests.fuzz_inputs import generate_requests, http_bodies, page_requests, raw_bytes, session_ids
-from tests.tiny_gguf import write_tiny_llama
 from warmfleet.client import Client
 from warmfleet.launcher import Cluster
 
@@ -41,11 +40,6 @@ HTTP_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/re
 HEADER_VALUES = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80).map(
     str.strip
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("fuzz-model") / "tiny.gguf")
 
 
 @pytest.fixture(scope="module")

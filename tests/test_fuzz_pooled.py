@@ -20,7 +20,6 @@ import pytest
 from tests.cluster_helpers import one_worker
 from tests.fuzz_inputs import COUNT, FORK, MESSAGES, hostile_bodies
 from tests.test_fuzz import assert_cluster_sound
-from tests.tiny_gguf import write_tiny_llama
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
@@ -35,11 +34,6 @@ VALID: list[tuple[str, dict[str, Any]]] = [
 ]
 HEADERS = (b"x-session-id", b"x-request-timeout", b"authorization")
 ODD_BYTES = [*range(32), 0x7F, 0x80, 0x85, 0xA0, 0xFF]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("pooled-model") / "tiny.gguf")
 
 
 @pytest.fixture(scope="module")

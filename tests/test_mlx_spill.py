@@ -20,7 +20,7 @@ from engine.kv.kv_pool import PagedKV
 from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore, read_summary
 from engine.model import Model
 from engine.sequence import Request
-from engine.text.chat import render_chat
+from tests.cluster_helpers import prompt_ids
 from worker.spiller import Spiller
 
 pytestmark = pytest.mark.slow
@@ -56,11 +56,6 @@ class Turn1:
     text: str
     kv: SpilledKV  # the session's KV as the engine evicted it: what a worker spills
     block_size: int  # the engine's pool's (the worker's SpillStore uses it)
-
-
-def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:
-    assert model.tokenizer.chat_template is not None
-    return model.tokenizer.encode(render_chat(model.tokenizer.chat_template, messages))
 
 
 def ids_of(outputs: list[StepOutput]) -> list[int]:

@@ -27,7 +27,7 @@ from tests.cluster_fixtures import (  # noqa: F401
     redis_server,
     sync_gateway,
 )
-from tests.cluster_helpers import wait_for
+from tests.cluster_helpers import registered_worker, wait_for
 from warmfleet.client import Client
 from warmfleet.launcher import Cluster
 from warmfleet.redis_server import RedisServer
@@ -36,10 +36,9 @@ BIG = 10_000
 ROOMS = (8, 8, 8)
 
 
-def worker(r: redis_lib.Redis, worker_id: str, **status: int) -> WorkerBroker:
-    broker = WorkerBroker(r, worker_id, lease_s=5.0)
-    broker.register({"max_running": 8, "num_sessions": 0, **status}, ttl_s=60)
-    return broker
+def placed(r: redis_lib.Redis, worker_id: str, **status: int) -> WorkerBroker:
+    """A registered worker of 8 batch slots and no idle sessions, unless `status` says."""
+    return registered_worker(r, worker_id, **{"max_running": 8, "num_sessions": 0, **status})
 
 
 def send(gateway: Any, rid: str, session: str, tenant: str = "t") -> str:
@@ -66,7 +65,7 @@ def taken(broker: WorkerBroker, rooms: tuple[int, int, int] = ROOMS) -> list[str
 def test_a_new_session_goes_to_the_less_loaded_worker(
     decoded: redis_lib.Redis, gateway: Any, first: str
 ) -> None:
-    workers = {"w0": worker(decoded, "w0"), "w1": worker(decoded, "w1")}
+    workers = {"w0": placed(decoded, "w0"), "w1": placed(decoded, "w1")}
     load(decoded, gateway, "w0", 2)
     load(decoded, gateway, "w1", 1)
     assert send(gateway, "a", "new-a") == "queued"
@@ -86,7 +85,7 @@ def test_a_new_session_goes_to_the_less_loaded_worker(
 def test_ties_go_to_the_worker_with_fewer_idle_sessions_then_the_smaller_id(
     decoded: redis_lib.Redis, gateway: Any
 ) -> None:
-    w0, w1, w2 = worker(decoded, "w0", num_sessions=3), worker(decoded, "w1"), worker(decoded, "w2")
+    w0, w1, w2 = placed(decoded, "w0", num_sessions=3), placed(decoded, "w1"), placed(decoded, "w2")
     for rid in ("a", "b", "c"):
         send(gateway, rid, f"new-{rid}")
     # all idle: w1 and w2 hold fewer sessions than w0, and w1 < w2
@@ -98,14 +97,14 @@ def test_ties_go_to_the_worker_with_fewer_idle_sessions_then_the_smaller_id(
 def test_only_a_live_worker_with_a_free_slot_is_waited_for(
     decoded: redis_lib.Redis, gateway: Any
 ) -> None:
-    w0 = worker(decoded, "w0")
+    w0 = placed(decoded, "w0")
     load(decoded, gateway, "w0", 3)
-    worker(decoded, "full", max_running=2)
+    placed(decoded, "full", max_running=2)
     load(decoded, gateway, "full", 2)  # less loaded, but no free slot
-    worker(decoded, "drains").set_draining()
-    worker(decoded, "dead")
+    placed(decoded, "drains").set_draining()
+    placed(decoded, "dead")
     decoded.delete(keys.heartbeat_key("dead"))
-    adopter = worker(decoded, "adopter", num_adopted=4)  # runs a dead worker's requests
+    adopter = placed(decoded, "adopter", num_adopted=4)  # runs a dead worker's requests
     assert send(gateway, "a", "new-a") == "queued"
     assert taken(adopter) == []  # 4 running: w0, with 3, goes first
     assert decoded.xlen(keys.worker_wake("w0")) == 1
@@ -117,7 +116,7 @@ def test_only_a_live_worker_with_a_free_slot_is_waited_for(
 def test_requests_leave_the_queues_in_fair_order_spread_over_the_workers(
     decoded: redis_lib.Redis, gateway: Any
 ) -> None:
-    w0, w1 = worker(decoded, "w0"), worker(decoded, "w1")
+    w0, w1 = placed(decoded, "w0"), placed(decoded, "w1")
     for i in range(6):
         send(gateway, f"flood-{i}", f"new-f{i}", tenant="flooder")
     for i in range(2):
@@ -137,7 +136,7 @@ def test_requests_leave_the_queues_in_fair_order_spread_over_the_workers(
 def test_a_worker_that_ends_its_requests_takes_the_next_one(
     decoded: redis_lib.Redis, gateway: Any
 ) -> None:
-    w0, w1 = worker(decoded, "w0"), worker(decoded, "w1")
+    w0, w1 = placed(decoded, "w0"), placed(decoded, "w1")
     for rid in ("a", "b", "c"):
         send(gateway, rid, f"new-{rid}")
     first = w0.read(ROOMS, None)

@@ -24,11 +24,11 @@ import redis as redis_lib
 from broker import keys
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
-from engine.text.chat import render_chat
 from tests.cluster_helpers import (
     Conversation,
     assert_exact,
     common_prefix,
+    prompt_ids,
     records,
     settle,
     wait_for,
@@ -92,11 +92,6 @@ def fleet(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
     finally:
         f.cluster.stop()
         f.redis.stop()
-
-
-def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:
-    assert model.tokenizer.chat_template is not None
-    return model.tokenizer.encode(render_chat(model.tokenizer.chat_template, messages))
 
 
 def kill_redis_under_load(fleet: Fleet, client: Client) -> float:

@@ -15,7 +15,7 @@ import redis as redis_lib
 from broker import keys
 from broker.gateway_broker import Bounds
 from broker.messages import EventKind, Job, SessionEvent
-from broker.worker_broker import Outbox, WorkerBroker
+from broker.worker_broker import Outbox
 from common.enums import Priority
 from common.sampling import SamplingParams
 from tests.cluster_fixtures import (  # noqa: F401
@@ -24,7 +24,7 @@ from tests.cluster_fixtures import (  # noqa: F401
     redis_server,
     sync_gateway,
 )
-from tests.cluster_helpers import wait_for
+from tests.cluster_helpers import registered_worker, wait_for
 from worker.liveness import Liveness
 
 BIG = 10_000
@@ -35,12 +35,6 @@ def r(decoded: redis_lib.Redis) -> redis_lib.Redis:
     return decoded
 
 
-def worker(r: redis_lib.Redis, worker_id: str) -> WorkerBroker:
-    broker = WorkerBroker(r, worker_id, lease_s=5.0)
-    broker.register({"warm_budget": 0}, ttl_s=60)
-    return broker
-
-
 def send(gateway: Any, rid: str, session: str = "s") -> tuple[str, str]:
     now = time.time()
     job = Job(rid, "t", session, (1, 2), SamplingParams(seed=0), Priority.NORMAL, now, now + 60)
@@ -49,7 +43,7 @@ def send(gateway: Any, rid: str, session: str = "s") -> tuple[str, str]:
 
 
 def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis, gateway: Any) -> None:
-    w0, w1 = worker(r, "w0"), worker(r, "w1")
+    w0, w1 = registered_worker(r, "w0"), registered_worker(r, "w1")
     assert send(gateway, "a") == ("queued", "")  # a new session: any worker
     # w1 starts it: its session event also leaves the affinity, before the kvstore acts
     w1.publish(Outbox(events=[SessionEvent(EventKind.HOT, "w1", keys.cache_key("t", "s"))]), [])
@@ -68,7 +62,7 @@ def test_the_index_wins_then_the_affinity_then_the_queue(r: redis_lib.Redis, gat
 def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
     r: redis_lib.Redis, gateway: Any
 ) -> None:
-    w0, w1, w2 = worker(r, "w0"), worker(r, "w1"), worker(r, "w2")
+    w0, w1, w2 = registered_worker(r, "w0"), registered_worker(r, "w1"), registered_worker(r, "w2")
     r.hset(keys.session_key("t", "s"), mapping={"worker": "w0", "tier": "warm"})
     for rid in ("x", "y", "z"):
         assert send(gateway, rid) == ("pinned", "w0")
@@ -94,7 +88,7 @@ def test_a_draining_worker_hands_waiting_requests_to_the_shortest_stream(
 def test_the_hand_over_follows_placements_ranking(r: redis_lib.Redis, gateway: Any) -> None:
     """Load counts the requests a worker runs from a dead worker's stream, idle sessions
     break ties, and a worker with a free slot comes before a full one."""
-    w0, _, _, _ = (worker(r, w) for w in ("w0", "w1", "w2", "w3"))
+    w0, _, _, _ = (registered_worker(r, w) for w in ("w0", "w1", "w2", "w3"))
     for w, held in (("w2", "w2"), ("w3", "w3")):
         r.hset(keys.session_key("t", held), mapping={"worker": w, "tier": "warm"})
         assert send(gateway, f"on-{w}", held) == ("pinned", w)
@@ -119,7 +113,7 @@ def test_the_hand_over_follows_placements_ranking(r: redis_lib.Redis, gateway: A
 
 
 def test_liveness_beats_rejoins_and_stops_when_the_loop_stalls(r: redis_lib.Redis) -> None:
-    broker = worker(r, "w0")
+    broker = registered_worker(r, "w0")
     liveness = Liveness(broker, lease_s=1.0, interval_s=0.1, stall_s=1.5, heartbeat_ttl_s=1.0)
     liveness.start(json.dumps({"pid": 1}))
     try:

@@ -12,12 +12,12 @@ import redis as redis_lib
 
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
-from engine.text.chat import render_chat
 from tests.cluster_helpers import (
     TOKEN_BYTES,
     Conversation,
     assert_exact,
     common_prefix,
+    prompt_ids,
     recomputed,
     records,
     wait_for,
@@ -44,11 +44,6 @@ def cluster(
         )
     ) as c:
         yield c
-
-
-def prompt_ids(model: Model, messages: list[dict[str, str]]) -> list[int]:
-    assert model.tokenizer.chat_template is not None
-    return model.tokenizer.encode(render_chat(model.tokenizer.chat_template, messages))
 
 
 def test_every_resume_comes_back_from_disk_whole(cluster: Cluster, model: Model) -> None:

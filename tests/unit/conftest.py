@@ -1,4 +1,5 @@
-"""Tiny random-weight GGUF models, written once per test session."""
+"""The tiny random-weight model (its file: tests/conftest.py's tiny_path), loaded once per
+test session."""
 
 from __future__ import annotations
 
@@ -7,12 +8,6 @@ from pathlib import Path
 import pytest
 
 from engine.model import Model
-from tests.tiny_gguf import write_tiny_llama
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 
 
 @pytest.fixture(scope="session")
