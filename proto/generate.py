@@ -2,7 +2,7 @@
 
     .venv/bin/python proto/generate.py
 
-Writes common/v1/inference_pb2.py, .pyi and _pb2_grpc.py; tests/test_proto.py fails when the
+Writes common/v1/inference_pb2.py, .pyi and _pb2_grpc.py; tests/unit/test_proto.py fails when the
 committed files differ from what this produces.
 """
 

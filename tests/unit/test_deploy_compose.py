@@ -34,7 +34,7 @@ from tests.compose_files import (
 from warmfleet.cli import build_parser
 from warmfleet.commands.health import DEFAULT_TIMEOUT_S
 
-SCHEMA = Path(__file__).parent / "fixtures" / "compose-spec.json"
+SCHEMA = Path(__file__).parents[1] / "fixtures" / "compose-spec.json"
 SCHEMA_NOTE = SCHEMA.with_suffix(".md")  # where it comes from, its version and sha256
 PYTHON_START_S = 2.0  # a healthcheck's `warmfleet` imports its CLI before it asks
 

@@ -20,7 +20,7 @@ from starlette.routing import Mount, Route
 
 from warmfleet.cli import build_parser
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 README = REPO / "README.md"
 MAX_README_LINES = 160

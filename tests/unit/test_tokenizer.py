@@ -10,7 +10,7 @@ from engine.text.gguf_file import open_gguf, read_metadata
 from engine.text.tokenizer import Tokenizer
 from warmfleet.models import DEFAULT_MODEL_FILE, model_dir, pull_default_model
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_cases.json"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "tokenizer_cases.json"
 CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
 
 
