@@ -20,6 +20,7 @@ from gateway.http_errors import Shape, error_body
 from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
 from gateway.reasoning import Thought
+from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
 from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
@@ -41,6 +42,7 @@ def input_of(body: Body, session_id: str) -> GenerateInput:
         top_k=get(body, "top_k", int),
         stop=string_list(body, "stop_sequences"),
         template_kwargs=template_kwargs_of(body),
+        defaults=Defaults.API,  # temperature 1, or the model family's recommendation
     )
 
 

@@ -19,6 +19,7 @@ from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, 
 from gateway.http_request import Body, get, number, session_of, string_list
 from gateway.openai_messages import chat_messages, template_kwargs_of, tools_of
 from gateway.reasoning import Thought
+from gateway.sampling_defaults import Defaults
 from gateway.sse import DONE, EventStream, event
 from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
@@ -48,6 +49,7 @@ def sampling_fields(body: Body, session_id: str) -> dict[str, Any]:
         "priority": Priority(priority),
         "ignore_eos": get(body, "ignore_eos", bool, False),
         "min_tokens": get(body, "min_tokens", int, 0),
+        "defaults": Defaults.API,  # temperature 1, or the model family's recommendation
     }
 
 

@@ -23,6 +23,7 @@ from gateway.http_errors import describe
 from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
 from gateway.http_request import SESSION_HEADER, Body, get, number, session_of
 from gateway.responses_input import chat_of, check_format, template_kwargs_of, tools_of
+from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
 from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
@@ -39,6 +40,7 @@ def input_of(body: Body, request: Request) -> GenerateInput:
         temperature=number(body, "temperature"),
         top_p=number(body, "top_p"),
         template_kwargs=template_kwargs_of(body),
+        defaults=Defaults.API,  # temperature 1, or the model family's recommendation
     )
 
 

@@ -20,6 +20,7 @@ from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from gateway.bounds import InputBounds
 from gateway.reasoning import ThoughtSplitter, opens_thought
+from gateway.sampling_defaults import Defaults, defaults_for
 from gateway.work_gate import WorkGate
 
 DEFAULT_MAX_TOKENS = 256
@@ -31,7 +32,7 @@ class GenerateInput:
     """What a client asked for, whatever API it spoke; exactly one of messages, prompt and
     token_ids. `tools`: the functions offered, with messages (engine/chat_tools.py's form);
     `template_kwargs`: the chat template's further variables (`enable_thinking` false
-    turns reasoning off). Sampling fields left None take their defaults."""
+    turns reasoning off). Sampling fields left None take `defaults`."""
 
     session_id: str = ""
     messages: list[dict[str, Any]] | None = None
@@ -51,6 +52,7 @@ class GenerateInput:
     ignore_eos: bool = False
     min_tokens: int = 0
     template_kwargs: dict[str, Any] | None = None
+    defaults: Defaults = Defaults.GREEDY
 
     @property
     def reasoning_off(self) -> bool:
@@ -88,17 +90,22 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer, thinking: bool = False)
     return list(inp.token_ids)
 
 
-def sampling_of(inp: GenerateInput, room: int) -> SamplingParams:
-    """The sampling asked for; `room`: the tokens the context holds after the prompt. A
-    max_tokens past it is cut to it: the same tokens come out (the context ends first), and
-    the fair queues charge what can run (Claude Code asks 32,000 of an 8,192 context)."""
+def sampling_of(
+    inp: GenerateInput, room: int, architecture: str = "", thinking: bool = False
+) -> SamplingParams:
+    """The sampling asked for, the defaults of the request's API (and the model's family:
+    `architecture`, and whether it may be `thinking`) where it left a field out; `room`:
+    the tokens the context holds after the prompt. A max_tokens past it is cut to it: the
+    same tokens come out (the context ends first), and the fair queues charge what can run
+    (Claude Code asks 32,000 of an 8,192 context)."""
     max_tokens = inp.max_tokens
     if max_tokens is None:
         max_tokens = room if inp.max_tokens_default is None else inp.max_tokens_default
+    default = defaults_for(inp.defaults, architecture, thinking)
     sampling = SamplingParams(
-        temperature=0.0 if inp.temperature is None else inp.temperature,
-        top_k=inp.top_k or 0,
-        top_p=1.0 if inp.top_p is None else inp.top_p,
+        temperature=default.temperature if inp.temperature is None else inp.temperature,
+        top_k=default.top_k if inp.top_k is None else inp.top_k,
+        top_p=default.top_p if inp.top_p is None else inp.top_p,
         min_p=inp.min_p or 0.0,
         # fixed here when absent, so that a retry on another worker draws the same tokens
         seed=secrets.randbits(63) if inp.seed is None else inp.seed,
@@ -125,7 +132,8 @@ def build_job(
     check_session_id(inp.session_id)
     ids = prompt_ids(inp, tokenizer, thinking)
     config.check_prompt(ids)
-    sampling = sampling_of(inp, config.context_length - len(ids))
+    room = config.context_length - len(ids)
+    sampling = sampling_of(inp, room, config.architecture, thinking)
     now = time.time()
     return Job(
         request_id=uuid.uuid4().hex,

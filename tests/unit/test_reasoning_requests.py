@@ -2,7 +2,8 @@
 Anthropic `thinking` blocks, Responses `reasoning` items) become the assistant message's
 `reasoning_content`, which Qwen 3's template renders itself and another template gets
 back between think tags; each face's way to turn reasoning off; the reply starting in its
-reasoning when the prompt opened a think span."""
+reasoning when the prompt opened a think span; and the sampling defaults of each face and
+family."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from engine.model import Model
 from engine.tokenizer import Tokenizer
 from gateway import anthropic_messages, openai_messages, responses_input
 from gateway.reasoning import Thought
-from gateway.validate import GenerateInput, JobBuilder, prompt_ids
+from gateway.sampling_defaults import Defaults
+from gateway.validate import GenerateInput, JobBuilder, prompt_ids, sampling_of
 from gateway.work_gate import WorkGate
 from tests.conftest import FIXTURES
 from tests.tiny_families import family_vocab
@@ -130,3 +132,21 @@ def test_the_reply_starts_in_its_reasoning_when_the_prompt_opened_it(
     off = builder(opening, tiny_model, thoughts=False)
     job = SimpleNamespace(prompt_ids=tuple(prompt_ids(GenerateInput(messages=chat), opening)))
     assert off.splitter(job).feed(reply) == [reply]  # --reasoning-parser none
+
+
+def test_each_face_and_family_has_its_sampling_defaults(qwen: Tokenizer, tiny_model: Model) -> None:
+    def sampled(arch: str, thinking: bool, **kw: Any) -> tuple[float, float, int]:
+        s = sampling_of(GenerateInput(prompt="x", **kw), 100, arch, thinking)
+        return s.temperature, s.top_p, s.top_k
+
+    assert sampled("llama", True) == (0.0, 1.0, 0)  # gRPC: greedy
+    assert sampled("qwen3", True) == (0.0, 1.0, 0)  # whatever the family
+    assert sampled("llama", True, defaults=Defaults.API) == (1.0, 1.0, 0)
+    assert sampled("qwen3", True, defaults=Defaults.API) == (0.6, 0.95, 20)
+    assert sampled("qwen3", False, defaults=Defaults.API) == (0.7, 0.8, 20)
+    assert sampled("qwen3", True, defaults=Defaults.API, temperature=0.0, top_k=0) == (
+        0.0, 0.95, 0)  # fmt: skip
+    jobs = builder(qwen, tiny_model, thoughts=True)
+    assert jobs.thinking(GenerateInput(prompt="x"))
+    assert not jobs.thinking(GenerateInput(prompt="x", template_kwargs={"enable_thinking": False}))
+    assert not builder(qwen, tiny_model, thoughts=False).thinking(GenerateInput(prompt="x"))
