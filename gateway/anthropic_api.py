@@ -1,6 +1,7 @@
 """The Anthropic face: POST /v1/messages (streamed as message_start, content_block_start,
 content_block_delta..., content_block_stop, message_delta, message_stop; or one JSON
-object) and POST /v1/messages/count_tokens."""
+object) and POST /v1/messages/count_tokens. The reply's reasoning is a thinking block;
+its signature is empty (nothing here checks it when it comes back)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ from starlette.responses import JSONResponse, Response
 from broker.messages import Completion
 from common.enums import FinishReason
 from common.errors import InvalidRequestError, WarmfleetError
-from gateway.anthropic_messages import chat_of, tools_of
+from gateway.anthropic_messages import chat_of, template_kwargs_of, tools_of
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Started, collect, scanned, start
+from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
+from gateway.reasoning import Thought
+from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
-from gateway.tool_calls import Piece, ToolCall, ToolCallScanner
+from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
+
+SIGNATURE = ""  # a thinking block's: Anthropic's proves its own thoughts; there are none here
 
 
 def input_of(body: Body, session_id: str) -> GenerateInput:
@@ -36,15 +41,21 @@ def input_of(body: Body, session_id: str) -> GenerateInput:
         top_p=number(body, "top_p"),
         top_k=get(body, "top_k", int),
         stop=string_list(body, "stop_sequences"),
+        template_kwargs=template_kwargs_of(body),
+        defaults=Defaults.API,  # temperature 1, or the model family's recommendation
     )
 
 
-def stop_reason(c: Completion, scanner: ToolCallScanner) -> str:
+def stop_reason(c: Completion, reader: ReplyReader) -> str:
     if c.finish_reason == FinishReason.LENGTH:
         return "max_tokens"
     if c.stop_sequence:
         return "stop_sequence"
-    return "tool_use" if scanner.calls else "end_turn"
+    return "tool_use" if reader.num_calls else "end_turn"
+
+
+def thinking(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": SIGNATURE}
 
 
 def tool_use(call: ToolCall) -> dict[str, Any]:
@@ -68,53 +79,64 @@ async def messages(ctx: HttpContext, request: Request) -> Response:
     started = await start(ctx, request, inp)
     message: dict[str, Any] = {"id": f"msg_{started.job.request_id}", "type": "message",
                                "role": "assistant", "model": ctx.model_id}  # fmt: skip
-    scanner = ToolCallScanner.offering(inp.tools)
+    reader = ReplyReader(started.splitter, ToolCallScanner.offering(inp.tools))
     if get(body, "stream", bool, False):
-        events = _events(started, message, scanner)
+        events = _events(started, message, reader)
         return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
-    text, calls = scanner.whole(ch.text for ch in chunks)
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
+    thought, text, calls = reader.whole(chunks)
+    content = [thinking(thought)] if thought else []
+    content += [{"type": "text", "text": text}] if text or not (calls or thought) else []
     content += [{**tool_use(call), "input": call.arguments} for call in calls]
     return JSONResponse(
-        {**message, "content": content, "stop_reason": stop_reason(c, scanner),
+        {**message, "content": content, "stop_reason": stop_reason(c, reader),
          "stop_sequence": c.stop_sequence or None, "usage": usage(c)},
         headers=started.headers,
     )  # fmt: skip
 
 
 class _Blocks:
-    """The stream's content blocks: text opens a text block (when none is open), each call
-    is a tool_use block of its own, its input sent whole as one input_json_delta."""
+    """The stream's content blocks: reasoning opens a thinking block and text a text block
+    (when that one is not open: another closes first), each call is a tool_use block of its
+    own, its input sent whole as one input_json_delta. A thinking block's signature comes
+    last, as one signature_delta."""
 
     def __init__(self) -> None:
         self.index = 0  # the block open or next
-        self.text_open = False
+        self.open: str | None = None  # "text" or "thinking"
 
-    def events(self, pieces: list[Piece]) -> list[bytes]:
+    def events(self, pieces: list[Part]) -> list[bytes]:
         out = []
         for p in pieces:
             if isinstance(p, str):
-                if not self.text_open:
-                    out.append(self._start({"type": "text", "text": ""}))
-                    self.text_open = True
+                out += self._open("text", {"type": "text", "text": ""})
                 out.append(self._delta({"type": "text_delta", "text": p}))
-                continue
-            out += self.close()
-            out.append(self._start(tool_use(p)))
-            out.append(self._delta({"type": "input_json_delta", "partial_json": p.arguments_json}))
-            out.append(self._stop())
+            elif isinstance(p, Thought):
+                out += self._open("thinking", thinking(""))
+                out.append(self._delta({"type": "thinking_delta", "thinking": p.text}))
+            else:
+                out += self.close()
+                out.append(self._start(tool_use(p)))
+                json_delta = {"type": "input_json_delta", "partial_json": p.arguments_json}
+                out += [self._delta(json_delta), self._stop()]
         return out
 
-    def close(self) -> list[bytes]:
-        if not self.text_open:
+    def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        if self.open == kind:
             return []
-        self.text_open = False
-        return [self._stop()]
+        out = self.close()
+        self.open = kind
+        return [*out, self._start(block)]
+
+    def close(self) -> list[bytes]:
+        kind, self.open = self.open, None
+        if kind == "thinking":
+            return [self._delta({"type": "signature_delta", "signature": SIGNATURE}), self._stop()]
+        return [] if kind is None else [self._stop()]
 
     def end(self) -> list[bytes]:
         """Close the last block; a reply of nothing has one empty text block."""
-        if self.index == 0 and not self.text_open:
+        if self.index == 0 and self.open is None:
             return [self._start({"type": "text", "text": ""}), self._stop()]
         return self.close()
 
@@ -132,7 +154,7 @@ class _Blocks:
 
 
 async def _events(
-    started: Started, message: dict[str, Any], scanner: ToolCallScanner
+    started: Started, message: dict[str, Any], reader: ReplyReader
 ) -> AsyncGenerator[bytes, None]:
     prompt_tokens = len(started.job.prompt_ids)
     start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
@@ -141,7 +163,7 @@ async def _events(
     yield event({"type": "message_start", "message": opened}, "message_start")
     blocks = _Blocks()
     try:
-        async with aclosing(scanned(started, scanner)) as results:
+        async with aclosing(scanned(started, reader)) as results:
             async for got in results:
                 if not isinstance(got, Completion):
                     for out in blocks.events(got):
@@ -149,7 +171,7 @@ async def _events(
                     continue
                 for out in blocks.end():
                     yield out
-                end = {"stop_reason": stop_reason(got, scanner),
+                end = {"stop_reason": stop_reason(got, reader),
                        "stop_sequence": got.stop_sequence or None}  # fmt: skip
                 yield event({"type": "message_delta", "delta": end, "usage": usage(got)},
                             "message_delta")  # fmt: skip
@@ -162,5 +184,6 @@ async def count_tokens(ctx: HttpContext, request: Request) -> Response:
     body = await ctx.body(request)
     ctx.check_model(get(body, "model", str))
     tenant_of(request, ctx.keys)
-    inp = GenerateInput(messages=chat_of(body), tools=tools_of(body))
+    inp = GenerateInput(messages=chat_of(body), tools=tools_of(body),
+                        template_kwargs=template_kwargs_of(body))  # fmt: skip
     return JSONResponse({"input_tokens": await ctx.jobs.count_tokens(inp)})

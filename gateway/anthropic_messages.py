@@ -1,6 +1,7 @@
 """An Anthropic Messages request as one chat: `system` first, text blocks joined, `tool_use`
-blocks as the assistant's tool calls, each `tool_result` block as a `tool` message; the
-custom tools offered in the chat template's form."""
+blocks as the assistant's tool calls, `thinking` blocks as its `reasoning_content`
+(`redacted_thinking` ones, which only Anthropic can read, left out), each `tool_result`
+block as a `tool` message; the custom tools offered in the chat template's form."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from engine.text.chat_tools import Message, check_tools
 from gateway.http_request import Body, get, joined_text
 
 ROLES = ("user", "assistant")
-BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+BLOCKS = {"user": ("text", "tool_result"),
+          "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}  # fmt: skip
 
 
 def text_of(content: Any, where: str) -> str:
@@ -45,7 +47,7 @@ def chat_of(body: Body) -> list[Message]:
 def _blocks(role: str, blocks: Any, where: str) -> list[Message]:
     if not isinstance(blocks, list):
         raise InvalidRequestError(where, "content: must be a string or a list of blocks")
-    texts, calls, results = [], [], []
+    texts, calls, results, thoughts = [], [], [], []
     for j, b in enumerate(blocks):
         kind = b.get("type") if isinstance(b, dict) else None
         if kind not in BLOCKS[role]:
@@ -54,6 +56,12 @@ def _blocks(role: str, blocks: Any, where: str) -> list[Message]:
         assert isinstance(b, dict)
         if kind == "text":
             texts.append(text_of([b], f"{where}.content[{j}]"))
+        elif kind == "thinking":
+            if not isinstance(b.get("thinking"), str):
+                raise InvalidRequestError(where, f"content[{j}]: thinking needs its text")
+            thoughts.append(b["thinking"])
+        elif kind == "redacted_thinking":
+            continue
         elif kind == "tool_use":
             if not isinstance(b.get("name"), str) or not isinstance(b.get("input"), dict):
                 raise InvalidRequestError(where, f"content[{j}]: tool_use needs name and input")
@@ -65,6 +73,8 @@ def _blocks(role: str, blocks: Any, where: str) -> list[Message]:
             results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text})
     if role == "assistant":
         message: Message = {"role": "assistant", "content": "".join(texts)}
+        if thoughts:
+            message["reasoning_content"] = "".join(thoughts)
         return [{**message, "tool_calls": calls}] if calls else [message]
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
@@ -90,3 +100,10 @@ def tools_of(body: Body) -> list[Message] | None:
         converted.append({"type": "function", "function": function})
     check_tools(converted)
     return converted
+
+
+def template_kwargs_of(body: Body) -> dict[str, Any] | None:
+    """`thinking` {"type": "disabled"} turns the template's thinking off (its budget_tokens
+    are not enforced)."""
+    kind = get(body, "thinking", dict, {}).get("type")
+    return {"enable_thinking": False} if kind == "disabled" else None

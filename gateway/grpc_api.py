@@ -1,4 +1,6 @@
-"""The gRPC face of the gateway: `warmfleet.v1.Inference` over GatewayCore, on grpc.aio."""
+"""The gRPC face of the gateway: `warmfleet.v1.Inference` over GatewayCore, on grpc.aio.
+The reply's text streams as the model wrote it; the completion says how much of it is the
+reasoning span."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from common.v1 import inference_pb2_grpc
 from gateway.auth import KeyRing, Tenant
 from gateway.bounds import InputBounds
 from gateway.core import GatewayCore
+from gateway.reasoning import ThoughtSplitter
 from gateway.validate import GenerateInput, JobBuilder
 
 SESSION_METADATA_KEY = "x-session-id"
@@ -39,8 +42,7 @@ def input_of(request: pb.GenerateRequest, session_id: str, bounds: InputBounds) 
         bounds.check_count("token_ids", len(request.token_ids.ids))
     return GenerateInput(
         session_id=session_id,
-        messages=[{"role": m.role, "content": m.content} for m in request.messages.messages]
-        if kind == "messages" else None,
+        messages=[_message(m) for m in request.messages.messages] if kind == "messages" else None,
         prompt=request.prompt if kind == "prompt" else None,
         token_ids=list(request.token_ids.ids) if kind == "token_ids" else None,
         temperature=opt("temperature"),  # type: ignore[arg-type]
@@ -56,12 +58,21 @@ def input_of(request: pb.GenerateRequest, session_id: str, bounds: InputBounds) 
     )  # fmt: skip
 
 
-def completion_pb(c: Completion) -> pb.Completion:
+def _message(m: pb.ChatMessage) -> dict[str, str]:
+    message = {"role": m.role, "content": m.content}
+    if m.reasoning_content:
+        message["reasoning_content"] = m.reasoning_content
+    return message
+
+
+def completion_pb(c: Completion, splitter: ThoughtSplitter) -> pb.Completion:
+    """The completion, its reasoning span as the splitter that read the reply found it."""
     u, t = c.usage, c.timings
     usage = pb.Usage(
         prompt_tokens=u.prompt_tokens,
         cached_tokens=u.cached_tokens,
         completion_tokens=u.completion_tokens,
+        reasoning_tokens=splitter.span_tokens,
     )
     timings = pb.Timings(
         queue_wait_s=t.queue_wait_s,
@@ -78,6 +89,7 @@ def completion_pb(c: Completion) -> pb.Completion:
         kv_source=KV_SOURCE[c.kv_source],
         seed=c.seed,
         stop_sequence=c.stop_sequence,
+        reasoning_chars=splitter.span_chars,
     )
 
 
@@ -108,11 +120,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             inp = input_of(request, session_id, self.jobs.bounds)
             job = await self.jobs.build(inp, tenant.name, context.time_remaining())
             await self.core.admit(job, tenant)
+            splitter = self.jobs.splitter(job)
             async with aclosing(self.core.results(job)) as results:
                 async for message in results:
                     if isinstance(message, Completion):
-                        yield pb.GenerateResponse(completion=completion_pb(message))
+                        splitter.finish()
+                        yield pb.GenerateResponse(completion=completion_pb(message, splitter))
                     else:
+                        splitter.feed(message.text, len(message.token_ids))
                         chunk = pb.Chunk(index=message.index, token_ids=message.token_ids,
                                          text=message.text)  # fmt: skip
                         yield pb.GenerateResponse(chunk=chunk)

@@ -1,5 +1,6 @@
 """What every HTTP endpoint that generates does: read the body and the caller, build the job,
-admit it, and follow its results; the API modules only translate."""
+admit it, and follow its results, read as reasoning, text and tool calls; the API modules
+only translate."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from common.errors import NotFoundError
 from gateway.auth import KeyRing
 from gateway.core import GatewayCore
 from gateway.http_request import Body, read_json, tenant_of, time_left_of
-from gateway.tool_calls import Piece, ToolCallScanner
+from gateway.reasoning import Thought, ThoughtSplitter
+from gateway.tool_calls import Piece, ToolCall, ToolCallScanner, merge_text
 from gateway.validate import GenerateInput, JobBuilder
 
 Results = AsyncGenerator[TokenChunk | Completion, None]
+Part = Piece | Thought  # what to send: the answer's text, a tool call, or reasoning
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class Started:
     session_id: str
     created: int  # unix seconds
     results: Results
+    splitter: ThoughtSplitter  # where the reply's reasoning ends
 
     @property
     def headers(self) -> dict[str, str]:
@@ -62,20 +66,57 @@ async def start(ctx: HttpContext, request: Request, inp: GenerateInput) -> Start
     tenant = tenant_of(request, ctx.keys)
     job = await ctx.jobs.build(inp, tenant.name, time_left_of(request))
     await ctx.core.admit(job, tenant)
-    return Started(job, inp.session_id, int(time.time()), ctx.core.results(job))
+    splitter = ctx.jobs.splitter(job)
+    return Started(job, inp.session_id, int(time.time()), ctx.core.results(job), splitter)
+
+
+class ReplyReader:
+    """A reply read as it streams: its reasoning first (the splitter), then the answer's
+    text and tool calls (the scanner)."""
+
+    def __init__(self, splitter: ThoughtSplitter, scanner: ToolCallScanner) -> None:
+        self.splitter = splitter
+        self.scanner = scanner
+
+    @property
+    def num_calls(self) -> int:
+        return self.scanner.calls
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.splitter.span_tokens
+
+    def feed(self, text: str, num_tokens: int) -> list[Part]:
+        return self._answer(self.splitter.feed(text, num_tokens))
+
+    def finish(self) -> list[Part]:
+        return self._answer(self.splitter.finish()) + self.scanner.finish()
+
+    def whole(self, chunks: list[TokenChunk]) -> tuple[str, str, list[ToolCall]]:
+        """A reply read at once: its reasoning, its text and its calls."""
+        parts = [p for ch in chunks for p in self.feed(ch.text, len(ch.token_ids))]
+        parts += self.finish()
+        thought = "".join(p.text for p in parts if isinstance(p, Thought))
+        return (thought, *merge_text([p for p in parts if not isinstance(p, Thought)]))
+
+    def _answer(self, parts: list[Thought | str]) -> list[Part]:
+        out: list[Part] = []
+        for p in parts:
+            out += [p] if isinstance(p, Thought) else self.scanner.feed(p)
+        return out
 
 
 async def scanned(
-    started: Started, scanner: ToolCallScanner
-) -> AsyncGenerator[list[Piece] | Completion, None]:
-    """A streamed job's results as what to send: each chunk's text and calls, what the
-    scanner held back at the end, then the completion."""
+    started: Started, reader: ReplyReader
+) -> AsyncGenerator[list[Part] | Completion, None]:
+    """A streamed job's results as what to send: each chunk's reasoning, text and calls,
+    what the reader held back at the end, then the completion."""
     async with aclosing(started.results) as results:
         async for message in results:
             if isinstance(message, TokenChunk):
-                yield scanner.feed(message.text)
+                yield reader.feed(message.text, len(message.token_ids))
             else:
-                yield scanner.finish()
+                yield reader.finish()
                 yield message
 
 

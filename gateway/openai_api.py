@@ -15,9 +15,11 @@ from broker.messages import Completion, TokenChunk
 from common.enums import FinishReason, Priority
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Started, collect, scanned, start
+from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list
-from gateway.openai_messages import chat_messages, tools_of
+from gateway.openai_messages import chat_messages, template_kwargs_of, tools_of
+from gateway.reasoning import Thought
+from gateway.sampling_defaults import Defaults
 from gateway.sse import DONE, EventStream, event
 from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
@@ -47,16 +49,18 @@ def sampling_fields(body: Body, session_id: str) -> dict[str, Any]:
         "priority": Priority(priority),
         "ignore_eos": get(body, "ignore_eos", bool, False),
         "min_tokens": get(body, "min_tokens", int, 0),
+        "defaults": Defaults.API,  # temperature 1, or the model family's recommendation
     }
 
 
-def usage(c: Completion) -> dict[str, Any]:
+def usage(c: Completion, reasoning_tokens: int = 0) -> dict[str, Any]:
     u = c.usage
     return {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 
 
@@ -67,26 +71,29 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     options = get(body, "stream_options", dict, {})
     inp = GenerateInput(
         messages=chat_messages(body), tools=tools_of(body),
-        **sampling_fields(body, session_of(request)),
+        template_kwargs=template_kwargs_of(body), **sampling_fields(body, session_of(request)),
     )  # fmt: skip
     started = await start(ctx, request, inp)
     base = {"id": f"chatcmpl-{started.job.request_id}", "created": started.created,
             "model": ctx.model_id}  # fmt: skip
-    scanner = ToolCallScanner.offering(inp.tools)
+    reader = ReplyReader(started.splitter, ToolCallScanner.offering(inp.tools))
     if stream:
-        chunks = _chat_chunks(started, base, scanner, bool(options.get("include_usage")))
+        chunks = _chat_chunks(started, base, reader, bool(options.get("include_usage")))
         return EventStream(chunks, started.headers)  # type: ignore[return-value]
     chunks_got, c = await collect(started)
-    text, calls = scanner.whole(ch.text for ch in chunks_got)
+    thought, text, calls = reader.whole(chunks_got)
     message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if thought:
+        message["reasoning_content"] = thought
     if calls:
         message["tool_calls"] = [_call(call) for call in calls]
-    choice = {"index": 0, "message": message, "finish_reason": _finish(c, scanner),
+    choice = {"index": 0, "message": message, "finish_reason": _finish(c, reader),
               "logprobs": None}  # fmt: skip
     return JSONResponse(
-        {**base, "object": "chat.completion", "choices": [choice], "usage": usage(c)},
+        {**base, "object": "chat.completion", "choices": [choice],
+         "usage": usage(c, reader.reasoning_tokens)},
         headers=started.headers,
-    )
+    )  # fmt: skip
 
 
 def _call(call: ToolCall) -> dict[str, Any]:
@@ -94,14 +101,23 @@ def _call(call: ToolCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments_json}}  # fmt: skip
 
 
-def _finish(c: Completion, scanner: ToolCallScanner) -> str:
-    if scanner.calls and c.finish_reason == FinishReason.STOP:
+def _finish(c: Completion, reader: ReplyReader) -> str:
+    if reader.num_calls and c.finish_reason == FinishReason.STOP:
         return "tool_calls"
     return FINISH[c.finish_reason]
 
 
+def _delta(p: Part) -> dict[str, Any]:
+    """A streamed piece as a chunk's delta: reasoning_content as vLLM and llama-server send."""
+    if isinstance(p, str):
+        return {"content": p}
+    if isinstance(p, Thought):
+        return {"reasoning_content": p.text}
+    return {"tool_calls": [{"index": p.index, **_call(p)}]}
+
+
 async def _chat_chunks(
-    started: Started, base: dict[str, Any], scanner: ToolCallScanner, include_usage: bool
+    started: Started, base: dict[str, Any], reader: ReplyReader, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
     head = {**base, "object": "chat.completion.chunk"}
 
@@ -109,22 +125,18 @@ async def _chat_chunks(
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         return event({**head, "choices": [choice]})
 
-    def deltas(pieces: list[str | ToolCall]) -> list[bytes]:
-        return [chunk({"content": p}) if isinstance(p, str) else
-                chunk({"tool_calls": [{"index": p.index, **_call(p)}]})
-                for p in pieces]  # fmt: skip
-
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async with aclosing(scanned(started, scanner)) as results:
+        async with aclosing(scanned(started, reader)) as results:
             async for got in results:
                 if not isinstance(got, Completion):
-                    for out in deltas(got):
-                        yield out
+                    for p in got:
+                        yield chunk(_delta(p))
                     continue
-                yield chunk({}, _finish(got, scanner))
+                yield chunk({}, _finish(got, reader))
                 if include_usage:
-                    yield event({**head, "choices": [], "usage": usage(got)})
+                    used = usage(got, reader.reasoning_tokens)
+                    yield event({**head, "choices": [], "usage": used})
     except WarmfleetError as e:  # after the 200: the error travels in the stream
         yield event(error_body(e, Shape.OPENAI))
     yield DONE

@@ -1,5 +1,6 @@
 """An OpenAI chat request's messages and tools, as the chat template takes them: contents
-as strings, tool calls' arguments as objects (OpenAI sends them as JSON text)."""
+as strings, tool calls' arguments as objects (OpenAI sends them as JSON text), an assistant
+message's reasoning as `reasoning_content`; and the template's further variables."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ def chat_messages(body: Body) -> list[Message]:
         message = {"role": "system" if role == "developer" else role, "content": content}
         if calls is not None:
             message["tool_calls"] = calls
+        thought = m.get("reasoning_content")
+        if thought is None and isinstance(m.get("reasoning"), str):
+            thought = m["reasoning"]  # OpenRouter's name for it
+        if role == "assistant" and thought is not None:
+            message["reasoning_content"] = thought  # checked with the rest of the chat
         if role == "tool":
             message["tool_call_id"] = m.get("tool_call_id")
         messages.append(message)
@@ -83,3 +89,12 @@ def tools_of(body: Body) -> list[Message] | None:
         return None
     check_tools(tools)
     return [{"type": "function", "function": t["function"]} for t in tools]
+
+
+def template_kwargs_of(body: Body) -> dict[str, Any] | None:
+    """`chat_template_kwargs` (as vLLM and llama-server take them), with enable_thinking
+    false when `reasoning_effort` is "none"."""
+    kwargs = dict(get(body, "chat_template_kwargs", dict, {}))
+    if get(body, "reasoning_effort", str) == "none":
+        kwargs["enable_thinking"] = False
+    return kwargs or None

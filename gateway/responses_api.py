@@ -1,13 +1,15 @@
 """The OpenAI Responses face: POST /v1/responses (what Codex CLI speaks), streamed as
 `response.*` events each with its `sequence_number` (created, in_progress, output items
 and their parts and deltas, completed or incomplete), or one response object. The output
-is a message item for text and a function_call item for each tool call."""
+is a reasoning item for the reply's reasoning, a message item for text and a function_call
+item for each tool call."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -18,11 +20,12 @@ from common.enums import FinishReason
 from common.errors import WarmfleetError
 from common.ids import check_session_id
 from gateway.http_errors import describe
-from gateway.http_jobs import HttpContext, Started, collect, scanned, start
+from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
 from gateway.http_request import SESSION_HEADER, Body, get, number, session_of
-from gateway.responses_input import chat_of, check_format, tools_of
+from gateway.responses_input import chat_of, check_format, template_kwargs_of, tools_of
+from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
-from gateway.tool_calls import Piece, ToolCall, ToolCallScanner
+from gateway.tool_calls import ToolCall, ToolCallScanner
 from gateway.validate import GenerateInput
 
 
@@ -36,6 +39,8 @@ def input_of(body: Body, request: Request) -> GenerateInput:
         max_tokens_default=None,  # as OpenAI: up to the context's end
         temperature=number(body, "temperature"),
         top_p=number(body, "top_p"),
+        template_kwargs=template_kwargs_of(body),
+        defaults=Defaults.API,  # temperature 1, or the model family's recommendation
     )
 
 
@@ -52,18 +57,13 @@ def _header_safe(text: str) -> bool:
     return bool(text) and text.isascii() and text.isprintable()
 
 
-def usage(c: Completion) -> dict[str, Any]:
+def usage(c: Completion, reasoning_tokens: int) -> dict[str, Any]:
     u = c.usage
     return {"input_tokens": u.prompt_tokens,
             "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens}  # fmt: skip
-
-
-def message_id(request_id: str, at: int) -> str:
-    """The id of the message item at output index `at`."""
-    return f"msg_{request_id}_{at}"
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -73,6 +73,36 @@ def text_part(text: str) -> dict[str, Any]:
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
             "content": [text_part(text)] if status == "completed" else []}  # fmt: skip
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [reasoning_part(text)] if status == "completed" else [],
+            "encrypted_content": None}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ItemKind:
+    """An output item whose text streams: a message's or the reasoning's."""
+
+    prefix: str  # of its id
+    item: Callable[[str, str, str], dict[str, Any]]  # (id, text, status) -> the item
+    part: Callable[[str], dict[str, Any]]
+    events: str  # its deltas' event names: "{events}.delta", "{events}.done"
+    extra: dict[str, Any]  # more fields of those events
+
+
+MESSAGE = ItemKind("msg", message_item, text_part, "response.output_text", {"logprobs": []})
+REASONING = ItemKind("rs", reasoning_item, reasoning_part, "response.reasoning_text", {})
+
+
+def item_id(kind: ItemKind, request_id: str, at: int) -> str:
+    """The id of the item at output index `at`."""
+    return f"{kind.prefix}_{request_id}_{at}"
 
 
 def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -95,58 +125,63 @@ async def responses(ctx: HttpContext, request: Request) -> Response:
             "tool_choice": "none" if body.get("tool_choice") == "none" else "auto",
             "tools": get(body, "tools", list, []), "text": {"format": {"type": "text"}},
             "truncation": "disabled"}  # fmt: skip
-    scanner = ToolCallScanner.offering(inp.tools)
+    reader = ReplyReader(started.splitter, ToolCallScanner.offering(inp.tools))
     if get(body, "stream", bool, False):
-        events = _Stream(head, started.job.request_id).events(started, scanner)
+        events = _Stream(head, started.job.request_id).events(started, reader)
         return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
-    text, calls = scanner.whole(ch.text for ch in chunks)
-    item_id = message_id(started.job.request_id, 0)
-    output = [message_item(item_id, text, "completed")] if text else []
+    thought, text, calls = reader.whole(chunks)
+    output: list[dict[str, Any]] = []
+    for kind, content in ((REASONING, thought), (MESSAGE, text)):
+        if content:
+            at = item_id(kind, started.job.request_id, len(output))
+            output.append(kind.item(at, content, "completed"))
     output += [call_item(call) for call in calls]
-    return JSONResponse(finished(head, output, c), headers=started.headers)
+    done = finished(head, output, c, reader.reasoning_tokens)
+    return JSONResponse(done, headers=started.headers)
 
 
-def finished(head: dict[str, Any], output: list[dict[str, Any]], c: Completion) -> dict[str, Any]:
+def finished(
+    head: dict[str, Any], output: list[dict[str, Any]], c: Completion, reasoning_tokens: int
+) -> dict[str, Any]:
     """The whole response once the completion came."""
     cut = c.finish_reason == FinishReason.LENGTH
     return {**head, "status": "incomplete" if cut else "completed", "output": output,
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-            "completed_at": int(time.time()), "usage": usage(c)}  # fmt: skip
+            "completed_at": int(time.time()), "usage": usage(c, reasoning_tokens)}  # fmt: skip
 
 
 class _Stream:
-    """The events of one streamed response, numbered; a text item opens with the first
-    text and closes before a call or at the end; each call is an item of its own, its
-    arguments sent whole."""
+    """The events of one streamed response, numbered. Reasoning and text each open an item
+    with their first piece and close it before anything else comes, or at the end; each
+    call is an item of its own, its arguments sent whole."""
 
     def __init__(self, head: dict[str, Any], request_id: str) -> None:
         self.head = head
         self.request_id = request_id
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # the items done
-        self.text: str | None = None  # the open text item's text so far
+        self.open: ItemKind | None = None  # the item streaming now
+        self.text = ""  # its text so far
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         self.sequence += 1
         return event({"type": kind, "sequence_number": self.sequence - 1, **fields}, kind)
 
-    async def events(
-        self, started: Started, scanner: ToolCallScanner
-    ) -> AsyncGenerator[bytes, None]:
+    async def events(self, started: Started, reader: ReplyReader) -> AsyncGenerator[bytes, None]:
         opened = {**self.head, "status": "in_progress", "output": [], "usage": None}
         yield self._event("response.created", response=opened)
         yield self._event("response.in_progress", response=opened)
         try:
-            async with aclosing(scanned(started, scanner)) as results:
+            async with aclosing(scanned(started, reader)) as results:
                 async for got in results:
                     if not isinstance(got, Completion):
                         for out in self._pieces(got):
                             yield out
                         continue
-                    for out in self._close_text():
+                    for out in self._close():
                         yield out
-                    done = finished(self.head, self.output, got)
+                    done = finished(self.head, self.output, got, reader.reasoning_tokens)
                     kind = "response.incomplete" if done["status"] == "incomplete" else (
                         "response.completed")  # fmt: skip
                     yield self._event(kind, response=done)
@@ -156,41 +191,49 @@ class _Stream:
                       "error": {"code": code, "message": str(e)}}  # fmt: skip
             yield self._event("response.failed", response=failed)
 
-    def _pieces(self, pieces: list[Piece]) -> list[bytes]:
+    def _pieces(self, pieces: list[Part]) -> list[bytes]:
         out: list[bytes] = []
         for p in pieces:
-            if isinstance(p, str):
-                out += self._text(p)
+            if isinstance(p, ToolCall):
+                out += self._close() + self._call(p)
+            elif isinstance(p, str):
+                out += self._delta(MESSAGE, p)
             else:
-                out += self._close_text() + self._call(p)
+                out += self._delta(REASONING, p.text)
         return out
 
-    def _text(self, delta: str) -> list[bytes]:
-        out = []
+    def _where(self) -> dict[str, Any]:
+        assert self.open is not None
         at = len(self.output)
-        item_id = message_id(self.request_id, at)
-        where = {"item_id": item_id, "output_index": at, "content_index": 0}
-        if self.text is None:
-            self.text = ""
-            out.append(self._event("response.output_item.added", output_index=at,
-                                   item=message_item(item_id, "", "in_progress")))  # fmt: skip
-            out.append(self._event("response.content_part.added", **where, part=text_part("")))
+        return {"item_id": item_id(self.open, self.request_id, at), "output_index": at,
+                "content_index": 0}  # fmt: skip
+
+    def _delta(self, kind: ItemKind, delta: str) -> list[bytes]:
+        out = [] if self.open in (kind, None) else self._close()
+        if self.open is None:
+            self.open, self.text = kind, ""
+            where = self._where()
+            added = kind.item(where["item_id"], "", "in_progress")
+            at = where["output_index"]
+            out.append(self._event("response.output_item.added", output_index=at, item=added))
+            out.append(self._event("response.content_part.added", **where, part=kind.part("")))
         self.text += delta
-        out.append(self._event("response.output_text.delta", **where, delta=delta, logprobs=[]))
+        out.append(self._event(f"{kind.events}.delta", **self._where(), delta=delta,
+                               **kind.extra))  # fmt: skip
         return out
 
-    def _close_text(self) -> list[bytes]:
-        if self.text is None:
+    def _close(self) -> list[bytes]:
+        kind = self.open
+        if kind is None:
             return []
-        text, self.text = self.text, None
-        at = len(self.output)
-        item_id = message_id(self.request_id, at)
-        item = message_item(item_id, text, "completed")
+        where = self._where()
+        item = kind.item(where["item_id"], self.text, "completed")
         self.output.append(item)
-        where = {"item_id": item_id, "output_index": at, "content_index": 0}
-        return [self._event("response.output_text.done", **where, text=text, logprobs=[]),
+        self.open = None
+        return [self._event(f"{kind.events}.done", **where, text=self.text, **kind.extra),
                 self._event("response.content_part.done", **where, part=item["content"][0]),
-                self._event("response.output_item.done", output_index=at, item=item)]  # fmt: skip
+                self._event("response.output_item.done", output_index=where["output_index"],
+                            item=item)]  # fmt: skip
 
     def _call(self, call: ToolCall) -> list[bytes]:
         at, item = len(self.output), call_item(call)

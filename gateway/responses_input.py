@@ -1,7 +1,8 @@
 """An OpenAI Responses request (what Codex CLI speaks) as one chat: `instructions` first,
 `input` as a string or items (messages with text parts, `function_call` items joined to the
-assistant message before them, each `function_call_output` a `tool` message), the function
-tools offered. Nothing is stored: each request carries its whole conversation, and the
+assistant message before them, each `function_call_output` a `tool` message, a `reasoning`
+item's text the `reasoning_content` of the assistant turn after it), the function tools
+offered. Nothing is stored: each request carries its whole conversation, and the
 session's KV makes that cheap (`previous_response_id` is refused)."""
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from gateway.openai_messages import offered
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
-SKIPPED_ITEMS = ("reasoning",)  # another model's thoughts: nothing this one can read
 
 
 def text_of(content: Any, where: str) -> str:
@@ -43,15 +43,22 @@ def chat_of(body: Body) -> list[Message]:
         return [*chat, {"role": "user", "content": raw}]
     if not isinstance(raw, list):
         raise InvalidRequestError("input", "must be a string or a list of items")
+    thought = ""  # a reasoning item's text, for the assistant turn it comes before
     for i, item in enumerate(raw):
-        _add_item(chat, item, f"[{i}]")
+        if isinstance(item, dict) and item.get("type") == "reasoning":
+            thought += _reasoning_text(item, f"[{i}]")
+        else:
+            _add_item(chat, item, f"[{i}]", thought)
+            thought = "" if chat[-1]["role"] == "assistant" else thought
     return chat
 
 
-def _add_item(chat: list[Message], item: Any, where: str) -> None:
+def _add_item(chat: list[Message], item: Any, where: str, thought: str) -> None:
     if not isinstance(item, dict):
         raise InvalidRequestError("input", f"{where}: must be an object")
     kind = item.get("type", "message")
+    last = chat[-1] if chat else None
+    joins = last is not None and last["role"] == "assistant" and not thought
     if kind == "message":
         role = ROLES.get(str(item.get("role")))
         if role is None:
@@ -59,18 +66,31 @@ def _add_item(chat: list[Message], item: Any, where: str) -> None:
         chat.append({"role": role, "content": text_of(item.get("content"), where)})
     elif kind == "function_call":
         call = _call(item, where)
-        last = chat[-1] if chat else None
-        if last is not None and last["role"] == "assistant":
+        if joins:
+            assert last is not None
             last.setdefault("tool_calls", []).append(call)
         else:
             chat.append({"role": "assistant", "content": "", "tool_calls": [call]})
     elif kind == "function_call_output":
         output = text_of(item.get("output"), f"{where}.output")
         chat.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
-    elif kind not in SKIPPED_ITEMS:
-        raise InvalidRequestError(
-            "input", f"{where}: items are message, function_call and function_call_output"
-        )
+    else:
+        kinds = "message, function_call, function_call_output and reasoning"
+        raise InvalidRequestError("input", f"{where}: items are {kinds}")
+    if thought and chat[-1]["role"] == "assistant":
+        chat[-1]["reasoning_content"] = thought
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's text: its reasoning_text parts (a summary is not what the model
+    wrote, and encrypted content only OpenAI reads)."""
+    parts = item.get("content") or []
+    if not isinstance(parts, list):
+        raise InvalidRequestError("input", f"{where}.content: a list of reasoning_text parts")
+    texts = [p.get("text") for p in parts if isinstance(p, dict)]
+    if not all(isinstance(t, str) for t in texts):
+        raise InvalidRequestError("input", f"{where}.content: each part needs its text")
+    return "".join(t for t in texts if isinstance(t, str))
 
 
 def _call(item: dict[str, Any], where: str) -> Message:
@@ -98,3 +118,9 @@ def check_format(body: Body) -> None:
     kind = form.get("type", "text") if isinstance(form, dict) else "text"
     if kind != "text":
         raise InvalidRequestError("text.format", f"{kind!r} is not supported (only text)")
+
+
+def template_kwargs_of(body: Body) -> dict[str, Any] | None:
+    """`reasoning.effort` "none" turns the template's thinking off."""
+    effort = get(body, "reasoning", dict, {}).get("effort")
+    return {"enable_thinking": False} if effort == "none" else None

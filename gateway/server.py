@@ -74,6 +74,7 @@ class Gateway:
         r: aioredis.Redis,
         tokenizer: Tokenizer,
         model_config: ModelConfig,
+        thoughts: bool,  # replies are read for a think span (--reasoning-parser)
         config: GatewayConfig,
         keys: KeyRing,
         model_names: tuple[str, ...],
@@ -86,7 +87,7 @@ class Gateway:
         self.core = GatewayCore(broker, self.hub, config, self.watch, self.metrics)
         self.trimmer = HeapTrimmer()
         gate = WorkGate(on_large=self.trimmer.note)
-        self.jobs = JobBuilder(tokenizer, model_config, config.default_timeout_s, gate)
+        self.jobs = JobBuilder(tokenizer, model_config, config.default_timeout_s, gate, thoughts)
         self.keys = keys
         self.model_names = model_names
         self._grpc: grpc.aio.Server | None = None

@@ -19,16 +19,20 @@ from engine.text.chat import render_chat, validate_messages
 from engine.text.model_config import ModelConfig
 from engine.text.tokenizer import Tokenizer
 from gateway.bounds import InputBounds
+from gateway.reasoning import ThoughtSplitter, opens_thought
+from gateway.sampling_defaults import Defaults, defaults_for
 from gateway.work_gate import WorkGate
 
 DEFAULT_MAX_TOKENS = 256
+PROMPT_TAIL_TOKENS = 8  # enough to spell "<think>\n" in any tokenizer's pieces
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateInput:
     """What a client asked for, whatever API it spoke; exactly one of messages, prompt and
-    token_ids. `tools`: the functions offered, with messages (engine/text/chat_tools.py's form).
-    Sampling fields left None take their defaults."""
+    token_ids. `tools`: the functions offered, with messages (engine/text/chat_tools.py's form);
+    `template_kwargs`: the chat template's further variables (`enable_thinking` false
+    turns reasoning off). Sampling fields left None take `defaults`."""
 
     session_id: str = ""
     messages: list[dict[str, Any]] | None = None
@@ -47,9 +51,24 @@ class GenerateInput:
     priority: Priority = Priority.NORMAL
     ignore_eos: bool = False
     min_tokens: int = 0
+    template_kwargs: dict[str, Any] | None = None
+    defaults: Defaults = Defaults.GREEDY
+
+    @property
+    def reasoning_off(self) -> bool:
+        return (self.template_kwargs or {}).get("enable_thinking") is False
 
 
-def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
+def without_thoughts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without their reasoning: the model is not to think, or its replies are
+    not read for thoughts (a model shown thoughts it never writes would copy them)."""
+    return [{k: v for k, v in m.items() if k != "reasoning_content"}
+            if isinstance(m, dict) and "reasoning_content" in m else m
+            for m in messages]  # fmt: skip
+
+
+def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer, thinking: bool = False) -> list[int]:
+    """The prompt's tokens; `thinking`: earlier replies' reasoning is rendered too."""
     given = [n for n in ("messages", "prompt", "token_ids") if getattr(inp, n) is not None]
     if len(given) != 1:
         raise InvalidRequestError("input", "exactly one of messages, prompt or token_ids")
@@ -57,7 +76,10 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
         validate_messages(inp.messages)
         if tokenizer.chat_template is None:
             raise InvalidRequestError("messages", "the model has no chat template; send prompt")
-        return tokenizer.encode(render_chat(tokenizer.chat_template, inp.messages, tools=inp.tools))
+        messages = inp.messages if thinking else without_thoughts(inp.messages)
+        prompt = render_chat(tokenizer.chat_template, messages, tools=inp.tools,
+                             template_kwargs=inp.template_kwargs)  # fmt: skip
+        return tokenizer.encode(prompt)
     if inp.prompt is not None:
         if not inp.prompt:
             raise InvalidRequestError("prompt", "is empty")
@@ -68,17 +90,22 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer) -> list[int]:
     return list(inp.token_ids)
 
 
-def sampling_of(inp: GenerateInput, room: int) -> SamplingParams:
-    """The sampling asked for; `room`: the tokens the context holds after the prompt. A
-    max_tokens past it is cut to it: the same tokens come out (the context ends first), and
-    the fair queues charge what can run (Claude Code asks 32,000 of an 8,192 context)."""
+def sampling_of(
+    inp: GenerateInput, room: int, architecture: str = "", thinking: bool = False
+) -> SamplingParams:
+    """The sampling asked for, the defaults of the request's API (and the model's family:
+    `architecture`, and whether it may be `thinking`) where it left a field out; `room`:
+    the tokens the context holds after the prompt. A max_tokens past it is cut to it: the
+    same tokens come out (the context ends first), and the fair queues charge what can run
+    (Claude Code asks 32,000 of an 8,192 context)."""
     max_tokens = inp.max_tokens
     if max_tokens is None:
         max_tokens = room if inp.max_tokens_default is None else inp.max_tokens_default
+    default = defaults_for(inp.defaults, architecture, thinking)
     sampling = SamplingParams(
-        temperature=0.0 if inp.temperature is None else inp.temperature,
-        top_k=inp.top_k or 0,
-        top_p=1.0 if inp.top_p is None else inp.top_p,
+        temperature=default.temperature if inp.temperature is None else inp.temperature,
+        top_k=default.top_k if inp.top_k is None else inp.top_k,
+        top_p=default.top_p if inp.top_p is None else inp.top_p,
         min_p=inp.min_p or 0.0,
         # fixed here when absent, so that a retry on another worker draws the same tokens
         seed=secrets.randbits(63) if inp.seed is None else inp.seed,
@@ -93,13 +120,20 @@ def sampling_of(inp: GenerateInput, room: int) -> SamplingParams:
 
 
 def build_job(
-    inp: GenerateInput, tenant: str, tokenizer: Tokenizer, config: ModelConfig, timeout_s: float
+    inp: GenerateInput,
+    tenant: str,
+    tokenizer: Tokenizer,
+    config: ModelConfig,
+    timeout_s: float,
+    thinking: bool = False,
 ) -> Job:
-    """Everything checked that can be checked here; raises InvalidRequestError subclasses."""
+    """Everything checked that can be checked here; raises InvalidRequestError subclasses.
+    `thinking`: the model's replies may reason (see JobBuilder.thinking)."""
     check_session_id(inp.session_id)
-    ids = prompt_ids(inp, tokenizer)
+    ids = prompt_ids(inp, tokenizer, thinking)
     config.check_prompt(ids)
-    sampling = sampling_of(inp, config.context_length - len(ids))
+    room = config.context_length - len(ids)
+    sampling = sampling_of(inp, room, config.architecture, thinking)
     now = time.time()
     return Job(
         request_id=uuid.uuid4().hex,
@@ -119,7 +153,8 @@ def input_size(inp: GenerateInput, bounds: InputBounds) -> int:
     tokenized or copied, so it runs on the event loop, before any expensive step."""
     if inp.messages is not None:
         bounds.check_count("messages", len(inp.messages))
-        texts = [m.get("content") for m in inp.messages if isinstance(m, dict)]
+        texts = [m.get(k) for m in inp.messages if isinstance(m, dict)
+                 for k in ("content", "reasoning_content")]  # fmt: skip
         calls = [m["tool_calls"] for m in inp.messages if isinstance(m, dict) and "tool_calls" in m]
         if calls or inp.tools:  # their JSON is written into the prompt
             texts += [json.dumps(calls), json.dumps(inp.tools)]
@@ -136,16 +171,36 @@ class JobBuilder:
     """Builds jobs off the event loop: tokenizing a long prompt takes a while, and the loop
     serves every other stream meanwhile. Inputs too large to fit are refused first, by their
     size, on the loop; the rest wait for one of the gate's few threads (gateway/work_gate.py),
-    which refuses them with a retry hint when too much input waits already."""
+    which refuses them with a retry hint when too much input waits already. `thoughts`:
+    replies are read for a think span (`--reasoning-parser`)."""
 
     def __init__(
-        self, tokenizer: Tokenizer, config: ModelConfig, default_timeout_s: float, gate: WorkGate
+        self,
+        tokenizer: Tokenizer,
+        config: ModelConfig,
+        default_timeout_s: float,
+        gate: WorkGate,
+        thoughts: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config
         self.default_timeout_s = default_timeout_s
         self.gate = gate
         self.bounds = InputBounds.of(tokenizer, config)
+        self.thoughts = thoughts
+
+    def thinking(self, inp: GenerateInput) -> bool:
+        """Whether the reply may reason: the gateway reads think spans and the request did
+        not turn reasoning off."""
+        return self.thoughts and not inp.reasoning_off
+
+    def splitter(self, job: Job) -> ThoughtSplitter:
+        """The reader of the job's reply: in its reasoning from the start when the prompt
+        left a think span open (a few tokens' text is all that takes)."""
+        if not self.thoughts:
+            return ThoughtSplitter(enabled=False)
+        tail = self.tokenizer.decode(job.prompt_ids[-PROMPT_TAIL_TOKENS:])
+        return ThoughtSplitter(inside=opens_thought(tail))
 
     async def build(self, inp: GenerateInput, tenant: str, time_left_s: float | None) -> Job:
         """The job, with the client's deadline when it sent one (else the default)."""
@@ -154,12 +209,15 @@ class JobBuilder:
             timeout_s = min(time_left_s, timeout_s)
         size = self._size(inp)
         return await self.gate.run(
-            size, build_job, inp, tenant, self.tokenizer, self.config, timeout_s
-        )
+            size, build_job, inp, tenant, self.tokenizer, self.config, timeout_s,
+            self.thinking(inp),
+        )  # fmt: skip
 
     async def count_tokens(self, inp: GenerateInput) -> int:
         """How many tokens the input's prompt has (the same checks as `build`)."""
-        ids = await self.gate.run(self._size(inp), prompt_ids, inp, self.tokenizer)
+        ids = await self.gate.run(
+            self._size(inp), prompt_ids, inp, self.tokenizer, self.thinking(inp)
+        )
         return len(ids)
 
     def _size(self, inp: GenerateInput) -> int:

@@ -176,6 +176,10 @@ def http_bodies(draw: st.DrawFn) -> bytes:
         "stop": st.lists(texts, max_size=5) | JSON_VALUES,
         "system": texts | JSON_VALUES,
         "model": texts,
+        "chat_template_kwargs": JSON_VALUES,
+        "reasoning_effort": texts | JSON_VALUES,
+        "thinking": JSON_VALUES,
+        "reasoning": JSON_VALUES,
     }  # fmt: skip
     for name in draw(st.lists(st.sampled_from(sorted(odd)), max_size=3, unique=True)):
         body[name] = draw(odd[name])
@@ -196,6 +200,7 @@ USE = {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": RAW}}
 RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": RAW}
 RESPONSES_F = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 ITEM_CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": TEXT}
+THINKING = {"type": "thinking", "thinking": RAW, "signature": RAW}
 ANTHROPIC_TEMPLATES: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": RAW}]},
     {"messages": [{"role": "user", "content": [{"type": "text", "text": RAW}]}]},
@@ -208,6 +213,7 @@ ANTHROPIC_TEMPLATES: list[dict[str, Any]] = [
     {"messages": [HI], "tools": [{"name": "f", "input_schema": RAW}]},
     {"messages": [HI], "tools": [{"name": RAW, "description": RAW, "input_schema": {}}]},
     {"messages": [HI], "metadata": {"user_id": RAW}, "model": RAW},
+    {"messages": [HI, {"role": "assistant", "content": [THINKING]}], "thinking": RAW},
 ]
 # (route, body): every JSON-bearing field and every text field of the five routes and fork
 PLANTED: list[tuple[str, Any]] = [
@@ -224,6 +230,8 @@ PLANTED: list[tuple[str, Any]] = [
     (CHAT, {"messages": [HI, {"role": "assistant", "content": "", "tool_calls": [
         {**CALL, "function": {"name": RAW, "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": RAW, "content": RAW}], "tools": [F]}),
+    (CHAT, {"messages": [HI, {"role": "assistant", "content": "", "reasoning_content": RAW}]}),
+    (CHAT, {"messages": [HI], "chat_template_kwargs": RAW, "reasoning_effort": RAW}),
     (TEXTS, {"prompt": RAW}),
     (TEXTS, {"prompt": "hi", "stop": RAW, "model": RAW}),
     *[(route, {"max_tokens": 2, **body}) for route in (MESSAGES, COUNT)
@@ -237,6 +245,8 @@ PLANTED: list[tuple[str, Any]] = [
     (RESPONSES, {"input": [HI, {**ITEM_CALL, "name": RAW, "call_id": RAW, "arguments": "{}"},
                            {"type": "function_call_output", "call_id": RAW, "output": RAW}]}),
     (RESPONSES, {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": RAW}]}),
+    (RESPONSES, {"input": [HI, {"type": "reasoning", "id": RAW, "summary": RAW, "content": [
+        {"type": "reasoning_text", "text": RAW}]}], "reasoning": RAW}),
     (FORK, {"new_session_id": RAW}),
 ]  # fmt: skip
 DEPTHS = (65, 999, 10_000, 100_000, 1_000_000)  # past the bound: the walk's, then the parser's

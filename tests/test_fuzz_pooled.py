@@ -25,12 +25,13 @@ from warmfleet.launcher import Cluster
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 30.0
 HI = [{"role": "user", "content": "hello there"}]
+GREEDY = {"temperature": 0}  # the faces' default follows the APIs' (temperature 1)
 VALID: list[tuple[str, dict[str, Any]]] = [
-    ("/v1/chat/completions", {"messages": HI, "max_tokens": 3}),
-    ("/v1/completions", {"prompt": "hello there", "max_tokens": 3}),
-    ("/v1/messages", {"messages": HI, "max_tokens": 3}),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 3, **GREEDY}),
+    ("/v1/completions", {"prompt": "hello there", "max_tokens": 3, **GREEDY}),
+    ("/v1/messages", {"messages": HI, "max_tokens": 3, **GREEDY}),
     ("/v1/messages/count_tokens", {"messages": HI}),
-    ("/v1/responses", {"input": "hello there", "max_output_tokens": 3}),
+    ("/v1/responses", {"input": "hello there", "max_output_tokens": 3, **GREEDY}),
 ]
 HEADERS = (b"x-session-id", b"x-request-timeout", b"authorization")
 ODD_BYTES = [*range(32), 0x7F, 0x80, 0x85, 0xA0, 0xFF]

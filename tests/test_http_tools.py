@@ -66,7 +66,10 @@ def chat_call(client: openai.OpenAI, chat: list[dict[str, Any]], **kw: Any) -> A
 
 
 def messages_call(create: Any, chat: list[dict[str, Any]], **kw: Any) -> Any:
-    return create(model=MODEL, messages=chat, tools=ANTHROPIC_TOOLS, **kw)
+    """A Messages call offering get_weather, greedy (the face's default follows Anthropic's,
+    temperature 1; this client takes the field only in the body)."""
+    body = {"temperature": 0}
+    return create(model=MODEL, messages=chat, tools=ANTHROPIC_TOOLS, extra_body=body, **kw)
 
 
 def test_openai_tool_call_round_trip(keyed_cluster: KeyedCluster) -> None:

@@ -52,7 +52,8 @@ def test_openai_sse_parses_ends_with_done_and_carries_usage_when_asked(
 ) -> None:
     with http(keyed_cluster) as c:
         for include in (True, False):
-            body = {"messages": CHAT, "max_tokens": 8, "stream": True,
+            # greedy: the face's default (temperature 1) might end before 8 tokens
+            body = {"messages": CHAT, "max_tokens": 8, "stream": True, "temperature": 0,
                     "stream_options": {"include_usage": include}}  # fmt: skip
             events = sse(stream_lines(c, "/v1/chat/completions", body))
             assert events[-1] == (None, "[DONE]")
@@ -71,7 +72,7 @@ def test_openai_sse_parses_ends_with_done_and_carries_usage_when_asked(
 
 
 def test_anthropic_sse_has_every_event_in_order(keyed_cluster: KeyedCluster) -> None:
-    body = {"max_tokens": 8, "messages": CHAT, "stream": True}
+    body = {"max_tokens": 8, "messages": CHAT, "stream": True, "temperature": 0}  # greedy
     with http(keyed_cluster, **{"x-session-id": "sse-a"}) as c:
         events = sse(stream_lines(c, "/v1/messages", body))
     names = [n for n, _ in events]

@@ -1,4 +1,7 @@
-"""Render chat messages to a prompt string with the model's Jinja2 chat template."""
+"""Render chat messages to a prompt string with the model's Jinja2 chat template. An
+assistant message may carry its reasoning in `reasoning_content` (the field Qwen 3's
+template reads); for a template that does not read it, the reasoning goes back into the
+content between think tags, as the model wrote it."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from common.errors import InvalidRequestError
 from engine.text.chat_tools import Message, check_tool_calls, check_tools, tools_as_text
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 # the variables render_chat sets itself; template_kwargs may not replace them
 OWN_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
@@ -82,10 +86,39 @@ def validate_messages(messages: object) -> None:
             raise InvalidRequestError(
                 "messages", f"[{i}].content: must be a string, not {_kind(content)}"
             )
+        if message.get("reasoning_content") is not None:
+            _check_reasoning(message, role, i)
         if message.get("tool_calls") is not None:
             if role != "assistant":
                 raise InvalidRequestError("messages", f"[{i}].tool_calls: only on assistant")
             check_tool_calls(message["tool_calls"], f"[{i}]")
+
+
+def _check_reasoning(message: Message, role: str, i: int) -> None:
+    if role != "assistant":
+        raise InvalidRequestError("messages", f"[{i}].reasoning_content: only on assistant")
+    if not isinstance(message["reasoning_content"], str):
+        kind = _kind(message["reasoning_content"])
+        raise InvalidRequestError("messages", f"[{i}].reasoning_content: a string, not {kind}")
+
+
+def reads_reasoning(template: str) -> bool:
+    """Whether the template renders an assistant message's `reasoning_content` itself."""
+    return "reasoning_content" in template
+
+
+def thoughts_in_content(messages: list[Message]) -> list[Message]:
+    """Each assistant message's reasoning written before its content, between think tags
+    (the form Qwen 3 and DeepSeek R1 write it in)."""
+    out = []
+    for m in messages:
+        if "reasoning_content" in m:
+            thought = m["reasoning_content"]
+            m = {k: v for k, v in m.items() if k != "reasoning_content"}
+            if thought:
+                m["content"] = f"{THINK_OPEN}\n{thought}\n{THINK_CLOSE}\n\n{m['content']}"
+        out.append(m)
+    return out
 
 
 def _kind(value: object) -> str:
@@ -111,6 +144,8 @@ def render_chat(
         raise InvalidRequestError("chat_template_kwargs", f"cannot set {', '.join(taken)}")
     if tools is not None:
         check_tools(tools)
+    if not reads_reasoning(template):
+        messages = thoughts_in_content(messages)
     with_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if with_tools and not reads_tools(template):
         messages, tools = tools_as_text(messages, tools), None

@@ -20,6 +20,7 @@ from engine.text.tokenizer import Tokenizer
 from gateway.auth import LOCAL, KeyRing
 from gateway.core import GatewayConfig
 from gateway.memory import tune_malloc
+from gateway.reasoning import ReasoningParser, parses_thoughts
 from gateway.server import SPARE_CONNECTIONS, Gateway, Listen
 from gateway.work_gate import MAX_RUNNING
 from warmfleet.commands.common import add_redis_url
@@ -64,6 +65,13 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="the model id the HTTP APIs report and accept (repeatable: the first is reported, "
         "any is accepted; default: the model file's name without .gguf)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=[p.value for p in ReasoningParser],
+        default=ReasoningParser.AUTO.value,
+        help="which part of a reply is reasoning: think, a <think>...</think> span at its "
+        "start; auto (default): think when the chat template mentions <think>, else none",
     )
     p.add_argument(
         "--keys",
@@ -180,17 +188,19 @@ def run(args: argparse.Namespace) -> int:
     meta = read_metadata(open_gguf(path))
     model_config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
     names = tuple(args.model_name or [path.name.removesuffix(".gguf")])
+    thoughts = parses_thoughts(ReasoningParser(args.reasoning_parser), tokenizer.chat_template)
+    logging.info("reasoning: %s", "think spans are read" if thoughts else "none read")
     listen = Listen(args.host, args.port, args.http_port, args.max_body_bytes, args.max_streams,
                     args.max_message_bytes)  # fmt: skip
     raise_open_files_limit(2 * args.max_streams + SPARE_CONNECTIONS + REDIS_CONNECTIONS
                            + SPARE_FILES)  # fmt: skip
-    return asyncio.run(_serve(args.redis_url, (tokenizer, model_config), config, keys, names,
-                              listen))  # fmt: skip
+    return asyncio.run(_serve(args.redis_url, (tokenizer, model_config, thoughts), config, keys,
+                              names, listen))  # fmt: skip
 
 
 async def _serve(
     redis_url: str,
-    model: tuple[Tokenizer, ModelConfig],
+    model: tuple[Tokenizer, ModelConfig, bool],
     config: GatewayConfig,
     keys: KeyRing,
     names: tuple[str, ...],
