@@ -13,9 +13,10 @@ import pytest
 
 from engine.model import Model
 from engine.ops import native
-from engine.ops.native_layers import NativeLayers, native_layers
-from tests.paged import new_kv, pool_of, run_segments, step
-from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
+from engine.ops.native_layers import native_layers
+from tests.native_checks import assert_one_call_equals_per_op
+from tests.paged import new_kv, step
+from tests.tiny_gguf import write_tiny_llama
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
 Q = gguf.GGMLQuantizationType
@@ -43,36 +44,7 @@ def test_one_call_equals_the_per_op_loop(
                             extras=extras, **SHAPE)  # fmt: skip
     model = Model.load(path, device="cpu", weights="quantized")
     assert (model.weights.layers[0].bqkv is not None) == (arch == "qwen2")
-    assert isinstance(native_layers(model.weights, model.config), NativeLayers)
-    rng = np.random.default_rng(2)
-    kvs = [new_kv(model) for _ in range(3)]
-    for kv in kvs:  # sequences with 20-50 positions already held
-        run_segments(model, [(kv, [int(t) for t in rng.integers(3, VOCAB_SIZE, size=20)])])
-    run_segments(model, [(kvs[0], [int(t) for t in rng.integers(3, VOCAB_SIZE, size=30)])])
-    long_chunk = [int(t) for t in rng.integers(3, VOCAB_SIZE, size=45)]
-    parts = [(kvs[0], [7]), (new_kv(model), long_chunk), (kvs[1], [9, 11, 13]), (kvs[2], [5])]
-    pool = pool_of(model)
-    before = pool.k.copy(), pool.v.copy()
-
-    model.weights.native = False  # the per-op loop
-    per_op = step(model, parts)
-    written = pool.k.copy(), pool.v.copy()
-    pool.k[...], pool.v[...] = before
-    model.weights.native = None  # one call, built again
-    taken: list[bool] = []
-    run = NativeLayers.run
-
-    def recorded(*args: Any) -> bool:
-        taken.append(run(*args))
-        return taken[-1]
-
-    monkeypatch.setattr(NativeLayers, "run", recorded)
-    one_call = step(model, parts)
-
-    assert taken == [True], "the step did not take the one-call path"
-    assert np.array_equal(per_op, one_call), np.abs(per_op - one_call).max()
-    assert np.array_equal(written[0], pool.k) and np.array_equal(written[1], pool.v)
-    assert not np.array_equal(before[0], pool.k)  # the step did write its keys
+    assert_one_call_equals_per_op(model, monkeypatch, lowest_id=3)
 
 
 def test_shapes_it_cannot_take_stay_on_the_per_op_loop(tmp_path: Path) -> None:

@@ -1,0 +1,62 @@
+"""The all-layers C call against the family's layer run op by op, on any model whose shape
+the call takes: the same logits and the same keys and values written to the pool, for decode
+rows, a short chunk and a long one in one step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.model import Model
+from engine.ops.native_layers import NativeLayers, native_layers
+from tests.paged import new_kv, pool_of, run_segments, step
+
+
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each step from now takes the one-call path."""
+    taken: list[bool] = []
+    run: Callable[..., bool] = NativeLayers.run
+
+    def spy(*args: Any) -> bool:
+        taken.append(run(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(NativeLayers, "run", spy)
+    return taken
+
+
+def assert_one_call_equals_per_op(
+    model: Model, monkeypatch: pytest.MonkeyPatch, lowest_id: int = 0
+) -> None:
+    """One step of mixed rows run both ways from the same pool: equal bits. Token ids are
+    drawn from [lowest_id, vocabulary)."""
+    assert isinstance(native_layers(model.weights, model.config), NativeLayers)
+    rng = np.random.default_rng(2)
+
+    def ids(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(lowest_id, model.config.vocab_size, size=n)]
+
+    kvs = [new_kv(model) for _ in range(3)]
+    for kv in kvs:  # sequences with 20-50 positions already held
+        run_segments(model, [(kv, ids(20))])
+    run_segments(model, [(kvs[0], ids(30))])
+    long_chunk = ids(45)
+    parts = [(kvs[0], [7]), (new_kv(model), long_chunk), (kvs[1], [9, 11, 13]), (kvs[2], [5])]
+    pool = pool_of(model)
+    before = pool.k.copy(), pool.v.copy()
+
+    model.weights.native = False  # the per-op loop
+    per_op = step(model, parts)
+    written = pool.k.copy(), pool.v.copy()
+    pool.k[...], pool.v[...] = before
+    model.weights.native = None  # one call, built again
+    taken = recorded(monkeypatch)
+    one_call = step(model, parts)
+
+    assert taken == [True], "the step did not take the one-call path"
+    assert np.array_equal(per_op, one_call), np.abs(per_op - one_call).max()
+    assert np.array_equal(written[0], pool.k) and np.array_equal(written[1], pool.v)
+    assert not np.array_equal(before[0], pool.k)  # the step did write its keys
