@@ -198,8 +198,8 @@ class WorkerBroker(Leases):
         return parse_entries(reply or [])
 
     def hand_over(self, d: Delivery) -> str:
-        """Move a job this (draining) worker has not started to the live worker with the
-        shortest pinned stream; that worker's id, or "" when no other worker is live."""
+        """Move a job this (draining) worker has not started to the live worker placement
+        ranks first (broker/placement.py); its id, or "" when no other worker is live."""
         assert d.job is not None
         args = [d.entry_id, codec.encode(d.job), keys.heartbeat_key(""), keys.pinned_stream("")]
         args += [keys.WORKERS, keys.draining_key(""), self.worker_id, keys.GROUP]

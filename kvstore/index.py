@@ -4,8 +4,7 @@ the Effects (records to write or remove, orders for workers, files to delete, co
 replies) that the service carries out in one Redis transaction. Its records are kept in a
 SessionTable (session_table.py); eviction.py chooses the victims of the warm and disk
 budgets. A command (DeleteSession, ForkSession, Evict) is answered exactly once, at once or
-when the worker's completing event is applied.
-"""
+when the worker's completing event is applied."""
 
 from __future__ import annotations
 
@@ -53,6 +52,7 @@ class ResidencyIndex:
         self.table = SessionTable(file_blocks)
         self.budgets: dict[str, int] = {}  # warm budget of each live worker
         self.alive: set[str] = set()
+        self.pids: dict[str, int] = {}  # each worker's process, as its heartbeat last said
         self.tombstones: dict[str, float] = {}
 
     # ---- changing -----------------------------------------------------------------
@@ -79,19 +79,19 @@ class ResidencyIndex:
         *,
         ask_returned: bool = True,
         pool_bytes: dict[str, int] | None = None,
+        pids: dict[str, int] | None = None,
     ) -> Effects:
-        """The live workers and their warm budgets (from their heartbeats): sessions of
-        workers that are gone move to disk (when their file exists) or to gone, and every
-        live worker's warm bytes are brought within its budget (its `pool_bytes` standing
-        for them until its next event counts them). With `ask_returned`, a worker live again
-        (or new) since the last call is ordered to report its inventory: what the index
-        took for lost while its heartbeat lapsed, it may still hold."""
+        """The live workers and their warm budgets (from their heartbeats): gone workers'
+        sessions move to disk or gone; live ones' warm bytes (`pool_bytes` until events count
+        them) kept within budget. With `ask_returned`, one live again reports: it may hold
+        what was taken for lost (not a known worker's new process (`pids`): it reported)."""
         fx = Effects()
         for worker, nbytes in (pool_bytes or {}).items():
             self.table.warm_held.setdefault(worker, nbytes)
-        if ask_returned:
-            for worker in sorted(set(budgets_by_worker) - self.alive):
-                fx.orders.append(Order(worker, ControlOrder(OrderOp.REPORT)))
+        back = sorted(set(budgets_by_worker) - self.alive) if ask_returned else []
+        for worker in (w for w in back if self.pids.get(w, -1) in (-1, (pids or {}).get(w))):
+            fx.orders.append(Order(worker, ControlOrder(OrderOp.REPORT)))
+        self.pids.update(pids or {})
         self.budgets = dict(budgets_by_worker)
         self.alive = set(budgets_by_worker)
         for worker in self.table.workers():

@@ -224,7 +224,10 @@ class KVStore:
             self.statuses = statuses
             budgets = {w: int(s.get("warm_budget", 0)) for w, s in statuses.items()}
             pool = {w: int(s.get("pool_bytes", 0)) for w, s in statuses.items()}
-            return self.index.set_workers(budgets, ask_returned=self._started, pool_bytes=pool)
+            pids = {w: int(s.get("pid", 0)) for w, s in statuses.items()}
+            return self.index.set_workers(
+                budgets, ask_returned=self._started, pool_bytes=pool, pids=pids
+            )
 
     # ---- effects ------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ def test_a_worker_that_started_after_the_last_look_gets_its_delete_order(
     store.start()
     store.step(block=False)  # its look at the workers: none yet
     decoded.sadd(keys.WORKERS, "w9")
-    decoded.set(keys.heartbeat_key("w9"), json.dumps({"warm_budget": 1 << 20}))
+    decoded.set(keys.heartbeat_key("w9"), json.dumps({"warm_budget": 1 << 20, "pid": 9}))
     warm = SessionEvent(EventKind.WARM, "w9", "local/s1", 20, 4096, time.time())
     decoded.xadd(keys.KV_EVENTS, codec.fields(warm))
     reply_to = keys.reply_key("t2")
@@ -64,14 +64,14 @@ def test_a_worker_that_started_after_the_last_look_gets_its_delete_order(
     assert store.step(block=False) == 2
     entries = decoded.xrange(keys.pinned_stream("w9"))
     report, drop = [codec.decode(f[codec.FIELD], ControlOrder) for _, f in entries]
-    assert report.op == OrderOp.REPORT  # a worker seen live for the first time tells its own
+    assert report.op == OrderOp.REPORT  # a worker this index never saw may hold sessions
     assert (drop.op, drop.key, drop.reply_to) == (OrderOp.DROP, "local/s1", reply_to)
     assert decoded.llen(reply_to) == 0  # the worker's event answers it, once it has dropped
 
 
-def beat(r: redis_lib.Redis, worker: str) -> None:
+def beat(r: redis_lib.Redis, worker: str, pid: int = 100) -> None:
     r.sadd(keys.WORKERS, worker)
-    r.set(keys.heartbeat_key(worker), json.dumps({"warm_budget": 1 << 20}))
+    r.set(keys.heartbeat_key(worker), json.dumps({"warm_budget": 1 << 20, "pid": pid}))
 
 
 def orders(r: redis_lib.Redis, worker: str) -> list[OrderOp]:
@@ -108,6 +108,11 @@ def test_a_worker_whose_heartbeat_comes_back_is_asked_what_it_holds(
         lambda: f"w1 asked again: {orders(decoded, 'w1')}",
     )
     assert orders(decoded, "w1") == [OrderOp.REPORT, OrderOp.REPORT]
+    decoded.delete(keys.heartbeat_key("w1"))  # gone again, and back as a new process
+    wait_for(lambda: store.step(block=False) >= 0 and tier() == ("gone", ""), "s1 lost")
+    beat(decoded, "w1", pid=101)
+    wait_for(lambda: store.step(block=False) >= 0 and "w1" in store.index.alive, "w1 back")
+    assert len(orders(decoded, "w1")) == 2  # a new process reports by itself when it starts
     held = (Held("local/s1", "warm", 20, 4096, used),)
     inventory = SessionEvent(EventKind.INVENTORY, "w1", last_used=time.time(), held=held)
     decoded.xadd(keys.KV_EVENTS, codec.fields(inventory))
