@@ -39,6 +39,8 @@ MALLOC_ARENAS = 2  # the event loop's and one for every other thread together
 TRIM_EVERY_S = 1.0
 SYSTEM_MALLOC = "malloc"  # PYTHONMALLOC's value for glibc's malloc
 TRIMS_AFTER_LARGE = 3  # trims after the last large input (its objects may outlive the first)
+MORE_TRIMS_AT_MOST = 30  # then one more while the last gave back GAVE_BACK_BYTES (a busy box)
+GAVE_BACK_BYTES = 1 << 20
 
 
 @functools.cache
@@ -76,6 +78,15 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
+def rss_bytes() -> int:
+    """This process's resident memory (Linux; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def freeze_startup() -> None:
     """Once the gateway serves: collect, leave what is left (modules, the tokenizer, the
     servers) out of every later collection, so that a full one walks only what requests
@@ -86,15 +97,18 @@ def freeze_startup() -> None:
 
 
 class HeapTrimmer:
-    """Trims the heap once a second for a few seconds after `noted` large inputs, off the
-    event loop (a trim walks every arena)."""
+    """Trims the heap once a second for a few seconds after `noted` large inputs, and on
+    while each trim still gives memory back; off the event loop (a trim walks every
+    arena)."""
 
     def __init__(self) -> None:
         self._trims_left = 0
+        self._more_left = 0
         self._task: asyncio.Task[None] | None = None
 
     def note(self) -> None:
         self._trims_left = TRIMS_AFTER_LARGE
+        self._more_left = MORE_TRIMS_AT_MOST
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -112,7 +126,12 @@ class HeapTrimmer:
                 self._trims_left -= 1
                 # the oldest generation too: a refused input's cycle may have reached it
                 gc.collect()
+                before = rss_bytes()
                 await asyncio.to_thread(trim_heap)
+                # on a busy box a large input's objects may go later than the first trims
+                if not self._trims_left and self._more_left > 0:
+                    self._more_left -= 1
+                    self._trims_left = int(before - rss_bytes() >= GAVE_BACK_BYTES)
 
 
 class NoteLargeBodies:
