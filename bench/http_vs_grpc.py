@@ -51,8 +51,14 @@ def grpc_client(
 
 def http_client(url: str, requests: int, tokens: int, out: list[tuple[float, int, float]]) -> None:
     # greedy, as the gRPC side (the face's default follows OpenAI's: temperature 1)
-    body = {"messages": MESSAGES, "max_tokens": tokens, "ignore_eos": True, "stream": True,
-            "temperature": 0, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.Client(base_url=url, timeout=600) as c:
         for i in range(requests):
             start = time.perf_counter()

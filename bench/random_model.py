@@ -114,9 +114,15 @@ def layer_tensors(
     """Block i's tensors by GGUF name: (array, type); norms and biases in F32."""
     dim, p = shape.dim, f"blk.{i}."
     q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    matrices = {"attn_q": (q_dim, dim), "attn_k": (kv_dim, dim), "attn_v": (kv_dim, dim),
-                "attn_output": (dim, q_dim), "ffn_gate": (shape.ffn, dim),
-                "ffn_up": (shape.ffn, dim), "ffn_down": (dim, shape.ffn)}  # fmt: skip
+    matrices = {
+        "attn_q": (q_dim, dim),
+        "attn_k": (kv_dim, dim),
+        "attn_v": (kv_dim, dim),
+        "attn_output": (dim, q_dim),
+        "ffn_gate": (shape.ffn, dim),
+        "ffn_up": (shape.ffn, dim),
+        "ffn_down": (dim, shape.ffn),
+    }
     out: dict[str, tuple[np.ndarray, T]] = {}
     for kind, (rows, k) in matrices.items():
         qtype = matrix_type(mix, kind, i, shape, k)
@@ -137,10 +143,15 @@ def add_metadata(w: gguf.GGUFWriter, name: str, shape: Shape, mix: str, n_vocab:
     a, meta = shape.arch, family_vocab("qwen2")["metadata"]
     w.add_name(f"random {name} {mix}")
     w.add_file_type(FILE_TYPES[mix])
-    sizes = {"block_count": shape.layers, "context_length": shape.context,
-             "embedding_length": shape.dim, "feed_forward_length": shape.ffn,
-             "attention.head_count": shape.heads, "attention.head_count_kv": shape.kv_heads,
-             "vocab_size": n_vocab}  # fmt: skip
+    sizes = {
+        "block_count": shape.layers,
+        "context_length": shape.context,
+        "embedding_length": shape.dim,
+        "feed_forward_length": shape.ffn,
+        "attention.head_count": shape.heads,
+        "attention.head_count_kv": shape.kv_heads,
+        "vocab_size": n_vocab,
+    }
     if shape.head_dim * shape.heads != shape.dim:  # as Qwen 3's files give it
         sizes |= {"attention.key_length": shape.head_dim, "attention.value_length": shape.head_dim}
     for key, value in sizes.items():
@@ -199,8 +210,13 @@ def check_llamacpp(path: Path, ids: list[int], steps: int) -> tuple[np.ndarray, 
     """llama.cpp's logits after `ids` and its greedy continuation of `steps` tokens."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(ids) + steps + 16, n_threads=2,
-                          verbose=False, logits_all=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=len(ids) + steps + 16,
+        n_threads=2,
+        verbose=False,
+        logits_all=False,
+    )
     try:
         n_vocab = llm.n_vocab()
 
@@ -228,9 +244,11 @@ def check(path: Path, steps: int = 8) -> None:
         t = time.perf_counter()
         logits, tokens = run(path, ids, steps)
         top = np.sort(logits)[-2:]
-        print(f"{who}: {len(ids)}-token prompt, logits finite {bool(np.isfinite(logits).all())},"
-              f" std {logits.std():.2f}, top-1 margin {top[1] - top[0]:.3f}; greedy {tokens}"
-              f" ({time.perf_counter() - t:.0f} s)")  # fmt: skip
+        print(
+            f"{who}: {len(ids)}-token prompt, logits finite {bool(np.isfinite(logits).all())},"
+            f" std {logits.std():.2f}, top-1 margin {top[1] - top[0]:.3f}; greedy {tokens}"
+            f" ({time.perf_counter() - t:.0f} s)"
+        )
         if not np.isfinite(logits).all() or len(tokens) != steps:
             raise SystemExit(f"{who}: non-finite logits or a short greedy run")
 

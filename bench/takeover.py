@@ -50,8 +50,12 @@ class Stream:
 
     def read(self, client: Client) -> None:
         try:
-            call = client.stream(f"takeover-{self.max_tokens}", messages=MESSAGES,
-                                 max_tokens=self.max_tokens, ignore_eos=True)  # fmt: skip
+            call = client.stream(
+                f"takeover-{self.max_tokens}",
+                messages=MESSAGES,
+                max_tokens=self.max_tokens,
+                ignore_eos=True,
+            )
             for response in call:
                 if response.HasField("completion"):
                     self.request_id = response.completion.request_id
@@ -88,8 +92,14 @@ def supervise_until(
         time.sleep(POLL_S)
 
 
-def one_row(cluster: Cluster, supervisor: Supervisor, model: Model, sent: int, after: int,
-            r: redis_lib.Redis) -> list[str]:  # fmt: skip
+def one_row(
+    cluster: Cluster,
+    supervisor: Supervisor,
+    model: Model,
+    sent: int,
+    after: int,
+    r: redis_lib.Redis,
+) -> list[str]:
     stream = Stream(sent + after)
     with Client(cluster.target, timeout_s=600) as client:
         reader = threading.Thread(target=stream.read, args=(client,))
@@ -112,8 +122,13 @@ def one_row(cluster: Cluster, supervisor: Supervisor, model: Model, sent: int, a
     out = Engine(model).generate([Request("ref", ids, sampling)])["ref"]
     exact = stream.tokens() == [t for o in out for t in o.token_ids]
     supervise_until(supervisor, lambda: back_up(cluster, r, victim), f"{victim} to come back", 120)
-    return [str(sent), str(published), f"{resumed_at - killed_at:.2f}", "yes" if exact else "NO",
-            victim]  # fmt: skip
+    return [
+        str(sent),
+        str(published),
+        f"{resumed_at - killed_at:.2f}",
+        "yes" if exact else "NO",
+        victim,
+    ]
 
 
 def cluster_status(r: redis_lib.Redis, worker_id: str) -> list[str]:

@@ -67,9 +67,18 @@ class StepOps:
         hd, qd, kvd = c.head_dim, c.q_dim, c.kv_dim
         tables, positions = (self.rope.cos, self.rope.sin), self.positions
         if gpu_ops.gpu_float32(qkv, pool.k):  # CuPy: q, k and v in one launch
-            q = gpu_ops.rope_into_pool(qkv, c.num_heads, c.num_kv_heads, hd, tables, positions,
-                                       step.kv_rows, pool.row_shift(layer), pool.k,
-                                       pool.v)  # fmt: skip
+            q = gpu_ops.rope_into_pool(
+                qkv,
+                c.num_heads,
+                c.num_kv_heads,
+                hd,
+                tables,
+                positions,
+                step.kv_rows,
+                pool.row_shift(layer),
+                pool.k,
+                pool.v,
+            )
         else:
             q = apply_rope(qkv, 0, c.num_heads, hd, tables, positions, xp)  # [N, H, D]
             k = apply_rope(qkv, qd, c.num_kv_heads, hd, tables, positions, xp)

@@ -111,8 +111,9 @@ class Model:
             from engine.mlx_backend.kv_pool import MLXKVPool
 
             assert isinstance(pool, MLXKVPool)
-            return mlx_forward(self.weights, self.config, self.family, self.rope, pool, tokens,
-                               positions, segments)  # fmt: skip
+            return mlx_forward(
+                self.weights, self.config, self.family, self.rope, pool, tokens, positions, segments
+            )
         xp = self.xp
         logits = forward(self.weights, self.config, self.family, self.rope, pool,
                          xp.asarray(tokens, dtype=xp.int64),

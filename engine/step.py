@@ -70,9 +70,10 @@ class StepLayout:
         spans = [(seg.kv.blocks, seg.start, seg.length) for seg in segments]
         if pool.xp is np:
             plan = AttentionPlan.build(
-                spans, kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
+                spans,
+                kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
                 compiled=pool.dtype == np.float32,
-            )  # fmt: skip
+            )
         else:  # CuPy: every row in the kernel where it takes this pool
             gpu = pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
             plan = AttentionPlan.build(spans, None, compiled=gpu).to(pool.xp)

@@ -184,6 +184,7 @@ async def count_tokens(ctx: HttpContext, request: Request) -> Response:
     body = await ctx.body(request)
     ctx.check_model(get(body, "model", str))
     tenant_of(request, ctx.keys)
-    inp = GenerateInput(messages=chat_of(body), tools=tools_of(body),
-                        template_kwargs=template_kwargs_of(body))  # fmt: skip
+    inp = GenerateInput(
+        messages=chat_of(body), tools=tools_of(body), template_kwargs=template_kwargs_of(body)
+    )
     return JSONResponse({"input_tokens": await ctx.jobs.count_tokens(inp)})

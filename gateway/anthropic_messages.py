@@ -12,8 +12,10 @@ from engine.text.chat_tools import Message, check_tools
 from gateway.http_request import Body, get, joined_text
 
 ROLES = ("user", "assistant")
-BLOCKS = {"user": ("text", "tool_result"),
-          "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}  # fmt: skip
+BLOCKS = {
+    "user": ("text", "tool_result"),
+    "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
+}
 
 
 def text_of(content: Any, where: str) -> str:

@@ -70,9 +70,11 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     stream = get(body, "stream", bool, False)
     options = get(body, "stream_options", dict, {})
     inp = GenerateInput(
-        messages=chat_messages(body), tools=tools_of(body),
-        template_kwargs=template_kwargs_of(body), **sampling_fields(body, session_of(request)),
-    )  # fmt: skip
+        messages=chat_messages(body),
+        tools=tools_of(body),
+        template_kwargs=template_kwargs_of(body),
+        **sampling_fields(body, session_of(request)),
+    )
     started = await start(ctx, request, inp)
     base = {"id": f"chatcmpl-{started.job.request_id}", "created": started.created,
             "model": ctx.model_id}  # fmt: skip
@@ -90,10 +92,14 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     choice = {"index": 0, "message": message, "finish_reason": _finish(c, reader),
               "logprobs": None}  # fmt: skip
     return JSONResponse(
-        {**base, "object": "chat.completion", "choices": [choice],
-         "usage": usage(c, reader.reasoning_tokens)},
+        {
+            **base,
+            "object": "chat.completion",
+            "choices": [choice],
+            "usage": usage(c, reader.reasoning_tokens),
+        },
         headers=started.headers,
-    )  # fmt: skip
+    )
 
 
 def _call(call: ToolCall) -> dict[str, Any]:

@@ -80,9 +80,14 @@ def reasoning_part(text: str) -> dict[str, Any]:
 
 
 def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
-            "content": [reasoning_part(text)] if status == "completed" else [],
-            "encrypted_content": None}  # fmt: skip
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": [reasoning_part(text)] if status == "completed" else [],
+        "encrypted_content": None,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +151,14 @@ def finished(
 ) -> dict[str, Any]:
     """The whole response once the completion came."""
     cut = c.finish_reason == FinishReason.LENGTH
-    return {**head, "status": "incomplete" if cut else "completed", "output": output,
-            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-            "completed_at": int(time.time()), "usage": usage(c, reasoning_tokens)}  # fmt: skip
+    return {
+        **head,
+        "status": "incomplete" if cut else "completed",
+        "output": output,
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "completed_at": int(time.time()),
+        "usage": usage(c, reasoning_tokens),
+    }
 
 
 class _Stream:
@@ -205,8 +215,11 @@ class _Stream:
     def _where(self) -> dict[str, Any]:
         assert self.open is not None
         at = len(self.output)
-        return {"item_id": item_id(self.open, self.request_id, at), "output_index": at,
-                "content_index": 0}  # fmt: skip
+        return {
+            "item_id": item_id(self.open, self.request_id, at),
+            "output_index": at,
+            "content_index": 0,
+        }
 
     def _delta(self, kind: ItemKind, delta: str) -> list[bytes]:
         out = [] if self.open in (kind, None) else self._close()
@@ -218,8 +231,7 @@ class _Stream:
             out.append(self._event("response.output_item.added", output_index=at, item=added))
             out.append(self._event("response.content_part.added", **where, part=kind.part("")))
         self.text += delta
-        out.append(self._event(f"{kind.events}.delta", **self._where(), delta=delta,
-                               **kind.extra))  # fmt: skip
+        out.append(self._event(f"{kind.events}.delta", **self._where(), delta=delta, **kind.extra))
         return out
 
     def _close(self) -> list[bytes]:
@@ -230,10 +242,11 @@ class _Stream:
         item = kind.item(where["item_id"], self.text, "completed")
         self.output.append(item)
         self.open = None
-        return [self._event(f"{kind.events}.done", **where, text=self.text, **kind.extra),
-                self._event("response.content_part.done", **where, part=item["content"][0]),
-                self._event("response.output_item.done", output_index=where["output_index"],
-                            item=item)]  # fmt: skip
+        return [
+            self._event(f"{kind.events}.done", **where, text=self.text, **kind.extra),
+            self._event("response.content_part.done", **where, part=item["content"][0]),
+            self._event("response.output_item.done", output_index=where["output_index"], item=item),
+        ]
 
     def _call(self, call: ToolCall) -> list[bytes]:
         at, item = len(self.output), call_item(call)

@@ -62,9 +62,12 @@ class GenerateInput:
 def without_thoughts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages without their reasoning: the model is not to think, or its replies are
     not read for thoughts (a model shown thoughts it never writes would copy them)."""
-    return [{k: v for k, v in m.items() if k != "reasoning_content"}
-            if isinstance(m, dict) and "reasoning_content" in m else m
-            for m in messages]  # fmt: skip
+    return [
+        {k: v for k, v in m.items() if k != "reasoning_content"}
+        if isinstance(m, dict) and "reasoning_content" in m
+        else m
+        for m in messages
+    ]
 
 
 def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer, thinking: bool = False) -> list[int]:
@@ -77,8 +80,9 @@ def prompt_ids(inp: GenerateInput, tokenizer: Tokenizer, thinking: bool = False)
         if tokenizer.chat_template is None:
             raise InvalidRequestError("messages", "the model has no chat template; send prompt")
         messages = inp.messages if thinking else without_thoughts(inp.messages)
-        prompt = render_chat(tokenizer.chat_template, messages, tools=inp.tools,
-                             template_kwargs=inp.template_kwargs)  # fmt: skip
+        prompt = render_chat(
+            tokenizer.chat_template, messages, tools=inp.tools, template_kwargs=inp.template_kwargs
+        )
         return tokenizer.encode(prompt)
     if inp.prompt is not None:
         if not inp.prompt:
@@ -153,8 +157,12 @@ def input_size(inp: GenerateInput, bounds: InputBounds) -> int:
     tokenized or copied, so it runs on the event loop, before any expensive step."""
     if inp.messages is not None:
         bounds.check_count("messages", len(inp.messages))
-        texts = [m.get(k) for m in inp.messages if isinstance(m, dict)
-                 for k in ("content", "reasoning_content")]  # fmt: skip
+        texts = [
+            m.get(k)
+            for m in inp.messages
+            if isinstance(m, dict)
+            for k in ("content", "reasoning_content")
+        ]
         calls = [m["tool_calls"] for m in inp.messages if isinstance(m, dict) and "tool_calls" in m]
         if calls or inp.tools:  # their JSON is written into the prompt
             texts += [json.dumps(calls), json.dumps(inp.tools)]
@@ -209,9 +217,15 @@ class JobBuilder:
             timeout_s = min(time_left_s, timeout_s)
         size = self._size(inp)
         return await self.gate.run(
-            size, build_job, inp, tenant, self.tokenizer, self.config, timeout_s,
+            size,
+            build_job,
+            inp,
+            tenant,
+            self.tokenizer,
+            self.config,
+            timeout_s,
             self.thinking(inp),
-        )  # fmt: skip
+        )
 
     async def count_tokens(self, inp: GenerateInput) -> int:
         """How many tokens the input's prompt has (the same checks as `build`)."""

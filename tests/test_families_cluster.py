@@ -56,8 +56,11 @@ def test_a_chat_is_served_as_the_engine_computes_it_and_resumes_warm(
         first = client.complete("agent-1", messages=MESSAGES, max_tokens=6)
         assert first.completion.usage.prompt_tokens == len(ids)
         assert list(first.token_ids) == expected
-        turn2 = [*MESSAGES, {"role": "assistant", "content": first.text},
-                 {"role": "user", "content": "Another."}]  # fmt: skip
+        turn2 = [
+            *MESSAGES,
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "Another."},
+        ]
         second = client.complete("agent-1", messages=turn2, max_tokens=6)
     assert second.completion.kv_source == pb.KV_SOURCE_WARM
     assert second.completion.worker_id == first.completion.worker_id
@@ -73,8 +76,11 @@ def test_a_session_spilled_to_disk_resumes_from_it_exactly(
         first = client.complete("agent-3", messages=MESSAGES, max_tokens=6)
         with KVStoreClient(cluster.kvstore_target) as kv:
             evict(kv, r, "agent-3")
-        turn2 = [*MESSAGES, {"role": "assistant", "content": first.text},
-                 {"role": "user", "content": "Another."}]  # fmt: skip
+        turn2 = [
+            *MESSAGES,
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "Another."},
+        ]
         second = client.complete("agent-3", messages=turn2, max_tokens=6)
     assert second.completion.kv_source == pb.KV_SOURCE_DISK
     assert second.completion.usage.cached_tokens >= first.completion.usage.prompt_tokens

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.cluster_helpers import one_worker
-from tests.fuzz_inputs import COUNT, FORK, MESSAGES, hostile_bodies
+from tests.planted_bodies import COUNT, FORK, MESSAGES, hostile_bodies
 from tests.test_fuzz import assert_cluster_sound
 from warmfleet.launcher import Cluster
 
@@ -193,8 +193,10 @@ def test_what_uvicorn_cannot_parse_is_refused_saying_close(
 def test_a_body_cut_off_midway_leaves_no_traceback(cluster: Cluster, tiny_path: Path) -> None:
     for route in (VALID[0][0], MESSAGES, FORK):
         with connect(cluster.http_url) as s:
-            s.sendall(f"POST {route} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
-                      '9\r\n{"message\r\n'.encode())  # fmt: skip
+            s.sendall(
+                f"POST {route} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                '9\r\n{"message\r\n'.encode()
+            )
     conn, replies = RawConnection(cluster.http_url), Replies()
     for route, valid in VALID:  # the gateway serves on; its log is checked below
         replies.check(route, *conn.post(route, json.dumps(valid).encode())[::2])

@@ -17,8 +17,7 @@ import pytest
 
 from bench.gateway_bursts import BodyKind, body_kinds, burst, chat
 from bench.soak_rss import rss_kib
-from tests.cluster_helpers import wait_for
-from warmfleet.cluster_config import ClusterConfig
+from tests.cluster_helpers import one_worker, wait_for
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
@@ -32,13 +31,7 @@ _KIB_PER_MB = 1024
 def cluster(
     default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    config = ClusterConfig(
-        num_workers=1,
-        model=default_model_path,
-        log_dir=tmp_path_factory.mktemp("memory-logs"),
-        spill_dir=tmp_path_factory.mktemp("spill"),
-    )
-    with Cluster(config) as c:
+    with one_worker(default_model_path, tmp_path_factory.mktemp) as c:
         yield c
 
 

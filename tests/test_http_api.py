@@ -85,18 +85,28 @@ def test_anthropic_client_gets_the_grpc_tokens_and_reuses_its_session(
     system = "You are brief."
     # greedy, to compare with gRPC: the face's default follows Anthropic's (temperature 1)
     greedy: Any = {"temperature": 0}
-    first = client.messages.create(model=model_id, max_tokens=16, system=system,
-                                   messages=any_(CHAT), extra_headers=sid,
-                                   extra_body=greedy)  # fmt: skip
+    first = client.messages.create(
+        model=model_id,
+        max_tokens=16,
+        system=system,
+        messages=any_(CHAT),
+        extra_headers=sid,
+        extra_body=greedy,
+    )
     text = "".join(b.text for b in first.content if b.type == "text")
     with_system = [{"role": "system", "content": system}, *CHAT]
     assert text == grpc_text(cluster, key, with_system, 16)
     assert first.stop_reason in ("end_turn", "max_tokens")
     chat2 = [*CHAT, {"role": "assistant", "content": text},
              {"role": "user", "content": "Where does it live?"}]  # fmt: skip
-    with client.messages.stream(model=model_id, max_tokens=16, system=system,
-                                messages=any_(chat2), extra_headers=sid,
-                                extra_body=greedy) as stream:  # fmt: skip
+    with client.messages.stream(
+        model=model_id,
+        max_tokens=16,
+        system=system,
+        messages=any_(chat2),
+        extra_headers=sid,
+        extra_body=greedy,
+    ) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == grpc_text(cluster, key, [with_system[0], *chat2], 16)

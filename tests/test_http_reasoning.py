@@ -22,9 +22,11 @@ from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-EXAMPLES = [("What is 2 plus 3?", "2 plus 3 is 5.", "5."),
-            ("What is 4 plus 4?", "4 plus 4 is 8.", "8."),
-            ("What is 1 plus 6?", "1 plus 6 is 7.", "7.")]  # fmt: skip
+EXAMPLES = [
+    ("What is 2 plus 3?", "2 plus 3 is 5.", "5."),
+    ("What is 4 plus 4?", "4 plus 4 is 8.", "8."),
+    ("What is 1 plus 6?", "1 plus 6 is 7.", "7."),
+]
 QUESTION = "What is 2 plus 2?"
 MAX_TOKENS = 40
 
@@ -75,8 +77,7 @@ def plain(cluster: Cluster) -> str:
 
 
 def oai(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{cluster.http_url}/v1", api_key="x", timeout=120,
-                         max_retries=0)  # fmt: skip
+    return openai.OpenAI(base_url=f"{cluster.http_url}/v1", api_key="x", timeout=120, max_retries=0)
 
 
 def openai_chat() -> list[dict[str, Any]]:
@@ -89,8 +90,7 @@ def openai_chat() -> list[dict[str, Any]]:
 
 def chat_create(cluster: Cluster, **kw: Any) -> Any:
     create: Any = oai(cluster).chat.completions.create
-    return create(model=MODEL, messages=openai_chat(), max_tokens=MAX_TOKENS, temperature=0,
-                  **kw)  # fmt: skip
+    return create(model=MODEL, messages=openai_chat(), max_tokens=MAX_TOKENS, temperature=0, **kw)
 
 
 def test_openai_chat_returns_reasoning_content(
@@ -107,8 +107,10 @@ def test_openai_chat_returns_reasoning_content(
     thought = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
     assert thought == raw[0] and "".join(d.content or "" for d in deltas) == raw[1]
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
-    for off in ({"reasoning_effort": "none"},
-                {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}):  # fmt: skip
+    for off in (
+        {"reasoning_effort": "none"},
+        {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+    ):
         message = chat_create(cluster, **off).choices[0].message
         assert "reasoning_content" not in (message.model_extra or {})
         assert message.content == plain
@@ -117,8 +119,12 @@ def test_openai_chat_returns_reasoning_content(
 def responses_input() -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for i, (question, thought, answer) in enumerate(EXAMPLES):
-        reasoning = {"type": "reasoning", "id": f"rs_{i}", "summary": [],
-                     "content": [{"type": "reasoning_text", "text": thought}]}  # fmt: skip
+        reasoning = {
+            "type": "reasoning",
+            "id": f"rs_{i}",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": thought}],
+        }
         message = {"role": "assistant", "content": [{"type": "output_text", "text": answer}]}
         items += [{"role": "user", "content": question}, reasoning, message]
     return [*items, {"role": "user", "content": QUESTION}]
@@ -126,8 +132,9 @@ def responses_input() -> list[dict[str, Any]]:
 
 def responses_create(cluster: Cluster, **kw: Any) -> Any:
     create: Any = oai(cluster).responses.create
-    return create(model=MODEL, input=responses_input(), max_output_tokens=MAX_TOKENS,
-                  temperature=0, **kw)  # fmt: skip
+    return create(
+        model=MODEL, input=responses_input(), max_output_tokens=MAX_TOKENS, temperature=0, **kw
+    )
 
 
 def test_responses_return_a_reasoning_item(
@@ -144,8 +151,11 @@ def test_responses_return_a_reasoning_item(
     assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
     assert events[2].item.type == "reasoning" and events[3].part.type == "reasoning_text"
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
-    assert thought == raw[0] == next(e.text for e in events
-                                     if e.type == "response.reasoning_text.done")  # fmt: skip
+    assert (
+        thought
+        == raw[0]
+        == next(e.text for e in events if e.type == "response.reasoning_text.done")
+    )
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == raw[1]
     assert [o.type for o in events[-1].response.output] == ["reasoning", "message"]
@@ -156,8 +166,10 @@ def test_responses_return_a_reasoning_item(
 def anthropic_chat() -> list[dict[str, Any]]:
     chat: list[dict[str, Any]] = []
     for question, thought, answer in EXAMPLES:
-        blocks = [{"type": "thinking", "thinking": thought, "signature": ""},
-                  {"type": "text", "text": answer}]  # fmt: skip
+        blocks = [
+            {"type": "thinking", "thinking": thought, "signature": ""},
+            {"type": "text", "text": answer},
+        ]
         chat += [{"role": "user", "content": question}, {"role": "assistant", "content": blocks}]
     return [*chat, {"role": "user", "content": QUESTION}]
 
@@ -165,11 +177,14 @@ def anthropic_chat() -> list[dict[str, Any]]:
 def test_anthropic_returns_thinking_blocks(
     cluster: Cluster, raw: tuple[str, str], plain: str
 ) -> None:
-    client = anthropic.Anthropic(base_url=cluster.http_url, api_key="x", timeout=120,
-                                 max_retries=0)  # fmt: skip
+    client = anthropic.Anthropic(base_url=cluster.http_url, api_key="x", timeout=120, max_retries=0)
     # this client takes no temperature argument (Anthropic's newer models fix it)
-    kw: Any = {"model": MODEL, "messages": anthropic_chat(), "max_tokens": MAX_TOKENS,
-               "extra_body": {"temperature": 0}}  # fmt: skip
+    kw: Any = {
+        "model": MODEL,
+        "messages": anthropic_chat(),
+        "max_tokens": MAX_TOKENS,
+        "extra_body": {"temperature": 0},
+    }
     reply = client.messages.create(**kw)
     assert [b.type for b in reply.content] == ["thinking", "text"]
     thinking, text = reply.content

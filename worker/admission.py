@@ -108,8 +108,9 @@ class Admission:
         # prefilled, the last is sampled again (the gateway drops it) so that every way of
         # ending (a stop string, max_tokens, end of turn) is decided as it was
         generated = list(d.progress.sent[:-1])
-        request = Request(job.request_id, list(job.prompt_ids), job.sampling, key, job.tenant,
-                          generated)  # fmt: skip
+        request = Request(
+            job.request_id, list(job.prompt_ids), job.sampling, key, job.tenant, generated
+        )
         try:
             seq = self.s.engine.add(request, restored)
         except WarmfleetError as e:  # the engine's own guards (the gateway checked first)
@@ -123,8 +124,11 @@ class Admission:
         self.s.inflight[job.request_id] = f
         if d.progress.sent:
             f.resumed = (len(d.progress.sent), self.s.engine.stats.num_steps)
-            log.info("resuming %s after the %d token(s) already sent", job.request_id,
-                     len(d.progress.sent))  # fmt: skip
+            log.info(
+                "resuming %s after the %d token(s) already sent",
+                job.request_id,
+                len(d.progress.sent),
+            )
         if key:
             self.s.outbox.events.append(self.s.event(EventKind.HOT, key, seq.cache, source=kv_from))
 

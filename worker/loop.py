@@ -240,9 +240,14 @@ class Worker:
         num_sent, at_step = resumed
         f.resumed = None
         steps = self.state.engine.stats.num_steps - at_step
-        log.info("resumed %s: its first new token after %d engine step(s) (a prompt of %d "
-                 "tokens, %d sent)", f.job.request_id, steps, len(f.job.prompt_ids),
-                 num_sent)  # fmt: skip
+        log.info(
+            "resumed %s: its first new token after %d engine step(s) (a prompt of %d "
+            "tokens, %d sent)",
+            f.job.request_id,
+            steps,
+            len(f.job.prompt_ids),
+            num_sent,
+        )
 
     def _out_of_memory(self, e: MemoryError) -> None:
         """A step of one row could not get the memory it needed (its kernels' scratch, its

@@ -143,7 +143,11 @@ class Tensors:
     def without_kernel(self) -> list[str]:
         """The matrices no quantized kernel reads, as "name (TYPE)"."""
         matrices = (*MATRIX_KINDS, "token_embd", "output")
-        return [f"{name} ({t.tensor_type.name})" for name, t in self.by_name.items()
-                if name.endswith(".weight") and name.split(".")[-2] in matrices
-                and t.tensor_type != gguf.GGMLQuantizationType.F32
-                and not is_supported(t.tensor_type, self.shape(name)[1])]  # fmt: skip
+        return [
+            f"{name} ({t.tensor_type.name})"
+            for name, t in self.by_name.items()
+            if name.endswith(".weight")
+            and name.split(".")[-2] in matrices
+            and t.tensor_type != gguf.GGMLQuantizationType.F32
+            and not is_supported(t.tensor_type, self.shape(name)[1])
+        ]

@@ -120,9 +120,21 @@ def _paged_rows_kernel() -> RowsKernel:
             _paged_rows(q, k, v, tables, lengths, scale, out)
             return
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
-        refused = fn(address(q), address(k), address(v), address(tables), tables.shape[1],
-                     address(lengths), num_rows, num_heads, k.shape[1], dim, scale,
-                     address(out), get_num_threads())  # fmt: skip
+        refused = fn(
+            address(q),
+            address(k),
+            address(v),
+            address(tables),
+            tables.shape[1],
+            address(lengths),
+            num_rows,
+            num_heads,
+            k.shape[1],
+            dim,
+            scale,
+            address(out),
+            get_num_threads(),
+        )
         if refused:
             raise native.scratch_refused("wf_paged_rows", refused, f"a {num_rows}-row attention")
 

@@ -73,8 +73,9 @@ def head_rms_norm(
         runs = qkv[:, cols].reshape(n * heads, head_dim)
         qkv[:, cols] = rms_norm(runs, weight, eps, xp).reshape(n, heads * head_dim)
         return
-    lib.wf_head_rms_norm(address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim,
-                         address(weight), eps)  # fmt: skip
+    lib.wf_head_rms_norm(
+        address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim, address(weight), eps
+    )
 
 
 def rope(

@@ -47,24 +47,34 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     out = cupy.empty_like(x)
     if x.shape[0]:
         compiled("elementwise.cu").get_function("wf_rms_norm")(
-            (x.shape[0],), (NORM_THREADS,),
+            (x.shape[0],),
+            (NORM_THREADS,),
             (x, cupy.ascontiguousarray(weight), np.float32(eps), np.int32(x.shape[1]), out),
-        )  # fmt: skip
+        )
     return out
 
 
-def head_rms_norm(x: Array, col0: int, heads: int, head_dim: int, weight: Array,
-                  eps: float) -> None:  # fmt: skip
+def head_rms_norm(
+    x: Array, col0: int, heads: int, head_dim: int, weight: Array, eps: float
+) -> None:
     """In place: each head's run of x [N, C] (columns col0 .. col0 + heads * D, float32,
     contiguous) RMS-normed with weight [D]; one launch, a block per (row, head)."""
     cupy = importlib.import_module("cupy")
     blocks = x.shape[0] * heads
     if blocks:
         compiled("elementwise.cu").get_function("wf_head_rms_norm")(
-            (blocks,), (NORM_THREADS,),
-            (x, np.int64(x.shape[1]), np.int64(col0), np.int32(heads), np.int32(head_dim),
-             cupy.ascontiguousarray(weight), np.float32(eps)),
-        )  # fmt: skip
+            (blocks,),
+            (NORM_THREADS,),
+            (
+                x,
+                np.int64(x.shape[1]),
+                np.int64(col0),
+                np.int32(heads),
+                np.int32(head_dim),
+                cupy.ascontiguousarray(weight),
+                np.float32(eps),
+            ),
+        )
 
 
 def rope_into_pool(qkv: Array, heads: int, kv_heads: int, head_dim: int,
@@ -81,11 +91,24 @@ def rope_into_pool(qkv: Array, heads: int, kv_heads: int, head_dim: int,
     if threads:
         cos_t, sin_t = tables
         compiled("elementwise.cu").get_function("wf_rope_into_pool")(
-            _blocks(threads), (THREADS,),
-            (qkv, np.int64(n), np.int32(heads), np.int32(kv_heads), np.int32(head_dim), cos_t,
-             sin_t, cupy.ascontiguousarray(positions, cupy.int64),
-             cupy.ascontiguousarray(rows, cupy.int64), np.int64(shift), q, k_pool, v_pool),
-        )  # fmt: skip
+            _blocks(threads),
+            (THREADS,),
+            (
+                qkv,
+                np.int64(n),
+                np.int32(heads),
+                np.int32(kv_heads),
+                np.int32(head_dim),
+                cos_t,
+                sin_t,
+                cupy.ascontiguousarray(positions, cupy.int64),
+                cupy.ascontiguousarray(rows, cupy.int64),
+                np.int64(shift),
+                q,
+                k_pool,
+                v_pool,
+            ),
+        )
     return q
 
 
@@ -96,9 +119,10 @@ def silu_mul(gate_up: Array, ffn_dim: int) -> Array:
     out = cupy.empty((gate_up.shape[0], ffn_dim), dtype=cupy.float32)
     if out.size:
         compiled("elementwise.cu").get_function("wf_silu_mul")(
-            _blocks(out.size), (THREADS,),
+            _blocks(out.size),
+            (THREADS,),
             (gate_up, np.int64(gate_up.shape[0]), np.int32(ffn_dim), out),
-        )  # fmt: skip
+        )
     return out
 
 
@@ -119,8 +143,21 @@ def paged_attention(q: Array, k_layer: Array, v_layer: Array, tables: Array, len
     tasks = n * heads
     if tasks:
         compiled("attention.cu").get_function("wf_paged_attention")(
-            (tasks,), (32 * ATTENTION_SPLIT,),
-            (q, k_layer, v_layer, tables, np.int32(tables.shape[1]), lengths,
-             np.float32(scale), out, np.int32(heads), np.int32(hkv), np.int32(d), np.int32(bs)),
-        )  # fmt: skip
+            (tasks,),
+            (32 * ATTENTION_SPLIT,),
+            (
+                q,
+                k_layer,
+                v_layer,
+                tables,
+                np.int32(tables.shape[1]),
+                lengths,
+                np.float32(scale),
+                out,
+                np.int32(heads),
+                np.int32(hkv),
+                np.int32(d),
+                np.int32(bs),
+            ),
+        )
     return out

@@ -36,9 +36,17 @@ class _Matrix(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", _ptr), ("ffn_norm", _ptr), ("qkv", _Matrix), ("wo", _Matrix),
-                ("gate_up", _Matrix), ("down", _Matrix), ("qkv_bias", _ptr), ("q_norm", _ptr),
-                ("k_norm", _ptr)]  # fmt: skip
+    _fields_ = [
+        ("attn_norm", _ptr),
+        ("ffn_norm", _ptr),
+        ("qkv", _Matrix),
+        ("wo", _Matrix),
+        ("gate_up", _Matrix),
+        ("down", _Matrix),
+        ("qkv_bias", _ptr),
+        ("q_norm", _ptr),
+        ("k_norm", _ptr),
+    ]
 
 
 class _Shape(ctypes.Structure):
@@ -116,11 +124,23 @@ class NativeLayers:
         shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_dim, layer_floats,
                        c.rms_eps, c.head_dim**-0.5)  # fmt: skip
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
-        refused = self.fn(self.layers, len(self.layers), ctypes.byref(shape), address(x),
-                          x.shape[0], address(positions), address(rope.cos), address(rope.sin),
-                          address(pool.k), address(pool.v), address(kv_rows),
-                          address(plan.tables), plan.tables.shape[1], address(plan.lengths),
-                          threads)  # fmt: skip
+        refused = self.fn(
+            self.layers,
+            len(self.layers),
+            ctypes.byref(shape),
+            address(x),
+            x.shape[0],
+            address(positions),
+            address(rope.cos),
+            address(rope.sin),
+            address(pool.k),
+            address(pool.v),
+            address(kv_rows),
+            address(plan.tables),
+            plan.tables.shape[1],
+            address(plan.lengths),
+            threads,
+        )
         if refused:
             raise native.scratch_refused("wf_layers", refused, f"a {x.shape[0]}-row step")
         return True

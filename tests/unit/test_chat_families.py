@@ -138,10 +138,16 @@ def test_qwen_3_drops_the_thoughts_of_turns_before_the_last_question() -> None:
     assert "<|im_start|>assistant\nRain.<|im_end|>\n<|im_start|>user\nAnd Paris?" in got
     assert "Cloudy" not in got
     # a call's thought after the last question stays, so the turn continues where it was
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}  # fmt: skip
-    thinking = {"role": "assistant", "content": "<think>\nLook it up.\n</think>\n\n",
-                "tool_calls": [call]}  # fmt: skip
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+    }
+    thinking = {
+        "role": "assistant",
+        "content": "<think>\nLook it up.\n</think>\n\n",
+        "tool_calls": [call],
+    }
     result = {"role": "tool", "content": "20 C", "tool_call_id": "c1"}
     got = render_chat(qwen3(), [*messages, thinking, result], tools=TOOLS)
     assert got.endswith(

@@ -24,10 +24,12 @@ LONG = 40
 @pytest.mark.parametrize("cut", [1, 7, 20, LONG - 1])
 @pytest.mark.parametrize(
     "sampling",
-    [SamplingParams(max_tokens=LONG, ignore_eos=True),
-     SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=LONG, ignore_eos=True)],
+    [
+        SamplingParams(max_tokens=LONG, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=LONG, ignore_eos=True),
+    ],
     ids=["greedy", "seeded"],
-)  # fmt: skip
+)
 def test_a_resumed_run_goes_on_as_if_it_had_not_stopped(
     tiny_model: Model, sampling: SamplingParams, cut: int
 ) -> None:

@@ -18,9 +18,15 @@ from tests.tiny_gguf import write_tiny_llama
 
 
 def metadata(keys: dict[str, int] | None = None, arch: str = "qwen3") -> dict[str, Any]:
-    base = {"block_count": 2, "embedding_length": 1024, "feed_forward_length": 3072,
-            "attention.head_count": 16, "attention.head_count_kv": 8, "context_length": 4096,
-            "vocab_size": 151936}  # fmt: skip
+    base = {
+        "block_count": 2,
+        "embedding_length": 1024,
+        "feed_forward_length": 3072,
+        "attention.head_count": 16,
+        "attention.head_count_kv": 8,
+        "context_length": 4096,
+        "vocab_size": 151936,
+    }
     meta: dict[str, Any] = {f"{arch}.{k}": v for k, v in {**base, **(keys or {})}.items()}
     return {"general.architecture": arch, **meta}
 

@@ -125,5 +125,7 @@ def test_a_named_error_keeps_its_status() -> None:
         raise NotFoundError("no such session")
 
     status, body = answer(missing, Shape.ANTHROPIC)
-    assert status == 404 and body["error"] == {"type": "not_found_error",
-                                               "message": "no such session"}  # fmt: skip
+    assert status == 404 and body["error"] == {
+        "type": "not_found_error",
+        "message": "no such session",
+    }

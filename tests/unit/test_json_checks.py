@@ -115,7 +115,8 @@ def test_a_model_call_holding_json_no_code_should_walk_is_text(arguments: str) -
 
 def test_a_model_call_within_the_bound_is_a_call() -> None:
     arguments = {"a": nested(MAX_DEPTH - 2, "é")}
-    text, calls = scanned(f'<tool_call>{{"name": "f", "arguments": {json.dumps(arguments)}}}'
-                          "</tool_call>")  # fmt: skip
+    text, calls = scanned(
+        f'<tool_call>{{"name": "f", "arguments": {json.dumps(arguments)}}}</tool_call>'
+    )
     assert text == "" and [(c.name, c.arguments) for c in calls] == [("f", arguments)]
     assert json.loads(calls[0].arguments_json) == arguments

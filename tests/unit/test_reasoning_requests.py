@@ -36,17 +36,26 @@ THOUGHT, ANSWER = "Two and two.", "Four."
 def test_each_face_reads_history_thoughts_as_reasoning_content() -> None:
     question = {"role": "user", "content": "2 + 2?"}
     expected = [question, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
-    openai_body = {"messages": [question, {"role": "assistant", "content": ANSWER,
-                                           "reasoning_content": THOUGHT}]}  # fmt: skip
+    openai_body = {
+        "messages": [
+            question,
+            {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT},
+        ]
+    }
     assert openai_messages.chat_messages(openai_body) == expected
-    blocks = [{"type": "thinking", "thinking": THOUGHT, "signature": "x"},
-              {"type": "redacted_thinking", "data": "opaque"},
-              {"type": "text", "text": ANSWER}]  # fmt: skip
+    blocks = [
+        {"type": "thinking", "thinking": THOUGHT, "signature": "x"},
+        {"type": "redacted_thinking", "data": "opaque"},
+        {"type": "text", "text": ANSWER},
+    ]
     anthropic_body = {"messages": [question, {"role": "assistant", "content": blocks}]}
     assert anthropic_messages.chat_of(anthropic_body) == expected
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text",
-                 "text": "not what it wrote"}], "content": [{"type": "reasoning_text",
-                 "text": THOUGHT}]}  # fmt: skip
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "not what it wrote"}],
+        "content": [{"type": "reasoning_text", "text": THOUGHT}],
+    }
     message = {"role": "assistant", "content": [{"type": "output_text", "text": ANSWER}]}
     assert responses_input.chat_of({"input": [question, reasoning, message]}) == expected
     # before a call with no message: the call's turn; a trailing one has no turn to join
@@ -74,10 +83,11 @@ def test_each_face_turns_reasoning_off_its_own_way() -> None:
 def tool_loop() -> list[dict[str, Any]]:
     """A question, a call after a thought, its result: Qwen 3 shows that thought."""
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {}}}
-    return [{"role": "user", "content": "2 + 2?"},
-            {"role": "assistant", "content": "", "reasoning_content": THOUGHT,
-             "tool_calls": [call]},
-            {"role": "tool", "content": "4", "tool_call_id": "c1"}]  # fmt: skip
+    return [
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "", "reasoning_content": THOUGHT, "tool_calls": [call]},
+        {"role": "tool", "content": "4", "tool_call_id": "c1"},
+    ]
 
 
 def test_thoughts_render_as_the_template_expects() -> None:
@@ -116,9 +126,9 @@ def test_the_reply_starts_in_its_reasoning_when_the_prompt_opened_it(
 ) -> None:
     opening = copy.copy(qwen)  # as Qwen3-4B-Thinking-2507's template: the span opened for it
     opening.chat_template = QWEN3.replace(
-        "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable", "{{- '<|im_start|>assistant\\n"
-        "<think>\\n' }}\n    {%- if enable"
-    )  # fmt: skip
+        "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable",
+        "{{- '<|im_start|>assistant\\n<think>\\n' }}\n    {%- if enable",
+    )
     chat = [{"role": "user", "content": "2 + 2?"}]
     reply = f"{THOUGHT}\n</think>\n\n{ANSWER}"
     for tokenizer, inp, expected in [
@@ -144,8 +154,7 @@ def test_each_face_and_family_has_its_sampling_defaults(qwen: Tokenizer, tiny_mo
     assert sampled("llama", True, defaults=Defaults.API) == (1.0, 1.0, 0)
     assert sampled("qwen3", True, defaults=Defaults.API) == (0.6, 0.95, 20)
     assert sampled("qwen3", False, defaults=Defaults.API) == (0.7, 0.8, 20)
-    assert sampled("qwen3", True, defaults=Defaults.API, temperature=0.0, top_k=0) == (
-        0.0, 0.95, 0)  # fmt: skip
+    assert sampled("qwen3", True, defaults=Defaults.API, temperature=0.0, top_k=0) == (0.0, 0.95, 0)
     jobs = builder(qwen, tiny_model, thoughts=True)
     assert jobs.thinking(GenerateInput(prompt="x"))
     assert not jobs.thinking(GenerateInput(prompt="x", template_kwargs={"enable_thinking": False}))

@@ -194,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
                     args.max_message_bytes)  # fmt: skip
     raise_open_files_limit(2 * args.max_streams + SPARE_CONNECTIONS + REDIS_CONNECTIONS
                            + SPARE_FILES)  # fmt: skip
-    return asyncio.run(_serve(args.redis_url, (tokenizer, model_config, thoughts), config, keys,
-                              names, listen))  # fmt: skip
+    return asyncio.run(
+        _serve(args.redis_url, (tokenizer, model_config, thoughts), config, keys, names, listen)
+    )
 
 
 async def _serve(

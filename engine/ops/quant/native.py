@@ -37,8 +37,20 @@ class NativeKernels:
         done) where the kernel's scratch cannot be allocated."""
         codes, scale, offset = w.pointers
         n, m = out.shape[1], x.shape[0]
-        refused = self._matmul(w.c_kind, w.gshift, codes, scale, offset, n, w.k, address(x), m,
-                               address(out), n, threads)  # fmt: skip
+        refused = self._matmul(
+            w.c_kind,
+            w.gshift,
+            codes,
+            scale,
+            offset,
+            n,
+            w.k,
+            address(x),
+            m,
+            address(out),
+            n,
+            threads,
+        )
         if refused:
             raise native.scratch_refused(
                 "wf_matmul", refused, f"a {m}-row product of [{n}, {w.k}] weights"
@@ -48,8 +60,18 @@ class NativeKernels:
         """out[i] = row rows[i] of w as float32; rows int64, out [len(rows), K]. MemoryError
         (nothing done) where the kernel's scratch cannot be allocated."""
         codes, scale, offset = w.pointers
-        refused = self._dequant(w.c_kind, w.gshift, codes, scale, offset, w.k, address(rows),
-                                len(rows), address(out), threads)  # fmt: skip
+        refused = self._dequant(
+            w.c_kind,
+            w.gshift,
+            codes,
+            scale,
+            offset,
+            w.k,
+            address(rows),
+            len(rows),
+            address(out),
+            threads,
+        )
         if refused:
             raise native.scratch_refused(
                 "wf_dequant", refused, f"{len(rows)} rows of [{w.shape[0]}, {w.k}] weights"
