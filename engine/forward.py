@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.kv.kv_pool import KVPool
+from engine.loader.experts import MoEWeights
 from engine.loader.weights import Weights
 from engine.models.family import Family
 from engine.ops import gpu_ops
@@ -20,6 +21,7 @@ from engine.ops.attention import paged_attention
 from engine.ops.elementwise import head_rms_norm, rms_norm, silu_mul
 from engine.ops.elementwise import rope as apply_rope
 from engine.ops.kernels import get_num_threads, matmul_t
+from engine.ops.moe import moe_ffn
 from engine.ops.native_layers import native_layers
 from engine.step import RopeTables, Segment, StepLayout
 from engine.text.model_config import ModelConfig
@@ -88,6 +90,9 @@ class StepOps:
 
     def silu_mul(self, gate_up: Array) -> Array:
         return silu_mul(gate_up, self.config.ffn_dim, self.xp)
+
+    def experts(self, x: Array, moe: MoEWeights) -> Array:
+        return moe_ffn(x, moe)
 
 
 def forward(

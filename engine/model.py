@@ -16,6 +16,7 @@ import numpy as np
 from engine.device import array_module, compute_dtype, on_mlx, to_host
 from engine.forward import forward
 from engine.kv.kv_pool import KVPool
+from engine.loader.experts import refuse_unbuilt
 from engine.loader.rope import frequency_divisors
 from engine.loader.weights import Weights, fingerprint, load_weights
 from engine.models.families import family_for
@@ -60,6 +61,7 @@ class Model:
         reader = open_gguf(path)
         meta = read_metadata(reader)
         family = family_for(meta.get("general.architecture"))
+        refuse_unbuilt(meta, [t.name for t in reader.tensors], family.tensors.experts)
         config = ModelConfig.from_metadata(meta)
         tokenizer = Tokenizer.from_metadata(meta)
         divisors = frequency_divisors(reader, config)

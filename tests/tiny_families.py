@@ -30,6 +30,7 @@ ROPE_BASE = 10000.0  # Llama 3's is 500,000, Qwen's 1,000,000: this turns more f
 # these differ at every frequency, so a factor applied to the wrong one changes the logits)
 ROPE_FACTORS = np.geomspace(1.0, 8.0, 16).astype(np.float32)
 SEED = 3
+EXPERT_KEYS = ("expert_count", "expert_used_count", "expert_feed_forward_length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,25 +43,69 @@ class Family:
     texts: tuple[str, ...]  # what the reference ran: plain text, the chat markup, code
     qk_norms: bool = False
     head_dim: int | None = None  # written as attention.key_length (None: dim / heads)
+    experts: tuple[int, int, int] | None = None  # count, used a token, each one's FFN width
+    layers: int = SHAPE["block_count"]
 
 
 CODE = "def f(x):\n    return x ** 2  # 日本語, émigré's café\n" * 2
 FAMILIES = {
-    "llama3": Family("llama", "llama3_vocab.json.xz", True, True, False, (
-        "Hello world, 12345!",
-        "<|start_header_id|>user<|end_header_id|>\n\nWhy is the sky blue?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n",
-        CODE)),
-    "qwen2": Family("qwen2", "qwen2_vocab.json.xz", False, False, True, (
-        "Hello world, 12345!",
-        "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n",
-        CODE)),
-    "qwen3": Family("qwen3", "qwen2_vocab.json.xz", False, False, False, (
-        "Hello world, 12345!",
-        "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n"
-        "<think>\n\n</think>\n\n",
-        CODE), qk_norms=True, head_dim=64),
-}  # fmt: skip
+    "llama3": Family(
+        "llama",
+        "llama3_vocab.json.xz",
+        True,
+        True,
+        False,
+        (
+            "Hello world, 12345!",
+            "<|start_header_id|>user<|end_header_id|>\n\nWhy is the sky blue?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            CODE,
+        ),
+    ),
+    "qwen2": Family(
+        "qwen2",
+        "qwen2_vocab.json.xz",
+        False,
+        False,
+        True,
+        (
+            "Hello world, 12345!",
+            "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n",
+            CODE,
+        ),
+    ),
+    "qwen3": Family(
+        "qwen3",
+        "qwen2_vocab.json.xz",
+        False,
+        False,
+        False,
+        (
+            "Hello world, 12345!",
+            "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n"
+            "<think>\n\n</think>\n\n",
+            CODE,
+        ),
+        qk_norms=True,
+        head_dim=64,
+    ),
+    "qwen3moe": Family(
+        "qwen3moe",
+        "qwen2_vocab.json.xz",
+        False,
+        False,
+        False,
+        (
+            "Hello world, 12345!",
+            "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n",
+            CODE,
+        ),
+        qk_norms=True,
+        head_dim=64,
+        experts=(8, 2, 64),
+        layers=3,
+    ),
+}
 
 
 def family_vocab(name: str) -> dict[str, Any]:
@@ -97,7 +142,30 @@ def family_layer(rng: np.random.Generator, family: Family, i: int) -> dict[str, 
         for x in "qk":
             scale = np.exp(0.6 * rng.standard_normal(head_dim)).astype(np.float32)
             layer[f"blk.{i}.attn_{x}_norm.weight"] = scale
+    if family.experts is not None:
+        for kind in ("gate", "up", "down"):
+            del layer[f"blk.{i}.ffn_{kind}.weight"]
+        layer |= expert_tensors(rng, f"blk.{i}.", dim, family.experts)
     return layer
+
+
+def expert_tensors(
+    rng: np.random.Generator, prefix: str, dim: int, experts: tuple[int, int, int]
+) -> dict[str, np.ndarray]:
+    """A mixture-of-experts layer's router [E, dim] and experts [E, ffn, dim] and
+    [E, dim, ffn]: the router's logits spread wide (a few units) so that no row's k-th and
+    k+1-th experts come near a tie that float rounding could flip."""
+    count, _, ffn = experts
+    return {
+        prefix + "ffn_gate_inp.weight": random_matrix(rng, count, dim, 0.5),
+        prefix + "ffn_gate_exps.weight": random_experts(rng, count, ffn, dim),
+        prefix + "ffn_up_exps.weight": random_experts(rng, count, ffn, dim),
+        prefix + "ffn_down_exps.weight": random_experts(rng, count, dim, ffn),
+    }
+
+
+def random_experts(rng: np.random.Generator, count: int, rows: int, cols: int) -> np.ndarray:
+    return np.stack([random_matrix(rng, rows, cols, 0.1) for _ in range(count)])
 
 
 def write_tiny(
@@ -105,14 +173,19 @@ def write_tiny(
     name: str,
     chat_template: str | None = None,
     matrix_type: gguf.GGMLQuantizationType | None = None,
+    extras: dict[str, int | float | bool | np.ndarray] | None = None,
 ) -> Path:
     """Write family `name`'s tiny model to `path` (~75 MB: the embedding is float32), with
-    `chat_template` when given and the layers' matrices as `matrix_type` (None: F32)."""
+    `chat_template` when given, the layers' matrices as `matrix_type` (None: F32) and
+    `extras` after the rest: `{arch}.KEY` values and float32 tensors, by name."""
     family, meta = FAMILIES[name], family_vocab(name)["metadata"]
     tokens, arch = meta["tokenizer.ggml.tokens"], family.arch
     w = gguf.GGUFWriter(path, arch)
     for key, value in shape_keys(family).items():
-        w.add_uint32(f"{arch}.{key}", value)
+        w.add_uint32(f"{arch}.{key}", family.layers if key == "block_count" else value)
+    if family.experts is not None:
+        for key, value in zip(EXPERT_KEYS, family.experts, strict=True):
+            w.add_uint32(f"{arch}.{key}", value)
     w.add_uint32(f"{arch}.vocab_size", len(tokens))
     w.add_float32(f"{arch}.rope.freq_base", ROPE_BASE)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
@@ -129,9 +202,9 @@ def write_tiny(
     w.add_tensor(
         "token_embd.weight", random_matrix(rng, len(tokens), SHAPE["embedding_length"], 1.0)
     )
-    for i in range(SHAPE["block_count"]):
+    for i in range(family.layers):
         for tensor, array in family_layer(rng, family, i).items():
-            if matrix_type is not None and array.ndim == 2:
+            if matrix_type is not None and array.ndim >= 2 and "ffn_gate_inp" not in tensor:
                 quantized = gguf.quants.quantize(array, matrix_type)
                 w.add_tensor(tensor, quantized, raw_dtype=matrix_type)
             else:
@@ -139,5 +212,20 @@ def write_tiny(
     w.add_tensor("output_norm.weight", random_norm(rng, SHAPE["embedding_length"]))
     if family.rope_factors:
         w.add_tensor("rope_freqs.weight", ROPE_FACTORS)
+    add_extras(w, arch, extras or {})
     write_and_close(w)
     return path
+
+
+def add_extras(
+    w: gguf.GGUFWriter, arch: str, extras: dict[str, int | float | bool | np.ndarray]
+) -> None:
+    for name, value in extras.items():
+        if isinstance(value, np.ndarray):
+            w.add_tensor(name, value)
+        elif isinstance(value, bool):
+            w.add_bool(f"{arch}.{name}", value)
+        elif isinstance(value, int):
+            w.add_uint32(f"{arch}.{name}", value)
+        else:
+            w.add_float32(f"{arch}.{name}", value)

@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 
 from common.errors import UnsupportedModelError
+from engine.loader.experts import MoEWeights, expert_matrix, expert_shapes
 from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix, is_supported
 from engine.text.gguf_file import GGUFFile
@@ -23,6 +24,7 @@ class LayerTensors:
     rope_in_pairs: bool  # q and k rows rotate adjacent pairs: reordered to halves at load
     qkv_bias: bool  # blk.N.attn_{q,k,v}.bias
     qk_norm: bool  # blk.N.attn_{q,k}_norm.weight, [head_dim] each
+    experts: bool = False  # a router and 3-D expert tensors instead of ffn_{gate,up,down}
 
 
 MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -45,7 +47,7 @@ def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "token_embd": (c.vocab_size, c.dim),
         "output": (c.vocab_size, c.dim),
         "output_norm": (c.dim,),
-    }
+    } | expert_shapes(c)
 
 
 class Tensors:
@@ -74,6 +76,17 @@ class Tensors:
         if not spec.qk_norm:
             return bias, None, None
         return (bias, *self._head_norms(prefix, orders))
+
+    def experts(self, prefix: str, top_k: int) -> MoEWeights:
+        """Layer `prefix`'s router (float32) and expert tensors (in the file's map)."""
+        gate, up, down = (
+            expert_matrix(
+                self.tensor(f"{prefix}{kind}.weight"), self.shape(f"{prefix}{kind}.weight")
+            )
+            for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+        )
+        router = np.ascontiguousarray(self.host(f"{prefix}ffn_gate_inp.weight"))
+        return MoEWeights(router, gate, up, down, top_k)
 
     def _refuse_unused(self, prefix: str, spec: LayerTensors) -> None:
         """A file holding a tensor its family's layer has not is refused: left out, it would

@@ -21,6 +21,7 @@ from engine.text.model_config import ModelConfig
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 Matrix = Any  # an Array, or a QuantMatrix (CPU) / GpuQuantMatrix (CuPy), --weights quantized
+Experts = Any  # a layer's experts: MoEWeights (CPU), or the MLX backend's form of them
 WEIGHT_MODES = ("auto", "quantized", "float32")
 
 
@@ -30,8 +31,8 @@ class LayerWeights:
     wqkv: Matrix  # [q_dim + 2 * kv_dim, dim]; q/k rows of each head in split-half rope order
     wo: Matrix  # [dim, q_dim]
     ffn_norm: Array  # [dim]
-    w_gate_up: Matrix  # [2 * ffn_dim, dim]
-    w_down: Matrix  # [dim, ffn_dim]
+    w_gate_up: Matrix  # [2 * ffn_dim, dim]; None in a mixture-of-experts layer
+    w_down: Matrix  # [dim, ffn_dim]; None in a mixture-of-experts layer
     bqkv: Array | None = (
         None  # [q_dim + 2 * kv_dim] added to wqkv's products (Qwen 2); in its order
     )
@@ -39,6 +40,7 @@ class LayerWeights:
         None  # [head_dim] each head's q RMS-normed with it (Qwen 3); in its order
     )
     k_norm: Array | None = None  # [head_dim] the same for k
+    moe: Experts | None = None  # the experts in place of w_gate_up and w_down
 
 
 @dataclass(slots=True)
@@ -57,8 +59,8 @@ class Weights:
             arrays.append(self.output)
         for layer in self.layers:
             arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm]
-            arrays += [layer.w_gate_up, layer.w_down]
-            arrays += [a for a in (layer.bqkv, layer.q_norm, layer.k_norm) if a is not None]
+            optional = (layer.w_gate_up, layer.w_down, layer.bqkv, layer.q_norm, layer.k_norm)
+            arrays += [a for a in (*optional, layer.moe) if a is not None]
         return sum(int(a.nbytes) for a in arrays)
 
     def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
@@ -172,6 +174,11 @@ def load_weights(
     """Every matrix kept quantized (see use_quantized) or dequantized to `dtype` on `xp`'s
     device; norms in `dtype`; the layers' tensors beyond Llama's as `spec` (its family) says."""
     tensors = Tensors(reader, config)
+    if spec.experts and (xp is not np or dtype != np.float32):
+        raise UnsupportedModelError(
+            f"{config.architecture}: the experts run on the CPU in float32 and on MLX; "
+            "not on CUDA or in another dtype yet"
+        )
     quantized = use_quantized(mode, tensors, dtype)
     put = _Placer(tensors, quantized, dtype, xp)
     q_order, k_order = qk_orders(config, spec)
@@ -180,17 +187,20 @@ def load_weights(
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
+        moe = tensors.experts(p, config.num_experts_used) if spec.experts else None
+        dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
                 wqkv=put.stacked(qkv, [q_order, k_order, None]),
                 wo=put.matrix(p + "attn_output.weight"),
                 ffn_norm=put.vector(p + "ffn_norm.weight"),
-                w_gate_up=put.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
-                w_down=put.matrix(p + "ffn_down.weight"),
+                w_gate_up=None if moe else put.stacked(list(dense), [None, None]),
+                w_down=None if moe else put.matrix(p + "ffn_down.weight"),
                 bqkv=put.maybe(bias),
                 q_norm=put.maybe(q_norm),
                 k_norm=put.maybe(k_norm),
+                moe=moe,
             )
         )
     embed = put.matrix("token_embd.weight")

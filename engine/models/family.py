@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.loader.tensors import LayerTensors
-from engine.loader.weights import LayerWeights
+from engine.loader.weights import Experts, LayerWeights
 
 Array = Any  # the backend's array: numpy, cupy or mlx
 Matrix = Any  # a weight matrix as the backend holds it (dense or quantized)
@@ -51,6 +51,12 @@ class LayerOps(Protocol):
 
     def silu_mul(self, gate_up: Array) -> Array:
         """SiLU(gate) * up of gate_up [N, 2 * ffn]: [N, ffn]."""
+        ...
+
+    def experts(self, x: Array, moe: Experts) -> Array:
+        """The mixture-of-experts FFN of x [N, dim] (normed), without the residual: each
+        row through its top-k experts, their outputs weighted and added in the row's own
+        ranking order (a row's bits independent of the other rows): [N, dim]."""
         ...
 
 

@@ -26,6 +26,9 @@ class ModelConfig:
     rope_base: float
     context_length: int
     vocab_size: int
+    num_experts: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
+    num_experts_used: int = 0  # experts each token goes through
+    expert_ffn_dim: int = 0  # each expert's FFN width
 
     def __post_init__(self) -> None:
         for name in (
@@ -44,6 +47,13 @@ class ModelConfig:
                 f"head_count {self.num_heads} is not a multiple of head_count_kv "
                 f"{self.num_kv_heads}"
             )
+        if self.num_experts and not 0 < self.num_experts_used <= self.num_experts:
+            raise UnsupportedModelError(
+                f"expert_used_count {self.num_experts_used} is not in [1, expert_count "
+                f"{self.num_experts}]"
+            )
+        if self.num_experts and self.expert_ffn_dim < 1:
+            raise UnsupportedModelError("an expert's feed_forward_length must be >= 1")
         # heads x head_dim need not be dim (Qwen 3 0.6B: 16 heads of 128 on a 1024-wide model)
         if self.head_dim < 2 or self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} is not a positive even number")
@@ -98,6 +108,9 @@ class ModelConfig:
             rope_base=float(get("rope.freq_base", 10000.0)),
             context_length=int(get("context_length")),
             vocab_size=int(vocab),
+            num_experts=int(get("expert_count", 0)),
+            num_experts_used=int(get("expert_used_count", 0)),
+            expert_ffn_dim=int(get("expert_feed_forward_length", 0)),
         )
 
 

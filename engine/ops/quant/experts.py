@@ -1,0 +1,68 @@
+"""A mixture-of-experts layer's expert matrices as the file stores them: one 3-D GGUF tensor
+[E, N, K] of blocks, viewed in place in the file's memory map (never copied, so a loaded
+model's resident memory stays near its file's size), read by the grouped kernels
+(engine/ops/csrc/experts.c) one expert at a time for all the rows routed to it.
+
+Shapes: E experts, N rows (outputs) and K weights per row of each expert's matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+
+T = gguf.GGMLQuantizationType
+# the block types the grouped kernels read in place: what published MoE files hold
+EXPERT_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K,
+                T.Q6_K)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertMatrix:
+    """E experts' [N, K] matrices: `data` is uint8 [E, N, row bytes], the file's blocks."""
+
+    qtype: T
+    data: np.ndarray
+    k: int
+
+    def __post_init__(self) -> None:
+        if self.data.dtype != np.uint8 or self.data.ndim != 3 or not self.data.flags.c_contiguous:
+            raise ValueError("expert data must be C-contiguous uint8 [E, N, row bytes]")
+        if self.data.shape[2] != row_bytes(self.qtype, self.k):
+            raise ValueError(
+                f"rows of {self.data.shape[2]} bytes are not {self.k} {self.qtype.name}"
+            )
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def n(self) -> int:
+        return int(self.data.shape[1])
+
+    @property
+    def expert_bytes(self) -> int:
+        return int(self.data.shape[1] * self.data.shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def dense(self, expert: int) -> np.ndarray:
+        """Expert `expert`'s matrix [N, K] as float32, as gguf dequantizes it (a copy)."""
+        raw = np.asarray(self.data[expert])
+        if self.qtype == T.F32:
+            return raw.view(np.float32).copy()
+        out = gguf.quants.dequantize(raw, self.qtype)
+        return np.ascontiguousarray(out, dtype=np.float32).reshape(self.n, self.k)
+
+
+def row_bytes(qtype: T, k: int) -> int:
+    """Bytes of one row of k weights of `qtype` (k a multiple of the type's block)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    if k % block:
+        raise ValueError(f"{k} weights are not whole {qtype.name} blocks of {block}")
+    return k // block * size
