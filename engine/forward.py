@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from engine.kv.kv_pool import KVPool
-from engine.loader.experts import MoEWeights
 from engine.loader.weights import Weights
 from engine.models.family import Family
 from engine.ops import gpu_ops
@@ -23,6 +22,7 @@ from engine.ops.elementwise import rope as apply_rope
 from engine.ops.kernels import get_num_threads, matmul_t
 from engine.ops.moe import moe_ffn
 from engine.ops.native_layers import native_layers
+from engine.ops.quant.experts import MoEWeights
 from engine.step import RopeTables, Segment, StepLayout
 from engine.text.model_config import ModelConfig
 

@@ -22,10 +22,10 @@ class SamplingDefaults:
 
 GREEDY = SamplingDefaults(temperature=0.0)
 API = SamplingDefaults(temperature=1.0)
-# architecture -> (thinking, not thinking): Qwen 3's model cards
-FAMILIES = {
-    "qwen3": (SamplingDefaults(0.6, 0.95, 20), SamplingDefaults(0.7, 0.8, 20)),
-}
+# architecture -> (thinking, not thinking): Qwen 3's model cards (the MoE models' too:
+# Qwen3-30B-A3B's; Qwen3-Coder-30B-A3B thinks not and recommends the second)
+QWEN3 = (SamplingDefaults(0.6, 0.95, 20), SamplingDefaults(0.7, 0.8, 20))
+FAMILIES = {"qwen3": QWEN3, "qwen3moe": QWEN3}
 
 
 def defaults_for(kind: Defaults, architecture: str, thinking: bool) -> SamplingDefaults:

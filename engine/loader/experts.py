@@ -5,7 +5,6 @@ wrong)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import gguf
@@ -25,22 +24,6 @@ UNBUILT_TENSORS = (
     ("_exps.bias", "expert biases"),
     ("ffn_gate_inp.bias", "router biases"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class MoEWeights:
-    """One layer's experts: each token goes through the top_k experts the router ranks
-    highest, their outputs weighted by the router's probabilities renormalised over the k."""
-
-    router: np.ndarray  # [E, dim] float32 (ffn_gate_inp)
-    gate: ExpertMatrix  # [E, expert_ffn, dim]
-    up: ExpertMatrix  # [E, expert_ffn, dim]
-    down: ExpertMatrix  # [E, dim, expert_ffn]
-    top_k: int
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.router.nbytes) + self.gate.nbytes + self.up.nbytes + self.down.nbytes
 
 
 def expert_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

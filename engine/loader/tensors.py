@@ -10,7 +10,9 @@ import gguf
 import numpy as np
 
 from common.errors import UnsupportedModelError
-from engine.loader.experts import MoEWeights, expert_matrix, expert_shapes
+from engine.loader.experts import expert_matrix, expert_shapes
+from engine.ops.quant.experts import MoEWeights
+from engine.ops.quant.experts_native import moe_kernel
 from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix, is_supported
 from engine.text.gguf_file import GGUFFile
@@ -77,8 +79,9 @@ class Tensors:
             return bias, None, None
         return (bias, *self._head_norms(prefix, orders))
 
-    def experts(self, prefix: str, top_k: int) -> MoEWeights:
-        """Layer `prefix`'s router (float32) and expert tensors (in the file's map)."""
+    def experts(self, prefix: str, top_k: int, stats: np.ndarray | None = None) -> MoEWeights:
+        """Layer `prefix`'s router (float32) and expert tensors (in the file's map), their
+        reads counted in `stats` where given (see MoEWeights; a model's layers share one)."""
         gate, up, down = (
             expert_matrix(
                 self.tensor(f"{prefix}{kind}.weight"), self.shape(f"{prefix}{kind}.weight")
@@ -86,7 +89,10 @@ class Tensors:
             for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
         )
         router = np.ascontiguousarray(self.host(f"{prefix}ffn_gate_inp.weight"))
-        return MoEWeights(router, gate, up, down, top_k)
+        native = moe_kernel(router, top_k, gate, up, down)
+        if stats is None:
+            return MoEWeights(router, gate, up, down, top_k, native=native)
+        return MoEWeights(router, gate, up, down, top_k, stats, native)
 
     def _refuse_unused(self, prefix: str, spec: LayerTensors) -> None:
         """A file holding a tensor its family's layer has not is refused: left out, it would

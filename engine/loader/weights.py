@@ -182,12 +182,12 @@ def load_weights(
     quantized = use_quantized(mode, tensors, dtype)
     put = _Placer(tensors, quantized, dtype, xp)
     q_order, k_order = qk_orders(config, spec)
-    layers = []
+    layers, moe_stats = [], np.zeros(3, dtype=np.int64)
     for i in range(config.num_layers):
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
-        moe = tensors.experts(p, config.num_experts_used) if spec.experts else None
+        moe = tensors.experts(p, config.num_experts_used, moe_stats) if spec.experts else None
         dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
         layers.append(
             LayerWeights(

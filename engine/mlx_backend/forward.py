@@ -20,6 +20,7 @@ import numpy as np
 
 from engine.loader.weights import Weights
 from engine.mlx_backend import mx_dtype
+from engine.mlx_backend.experts import MLXExperts, moe_ffn
 from engine.mlx_backend.kv_pool import MLXKVPool
 from engine.models.family import Family
 from engine.ops.kernels import SMALL_ROWS
@@ -59,8 +60,8 @@ class AttentionCall:
             seen = seg.start + np.minimum(np.arange(span), n - 1)  # each query's position
             mask[i, 0] = np.arange(width)[None, :] <= seen[:, None]
             valid += range(i * span, i * span + n)
-        return cls(mx.array(queries), mx.array(keys), mx.array(mask),
-                   mx.array(np.asarray(valid, dtype=np.int32)))  # fmt: skip
+        valid_rows = mx.array(np.asarray(valid, dtype=np.int32))
+        return cls(mx.array(queries), mx.array(keys), mx.array(mask), valid_rows)
 
     def attend(self, q: Any, k_all: Any, v_all: Any, scale: float) -> Any:
         """q [N, H, D]; k_all, v_all: a layer's pool arrays. Returns [n, H * D]."""
@@ -98,8 +99,8 @@ class StepPlan:
         first_rows = np.concatenate([np.arange(r, r + s.length) for g in groups for s, r in g])
         inverse = np.argsort(first_rows).astype(np.int32)  # calls' order -> the step's
         identity = bool((first_rows == np.arange(row)).all())
-        return cls(mx.array(rows), calls, None if identity else mx.array(inverse),
-                   mx.array(np.asarray(last, dtype=np.int32)))  # fmt: skip
+        order = None if identity else mx.array(inverse)
+        return cls(mx.array(rows), calls, order, mx.array(np.asarray(last, dtype=np.int32)))
 
     def attend(self, q: Any, k_all: Any, v_all: Any, scale: float) -> Any:
         outs = [c.attend(q, k_all, v_all, scale) for c in self.calls]
@@ -156,6 +157,9 @@ class MLXOps:
     def silu_mul(self, gate_up: Any) -> Any:
         gate, up = gate_up[:, : self.config.ffn_dim], gate_up[:, self.config.ffn_dim :]
         return gate * mx.sigmoid(gate) * up
+
+    def experts(self, x: Any, moe: MLXExperts) -> Any:
+        return moe_ffn(x, moe)
 
 
 def forward(

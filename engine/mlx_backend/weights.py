@@ -1,12 +1,6 @@
-"""A GGUF llama model's weights on MLX.
-
-MLX's affine quantization stores w = scale * q + bias per group of 32 weights, q packed
-little-endian into uint32 words. Q4_0 (scale d, bias -8d), Q4_1 (d, m), Q5_0 (d, -16d),
-Q5_1 (d, m), Q8_0 (d, -128d on q + 128), Q4_K and Q5_K (a scale and offset per 32-weight
-sub-block) are exactly that form with group 32 and 4, 4, 5, 5, 8, 4 and 5 bits, so their
-blocks go to `mx.quantized_matmul` as they are. Q6_K has a scale per 16 weights (MLX's
-smallest group is 32), and F16/BF16/F32 are not blocks: those are expanded to the compute
-dtype at load.
+"""A GGUF model's weights on MLX: each matrix as row blocks in MLX's quantized form where
+its GGUF type maps onto it exactly (quant.py) and in the compute dtype otherwise, the
+norms in the compute dtype, a mixture-of-experts layer's experts stacked (experts.py).
 """
 
 from __future__ import annotations
@@ -15,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import gguf
 import mlx.core as mx
 import numpy as np
 
@@ -23,55 +16,11 @@ from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.loader.tensors import LayerTensors, Tensors
 from engine.loader.weights import WEIGHT_MODES, LayerWeights, Weights, qk_orders
 from engine.mlx_backend import mx_dtype
+from engine.mlx_backend.experts import MLXExperts, place_experts
+from engine.mlx_backend.quant import BITS, GROUP, MLXQuant, pack
 from engine.ops.quant.formats import decode
 from engine.text.gguf_file import GGUFFile
 from engine.text.model_config import ModelConfig
-
-T = gguf.GGMLQuantizationType
-GROUP = 32  # weights per scale and bias
-BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q4_K: 4, T.Q5_K: 5, T.Q8_0: 8}  # kept
-
-
-def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """[N, K] codes < 2**bits -> [N, K * bits / 32] uint32: MLX's layout, a little-endian
-    bit stream of `bits` per code."""
-    n = codes.shape[0]
-    if bits == 8:
-        return np.ascontiguousarray(codes).view("<u4")
-    if bits == 4:
-        pairs = codes.reshape(n, -1, 2)
-        return np.ascontiguousarray(pairs[..., 0] | (pairs[..., 1] << 4)).view("<u4")
-    stream = np.unpackbits(codes[..., None], axis=-1, count=bits, bitorder="little")
-    packed = np.packbits(stream.reshape(n, -1), axis=-1, bitorder="little")
-    return np.ascontiguousarray(packed).view("<u4")
-
-
-@dataclass(frozen=True, slots=True)
-class MLXQuant:
-    """[N, K] weights in MLX's quantized form."""
-
-    wq: Any  # [N, K * bits / 32] uint32
-    scales: Any  # [N, K / 32]
-    biases: Any
-    bits: int
-
-    @property
-    def arrays(self) -> tuple[Any, Any, Any]:
-        return (self.wq, self.scales, self.biases)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.arrays)
-
-    def matmul(self, x: Any) -> Any:
-        return mx.quantized_matmul(x, self.wq, self.scales, self.biases, transpose=True,
-                                   group_size=GROUP, bits=self.bits)  # fmt: skip
-
-    def rows(self, ids: Any) -> Any:
-        """The rows `ids` [n] expanded, [n, K] (the embedding's lookup)."""
-        return mx.dequantize(self.wq[ids], self.scales[ids], self.biases[ids],
-                             group_size=GROUP, bits=self.bits)  # fmt: skip
-
 
 Part = Any  # an MLXQuant, or an mx.array [N, K] in the compute dtype
 
@@ -107,8 +56,8 @@ def _merge(parts: list[Part]) -> tuple[Part, ...]:
     for p in parts:
         last = out[-1] if out else None
         if isinstance(p, MLXQuant) and isinstance(last, MLXQuant) and last.bits == p.bits:
-            wq, scales, biases = (mx.concatenate([a, b]) for a, b in
-                                  zip(last.arrays, p.arrays, strict=True))  # fmt: skip
+            pairs = zip(last.arrays, p.arrays, strict=True)
+            wq, scales, biases = (mx.concatenate([a, b]) for a, b in pairs)
             out[-1] = MLXQuant(wq, scales, biases, p.bits)
         elif not isinstance(p, MLXQuant) and last is not None and not isinstance(last, MLXQuant):
             out[-1] = mx.concatenate([last, p])
@@ -136,10 +85,15 @@ class _Placer:
             w = self.tensors.host(name)
             return mx.array((w if order is None else w[order]).astype(self.dtype))
         d = decode(np.asarray(t.data).reshape(self.tensors.shape(name)[0], -1), t.tensor_type)
-        codes, scale, offset = (a if order is None else a[order]
-                                for a in (d.codes, d.scale, d.offset))  # fmt: skip
-        return MLXQuant(mx.array(pack(codes, bits)), mx.array(scale.astype(self.dtype)),
-                        mx.array(offset.astype(self.dtype)), bits)  # fmt: skip
+        decoded = (d.codes, d.scale, d.offset)
+        codes, scale, offset = (a if order is None else a[order] for a in decoded)
+        scales, biases = (mx.array(a.astype(self.dtype)) for a in (scale, offset))
+        return MLXQuant(mx.array(pack(codes, bits)), scales, biases, bits)
+
+    def experts(self, prefix: str, top_k: int) -> MLXExperts:
+        unread = np.zeros(3, dtype=np.int64)  # the NumPy kernels' read counts: none run here
+        moe = self.tensors.experts(prefix, top_k, unread)
+        return place_experts(moe, self.quantized, self.dtype)
 
     def matrix(self, names: Sequence[str], orders: Sequence[np.ndarray | None]) -> MLXMatrix:
         parts = [self.part(n, o) for n, o in zip(names, orders, strict=True)]
@@ -170,7 +124,8 @@ def load_mlx_weights(
     mode: str = "auto",
 ) -> Weights:
     """The matrices of the types in BITS kept quantized (unless mode is "float32"), the
-    others and the norms in `dtype`, all as MLX arrays."""
+    others and the norms in `dtype`, all as MLX arrays; a family with experts (`spec`) has
+    them in each layer's `moe` in place of w_gate_up and w_down."""
     tensors = Tensors(reader, config)
     put = _Placer(tensors, _quantized(mode, tensors), dtype)
     q_order, k_order = qk_orders(config, spec)
@@ -179,25 +134,30 @@ def load_mlx_weights(
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
+        moe = put.experts(p, config.num_experts_used) if spec.experts else None
+        dense = [p + "ffn_gate.weight", p + "ffn_up.weight"]
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
                 wqkv=put.matrix(qkv, [q_order, k_order, None]),
                 wo=put.matrix([p + "attn_output.weight"], [None]),
                 ffn_norm=put.vector(p + "ffn_norm.weight"),
-                w_gate_up=put.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
-                w_down=put.matrix([p + "ffn_down.weight"], [None]),
+                w_gate_up=put.matrix(dense, [None, None]) if moe is None else None,
+                w_down=put.matrix([p + "ffn_down.weight"], [None]) if moe is None else None,
                 bqkv=put.maybe(bias),
                 q_norm=put.maybe(q_norm),
                 k_norm=put.maybe(k_norm),
+                moe=moe,
             )
         )
     embed = put.matrix(["token_embd.weight"], [None])
     has_output = "output.weight" in tensors.by_name
     output = put.matrix(["output.weight"], [None]) if has_output else embed
-    weights = Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
-                      output=output, quantized=False)  # fmt: skip
-    weights.quantized = any(m.quantized for m in _matrices(weights) if isinstance(m, MLXMatrix))
+    out_norm = put.vector("output_norm.weight")
+    weights = Weights(embed=embed, layers=layers, out_norm=out_norm, output=output, quantized=False)
+    weights.quantized = any(
+        m.quantized for m in _matrices(weights) if isinstance(m, MLXMatrix | MLXExperts)
+    )
     mx.eval([p for m in _matrices(weights) for p in _arrays(m)])  # load now, not at step 1
     return weights
 
@@ -205,12 +165,15 @@ def load_mlx_weights(
 def _matrices(w: Weights) -> list[Any]:
     out: list[Any] = [w.embed, w.output, w.out_norm]
     for lw in w.layers:
-        out += [lw.attn_norm, lw.wqkv, lw.wo, lw.ffn_norm, lw.w_gate_up, lw.w_down]
-        out += [a for a in (lw.bqkv, lw.q_norm, lw.k_norm) if a is not None]
+        out += [lw.attn_norm, lw.wqkv, lw.wo, lw.ffn_norm]
+        optional = (lw.w_gate_up, lw.w_down, lw.moe, lw.bqkv, lw.q_norm, lw.k_norm)
+        out += [a for a in optional if a is not None]
     return out
 
 
 def _arrays(m: Any) -> list[Any]:
     if isinstance(m, MLXMatrix):
         return [a for p in m.parts for a in (p.arrays if isinstance(p, MLXQuant) else (p,))]
+    if isinstance(m, MLXExperts):
+        return m.arrays
     return [m]

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.loader.experts import MoEWeights
-from engine.ops.kernels import matmul_t
-from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.kernels import get_num_threads, matmul_t
+from engine.ops.quant.experts import ExpertMatrix, MoEWeights
 
 
 def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,5 +68,10 @@ def moe_ffn_numpy(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
 
 
 def moe_ffn(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
-    """The experts' output [N, dim] for x [N, dim] (normed), without the residual."""
-    return moe_ffn_numpy(np.ascontiguousarray(x, dtype=np.float32), moe)
+    """The experts' output [N, dim] for x [N, dim] (normed), without the residual: in the
+    C kernels where they are built, else in NumPy."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if moe.native is not None:
+        out: np.ndarray = moe.native.run(x, get_num_threads(), moe.stats)
+        return out
+    return moe_ffn_numpy(x, moe)

@@ -18,12 +18,13 @@ from engine.ops import native
 from engine.ops.attention import c_kernel_fits
 from engine.ops.native import address
 from engine.ops.quant import kernels as quant_kernels
+from engine.ops.quant.experts_native import WfMoE
 from engine.ops.quant.matrix import QuantMatrix
 from engine.text.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from engine.kv.kv_pool import KVPool
-    from engine.loader.weights import Weights
+    from engine.loader.weights import LayerWeights, Weights
     from engine.step import RopeTables, StepLayout
 
 Array = Any
@@ -46,13 +47,14 @@ class _Layer(ctypes.Structure):
         ("qkv_bias", _ptr),
         ("q_norm", _ptr),
         ("k_norm", _ptr),
+        ("moe", ctypes.POINTER(WfMoE)),  # NULL: a dense FFN
     ]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("dim", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
                 ("ffn_dim", _i64), ("layer_floats", _i64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float)]  # fmt: skip
+                ("scale", ctypes.c_float), ("moe_stats", _ptr)]  # fmt: skip
 
 
 def _matrix(w: QuantMatrix) -> _Matrix:
@@ -63,6 +65,26 @@ def _matrix(w: QuantMatrix) -> _Matrix:
 def _vector(a: Array) -> int | None:
     ok = isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
     return int(a.ctypes.data) if ok else None
+
+
+def _descriptor(lw: LayerWeights) -> _Layer | None:
+    """The layer's descriptor for wf_layers; None where some part of it would not run in
+    the C kernels."""
+    experts = None if lw.moe is None else lw.moe.native
+    ffn = (lw.w_gate_up, lw.w_down) if lw.moe is None else ()
+    norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
+    optional = (lw.bqkv, lw.q_norm, lw.k_norm)  # None: the layer has none
+    extras = tuple(None if a is None else _vector(a) for a in optional)
+    if (
+        not all(isinstance(m, QuantMatrix) for m in (lw.wqkv, lw.wo, *ffn))
+        or None in norms
+        or any(a is not None and e is None for a, e in zip(optional, extras, strict=True))
+        or (lw.moe is not None and experts is None)
+    ):
+        return None
+    matrices = [_matrix(m) for m in (lw.wqkv, lw.wo, *ffn)] + [_Matrix()] * (4 - 2 - len(ffn))
+    moe = None if experts is None else ctypes.pointer(experts.struct)
+    return _Layer(*norms, *matrices, *extras, moe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,23 +108,27 @@ class NativeLayers:
             and c_kernel_fits(c.num_heads, c.num_kv_heads, c.head_dim)
         ):  # fmt: skip
             return None
-        descriptors = []
-        for lw in weights.layers:
-            matrices = (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)
-            norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
-            optional = (lw.bqkv, lw.q_norm, lw.k_norm)  # None: the layer has none
-            extras = tuple(None if a is None else _vector(a) for a in optional)
-            if (
-                not all(isinstance(m, QuantMatrix) for m in matrices) or None in norms
-                or any(a is not None and e is None for a, e in zip(optional, extras, strict=True))
-            ):  # fmt: skip
-                return None
-            descriptors.append(_Layer(*norms, *(_matrix(m) for m in matrices), *extras))
+        found = [_descriptor(lw) for lw in weights.layers]
+        descriptors = [d for d in found if d is not None]
+        if len(descriptors) < len(found):
+            return None
         fn = lib.wf_layers
         p = _ptr
         fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]
         fn.restype = _i64  # 0, or the scratch bytes refused
         return cls((_Layer * len(descriptors))(*descriptors), config, weights, fn)
+
+    @property
+    def dense_ffn_dim(self) -> int:
+        """The dense FFN's width where some layer has one (0: every layer has experts)."""
+        dense = any(lw.moe is None for lw in self.weights.layers)
+        return self.config.ffn_dim if dense else 0
+
+    @property
+    def moe_stats(self) -> int | None:
+        """Where the experts' kernel counts what it reads (None: a dense model)."""
+        moe = self.weights.layers[0].moe
+        return None if moe is None else address(moe.stats)
 
     def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
             step: StepLayout, threads: int) -> bool:  # fmt: skip
@@ -121,8 +147,8 @@ class NativeLayers:
         ):  # fmt: skip
             return False
         layer_floats = pool.k[0].size
-        shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_dim, layer_floats,
-                       c.rms_eps, c.head_dim**-0.5)  # fmt: skip
+        shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, self.dense_ffn_dim,
+                       layer_floats, c.rms_eps, c.head_dim**-0.5, self.moe_stats)  # fmt: skip
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
         refused = self.fn(
             self.layers,

@@ -2,7 +2,8 @@
 fastest path: all layers of a step in one C call (engine/ops/native_layers.py, layers.c) give
 the bits of the family's layer op by op, and a batch of 16 gives each prompt its bits alone.
 Qwen 3's shape is the one here the C call had not seen: a q wider than the embedding and
-each head's q and k normed before rope."""
+each head's q and k normed before rope; and Qwen 3's mixture of experts, whose FFN is the
+experts' kernel (engine/ops/csrc/moe.c) inside the same call."""
 
 from __future__ import annotations
 
@@ -20,13 +21,17 @@ from tests.tiny_families import write_tiny
 pytestmark = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Model:
-    folder = tmp_path_factory.mktemp("qwen3")
-    path = write_tiny(folder / "q8.gguf", "qwen3", matrix_type=gguf.GGMLQuantizationType.Q8_0)
+@pytest.fixture(scope="module", params=["qwen3", "qwen3moe"])
+def model(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Model:
+    folder = tmp_path_factory.mktemp(request.param)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    path = write_tiny(folder / "q8.gguf", request.param, matrix_type=q8)
     loaded = Model.load(path, device="cpu", weights="quantized")
     c, layer = loaded.config, loaded.weights.layers[0]
     assert c.q_dim == 2 * c.dim and layer.q_norm is not None and layer.k_norm is not None
+    if request.param == "qwen3moe":  # the experts in the file's Q8_0 blocks, in the kernels
+        assert layer.moe is not None and layer.moe.native is not None
+        assert layer.moe.gate.qtype == q8 and layer.w_gate_up is None
     return loaded
 
 

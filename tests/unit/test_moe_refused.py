@@ -17,9 +17,9 @@ from engine.model import Model
 from tests.tiny_families import write_tiny
 
 REPO = Path(__file__).resolve().parents[2]
-VECTOR = np.ones(128, dtype=np.float32)
 SHARED = np.zeros((64, 128), dtype=np.float32)
-CASES = {
+Extras = dict[str, int | float | bool | np.ndarray]
+CASES: dict[str, tuple[Extras, str]] = {
     "shared experts (metadata)": ({"expert_shared_count": 1}, "shared experts"),
     "shared experts (tensor)": ({"blk.0.ffn_gate_shexp.weight": SHARED}, "shared experts"),
     "sigmoid router": ({"expert_gating_func": 2}, "sigmoid router"),

@@ -154,6 +154,7 @@ def test_each_face_and_family_has_its_sampling_defaults(qwen: Tokenizer, tiny_mo
     assert sampled("llama", True, defaults=Defaults.API) == (1.0, 1.0, 0)
     assert sampled("qwen3", True, defaults=Defaults.API) == (0.6, 0.95, 20)
     assert sampled("qwen3", False, defaults=Defaults.API) == (0.7, 0.8, 20)
+    assert sampled("qwen3moe", True, defaults=Defaults.API) == (0.6, 0.95, 20)
     assert sampled("qwen3", True, defaults=Defaults.API, temperature=0.0, top_k=0) == (0.0, 0.95, 0)
     jobs = builder(qwen, tiny_model, thoughts=True)
     assert jobs.thinking(GenerateInput(prompt="x"))

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe.h"
+
 typedef struct {
     int kind, gshift;
     const uint8_t *codes;
@@ -26,11 +28,13 @@ typedef struct {
     WfMatrix qkv, wo, gate_up, down;
     const float *qkv_bias; /* [q_dim + 2 * kv_dim] added to the qkv product (Qwen 2), or NULL */
     const float *q_norm, *k_norm; /* [head_dim] per-head q and k norms (Qwen 3), or NULL */
+    const WfMoE *moe; /* the experts in place of gate_up and down (unread then), or NULL */
 } WfLayer;
 
 typedef struct {
     int64_t dim, heads, kv_heads, head_dim, ffn_dim, layer_floats; /* pool floats per layer */
     float eps, scale;                                              /* scale: head_dim^-0.5 */
+    int64_t *moe_stats; /* wf_moe_ffn's counts, summed over the layers, or NULL */
 } WfShape;
 
 void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
@@ -77,8 +81,12 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
     for (int64_t i = 0; i < num_layers; i++) {
         const WfLayer *l = layers + i;
         const WfMatrix *ms[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < (l->moe ? 2 : 4); j++) {
             int64_t need = wf_matmul_scratch(ms[j]->kind, ms[j]->gshift, ms[j]->k, rows, threads);
+            kernels = need > kernels ? need : kernels;
+        }
+        if (l->moe) {
+            int64_t need = wf_moe_ffn_scratch(l->moe, rows, threads);
             kernels = need > kernels ? need : kernels;
         }
     }
@@ -117,9 +125,13 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         product(&l->wo, att, rows, o, threads, scratch);
         add_into(x, o, rows * s->dim);
         wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h);
-        product(&l->gate_up, h, rows, gate_up, threads, scratch);
-        wf_silu_mul(gate_up, rows, s->ffn_dim, act);
-        product(&l->down, act, rows, o, threads, scratch);
+        if (l->moe) {
+            wf_moe_ffn_with(l->moe, h, rows, o, s->moe_stats, threads, scratch);
+        } else {
+            product(&l->gate_up, h, rows, gate_up, threads, scratch);
+            wf_silu_mul(gate_up, rows, s->ffn_dim, act);
+            product(&l->down, act, rows, o, threads, scratch);
+        }
         add_into(x, o, rows * s->dim);
     }
     free(h);

@@ -8,7 +8,8 @@ Shapes: E experts, N rows (outputs) and K weights per row of each expert's matri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import gguf
 import numpy as np
@@ -66,3 +67,23 @@ def row_bytes(qtype: T, k: int) -> int:
     if k % block:
         raise ValueError(f"{k} weights are not whole {qtype.name} blocks of {block}")
     return k // block * size
+
+
+@dataclass(frozen=True, slots=True)
+class MoEWeights:
+    """One layer's experts: each token goes through the top_k experts the router ranks
+    highest, their outputs weighted by the router's probabilities renormalised over the k."""
+
+    router: np.ndarray  # [E, dim] float32 (ffn_gate_inp)
+    gate: ExpertMatrix  # [E, expert_ffn, dim]
+    up: ExpertMatrix  # [E, expert_ffn, dim]
+    down: ExpertMatrix  # [E, dim, expert_ffn]
+    top_k: int
+    # what the experts' kernels read: calls, distinct experts touched, expert bytes read
+    # (int64 [3], one array shared by a model's layers; the benchmarks read it)
+    stats: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))
+    native: Any = None  # experts_native.MoEKernel where the C kernels are built
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.router.nbytes) + self.gate.nbytes + self.up.nbytes + self.down.nbytes

@@ -1,0 +1,56 @@
+/* Mixture-of-experts FFN: the expert tensors read in place from their GGUF blocks
+   (experts.c: grouped products; moe.c: the whole FFN of a step). Shapes: E experts, each
+   [n, k]; a pair is (activation row, expert) and the pairs are bucketed by expert. */
+#ifndef WARMFLEET_MOE_H
+#define WARMFLEET_MOE_H
+
+#include <stdint.h>
+
+typedef struct {
+    int qtype;           /* GGML type id: F32, F16, BF16, Q4_0..Q8_0, Q4_K, Q5_K, Q6_K */
+    const uint8_t *data; /* [E, n, row bytes]: the file's blocks */
+    int64_t expert_bytes, n, k;
+} WfExperts;
+
+typedef struct {
+    const float *router; /* [E, dim] float32 (ffn_gate_inp) */
+    int64_t num_experts, top_k, dim, ffn;
+    WfExperts gate, up, down; /* gate/up [E, ffn, dim], down [E, dim, ffn] */
+} WfMoE;
+
+/* Whether rows of k weights of this type are read (k whole blocks, k % 32 == 0). */
+int wf_expert_supported(int qtype, int64_t k);
+
+/* Floats of scratch wf_expert_matmul_with takes (64-byte aligned; a multiple of 16). */
+int64_t wf_expert_matmul_scratch(int64_t num_experts, int threads);
+
+/* pairs p in [starts[e], starts[e+1]) go through expert e's [n, k] matrix:
+   out[p * out_stride + j] = sum_i x[rows[p] * x_stride + i] * W_e[j, i] */
+void wf_expert_matmul_with(int qtype, const uint8_t *w, int64_t expert_bytes, int64_t n,
+                           int64_t k, const float *x, int64_t x_stride, const int64_t *rows,
+                           const int64_t *starts, int64_t num_experts, float *out,
+                           int64_t out_stride, int threads, float *scratch);
+
+/* The same with scratch of its own: 0, the bytes it could not allocate, or -1 for a type or
+   k it does not read (nothing done in either case). */
+int64_t wf_expert_matmul(int qtype, const uint8_t *w, int64_t expert_bytes, int64_t n,
+                         int64_t k, const float *x, int64_t x_stride, const int64_t *rows,
+                         const int64_t *starts, int64_t num_experts, float *out,
+                         int64_t out_stride, int threads);
+
+/* Floats of scratch wf_moe_ffn_with takes for `rows` rows (64-byte aligned; a multiple of
+   16), wf_expert_matmul_with's included. */
+int64_t wf_moe_ffn_scratch(const WfMoE *m, int64_t rows, int threads);
+
+/* out [rows, dim] = the MoE FFN of x [rows, dim] (not added to anything; out may be x: it is
+   written after x's last read); stats, when not NULL: stats[0] += 1, stats[1] += distinct
+   experts touched, stats[2] += expert bytes read. */
+void wf_moe_ffn_with(const WfMoE *m, const float *x, int64_t rows, float *out, int64_t *stats,
+                     int threads, float *scratch);
+
+/* The same with scratch of its own: 0, the bytes it could not allocate, or -1 for weights it
+   does not read (nothing done in either case). */
+int64_t wf_moe_ffn(const WfMoE *m, const float *x, int64_t rows, float *out, int64_t *stats,
+                   int threads);
+
+#endif

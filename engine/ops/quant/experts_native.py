@@ -1,0 +1,202 @@
+"""ctypes bindings of the mixture-of-experts kernels: engine/ops/csrc/experts.c (grouped
+products on expert weights read in place from their GGUF blocks) and moe.c (a step's whole
+MoE FFN). The C structs of moe.h are mirrored here (WfExperts, WfMoE) so that a layer's
+descriptor can embed one. `load()` is None where native.library() is.
+
+Shapes: E experts; W_e [N, K]; P pairs (activation row, expert), bucketed by expert.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.ops import native
+from engine.ops.native import address
+from engine.ops.quant.experts import ExpertMatrix
+
+_ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+UNSUPPORTED = -1  # what the kernels return for a type or shape they do not read
+
+
+class WfExperts(ctypes.Structure):
+    """moe.h's WfExperts: one expert tensor, pointing into the file's blocks."""
+
+    _fields_ = [
+        ("qtype", _int),
+        ("data", _ptr),
+        ("expert_bytes", _i64),
+        ("n", _i64),
+        ("k", _i64),
+    ]
+
+
+class WfMoE(ctypes.Structure):
+    """moe.h's WfMoE: a layer's router and its three expert tensors."""
+
+    _fields_ = [
+        ("router", _ptr),
+        ("num_experts", _i64),
+        ("top_k", _i64),
+        ("dim", _i64),
+        ("ffn", _i64),
+        ("gate", WfExperts),
+        ("up", WfExperts),
+        ("down", WfExperts),
+    ]
+
+
+def experts_struct(w: ExpertMatrix) -> WfExperts:
+    """The descriptor of `w` (its data must outlive the descriptor's use)."""
+    return WfExperts(int(w.qtype), address(w.data), w.expert_bytes, w.n, w.k)
+
+
+class ExpertKernels:
+    """wf_expert_matmul and wf_moe_ffn of one compiled library (the engine's, or a test's
+    build for another instruction set)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._matmul = lib.wf_expert_matmul
+        self._matmul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr]
+        self._matmul.argtypes += [_i64, _ptr, _i64, _int]
+        self._matmul.restype = _i64  # 0, the scratch bytes refused, or UNSUPPORTED
+        self._moe = lib.wf_moe_ffn
+        self._moe.argtypes = [ctypes.POINTER(WfMoE), _ptr, _i64, _ptr, _ptr, _int]
+        self._moe.restype = _i64
+
+    def matmul(
+        self,
+        w: ExpertMatrix,
+        x: np.ndarray,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        out: np.ndarray,
+        threads: int,
+    ) -> None:
+        """out[p] = x[rows[p]] @ W_e.T for the pairs p in [starts[e], starts[e + 1]) of
+        each expert e: x [R, K] and out [P, N] float32 with contiguous rows; rows int64 [P];
+        starts int64 [E + 1]. Experts with no pairs are not read. MemoryError (nothing
+        done) where the kernel's scratch cannot be allocated."""
+        x_stride, out_stride = _row_stride(x, "x"), _row_stride(out, "out")
+        if x.shape[1] != w.k or out.shape[1] != w.n:
+            raise ValueError(f"x [*, {x.shape[1]}] or out [*, {out.shape[1]}] misfit {w.n}x{w.k}")
+        _check_pairs(w, len(x), rows, starts, len(out))
+        rows, starts = np.ascontiguousarray(rows), np.ascontiguousarray(starts)
+        weights = (int(w.qtype), address(w.data), w.expert_bytes, w.n, w.k)
+        pairs = (address(rows), address(starts), w.num_experts)
+        done = self._matmul(
+            *weights, address(x), x_stride, *pairs, address(out), out_stride, threads
+        )
+        _check(done, "wf_expert_matmul", f"{len(rows)} pairs of {w.qtype.name} [{w.n}, {w.k}]")
+
+    def moe_ffn(
+        self, m: WfMoE, x: np.ndarray, out: np.ndarray, threads: int, stats: np.ndarray | None
+    ) -> None:
+        """out [R, dim] = wf_moe_ffn of x [R, dim] (both C-contiguous float32)."""
+        at = address(stats) if stats is not None else None
+        done = self._moe(ctypes.byref(m), address(x), len(x), address(out), at, threads)
+        _check(done, "wf_moe_ffn", f"{len(x)} rows through {m.num_experts} experts")
+
+
+@functools.cache
+def load() -> ExpertKernels | None:
+    """The engine's compiled MoE kernels; None where the C kernels cannot be built."""
+    lib = native.library()
+    return ExpertKernels(lib) if lib is not None else None
+
+
+def _check(done: int, kernel: str, work: str) -> None:
+    if done == UNSUPPORTED:
+        raise ValueError(f"{kernel} does not read {work}")
+    if done:
+        raise native.scratch_refused(kernel, done, work)
+
+
+def _row_stride(a: np.ndarray, name: str) -> int:
+    """The row stride, in floats, of a float32 [rows, width] array with contiguous rows."""
+    if a.dtype != np.float32 or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != 4):
+        raise ValueError(f"{name} must be float32 [rows, width] with contiguous rows")
+    return a.strides[0] // 4 if a.shape[0] > 1 else a.shape[1]
+
+
+def _check_pairs(
+    w: ExpertMatrix, x_rows: int, rows: np.ndarray, starts: np.ndarray, out_rows: int
+) -> None:
+    if rows.dtype != np.int64 or starts.dtype != np.int64 or len(starts) != w.num_experts + 1:
+        raise ValueError("rows and starts must be int64, starts of E + 1")
+    if starts[0] != 0 or np.any(np.diff(starts) < 0) or starts[-1] != len(rows):
+        raise ValueError("starts must rise from 0 to the number of pairs")
+    if len(rows) > out_rows or (len(rows) and (rows.min() < 0 or rows.max() >= x_rows)):
+        raise ValueError("the pairs do not fit x or out")
+
+
+def expert_matmul(
+    w: ExpertMatrix,
+    x: np.ndarray,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    out: np.ndarray,
+    threads: int,
+) -> None:
+    """ExpertKernels.matmul with the engine's kernels; RuntimeError where they are not
+    built here."""
+    kernels = load()
+    if kernels is None:
+        raise RuntimeError("the C kernels are not built here")
+    kernels.matmul(w, x, rows, starts, out, threads)
+
+
+@dataclass(frozen=True, slots=True)
+class MoEKernel:
+    """A layer's MoE FFN in the C kernels: the router [E, dim] float32, top_k, and the gate
+    and up [E, ffn, dim] and down [E, dim, ffn] expert tensors; `struct` points into them."""
+
+    router: np.ndarray
+    top_k: int
+    gate: ExpertMatrix
+    up: ExpertMatrix
+    down: ExpertMatrix
+    kernels: ExpertKernels
+    struct: WfMoE = field(init=False)
+
+    def __post_init__(self) -> None:
+        e, dim = self.router.shape
+        ffn = self.gate.n
+        if self.router.dtype != np.float32 or not self.router.flags.c_contiguous:
+            raise ValueError("the router must be C-contiguous float32 [E, dim]")
+        shapes = [(w.num_experts, w.n, w.k) for w in (self.gate, self.up, self.down)]
+        if shapes != [(e, ffn, dim), (e, ffn, dim), (e, dim, ffn)] or not 0 < self.top_k <= e:
+            raise ValueError(f"experts {shapes} and top {self.top_k} do not fit router {e}x{dim}")
+        parts = (experts_struct(w) for w in (self.gate, self.up, self.down))
+        s = WfMoE(address(self.router), e, self.top_k, dim, ffn, *parts)
+        object.__setattr__(self, "struct", s)
+
+    @property
+    def dim(self) -> int:
+        return int(self.router.shape[1])
+
+    def run(self, x: np.ndarray, threads: int, stats: np.ndarray | None = None) -> np.ndarray:
+        """out [R, dim] = the MoE FFN of x [R, dim] (float32, already normed; the residual
+        not added). stats, an int64 [3] when given, gains 1 call, the distinct experts
+        touched and the expert bytes read. MemoryError (nothing done) where the scratch
+        cannot be allocated."""
+        if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"x must be float32 [rows, {self.dim}]")
+        if stats is not None and (stats.dtype != np.int64 or stats.shape != (3,)):
+            raise ValueError("stats must be int64 [3]")
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        self.kernels.moe_ffn(self.struct, x, out, threads, stats)
+        return out
+
+
+def moe_kernel(
+    router: np.ndarray, top_k: int, gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix
+) -> MoEKernel | None:
+    """The layer's MoE kernel on the engine's compiled kernels; None where they are not
+    built here."""
+    kernels = load()
+    return MoEKernel(router, top_k, gate, up, down, kernels) if kernels is not None else None

@@ -1,0 +1,123 @@
+"""The MoE kernels (engine/ops/csrc/experts.c, moe.c) built for other instruction sets. For
+AVX2 (-march=haswell) the 16-lane accumulators are two 8-lane halves, each lane summed in
+the same order and the halves joined by the same tree, so where this machine runs both
+builds every output equals the AVX-512 build's bit for bit. Built with no AVX at all
+(-march=x86-64: the vector extensions' plain C) they still read every weight exactly and
+stay within float32's summation bound."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.ops import native
+from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts_native import ExpertKernels
+from tests.unit.expert_cases import (
+    BUCKETS,
+    MOE_SHAPES,
+    TYPES,
+    E,
+    K,
+    MoEShape,
+    bits,
+    random_experts,
+    random_moe,
+    starts_of,
+)
+from tests.unit.quant_cases import T, summation_bound
+
+CPU = set(native._cpu_flags().split())
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(
+    native.library() is None or CC is None or platform.machine() != "x86_64",
+    reason="needs a C compiler on x86-64",
+)
+both_builds = pytest.mark.skipif(
+    not {"avx512f", "avx2", "fma", "f16c"} <= CPU,
+    reason="needs a CPU that runs both AVX-512 and AVX2 code",
+)
+
+
+def build(tmp: Path, march: str) -> ExpertKernels:
+    """experts.c and moe.c with the engine's flags but -march=`march`."""
+    assert CC is not None
+    out = tmp / f"experts-{march}.so"
+    flags = [f if f != "-march=native" else f"-march={march}" for f in native.FLAGS]
+    sources = [str(native.CSRC / name) for name in ("experts.c", "moe.c")]
+    subprocess.run([CC, *flags, "-o", str(out), *sources], check=True, timeout=300)
+    return ExpertKernels(ctypes.CDLL(str(out)))
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExpertKernels]:
+    engine = native.library()
+    assert engine is not None
+    haswell = build(tmp_path_factory.mktemp("haswell"), "haswell")
+    return {"native": ExpertKernels(engine), "avx2": haswell}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> ExpertKernels:
+    return build(tmp_path_factory.mktemp("plain"), "x86-64")
+
+
+@pytest.fixture(scope="module")
+def experts() -> dict[T, ExpertMatrix]:
+    rng = np.random.default_rng(21)
+    return {qtype: random_experts(rng, qtype) for qtype in TYPES}
+
+
+def product(
+    kernels: ExpertKernels, w: ExpertMatrix, x: np.ndarray, counts: list[int], rows: np.ndarray
+) -> np.ndarray:
+    out = np.full((len(rows), w.n), np.nan, np.float32)
+    kernels.matmul(w, x, rows, starts_of(counts), out, 2)
+    return out
+
+
+@both_builds
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_products_built_for_avx2_equal_the_native_builds_bit_for_bit(
+    builds: dict[str, ExpertKernels], experts: dict[T, ExpertMatrix], qtype: T
+) -> None:
+    w, rng = experts[qtype], np.random.default_rng(int(qtype))
+    x = rng.standard_normal((40, K)).astype(np.float32)
+    for counts in (list(BUCKETS), [3, 4, 0, 7, 1, 2]):  # tiles of 1-4 pairs, 1-2 fused
+        rows = rng.integers(0, len(x), sum(counts)).astype(np.int64)
+        outs = {name: product(k, w, x, counts, rows) for name, k in builds.items()}
+        assert not np.isnan(outs["avx2"]).any()
+        assert np.array_equal(outs["avx2"].view(np.uint32), outs["native"].view(np.uint32))
+
+
+@both_builds
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: f"{s[0].name}-{s[1].name}")
+def test_moe_built_for_avx2_equals_the_native_builds_bit_for_bit(
+    builds: dict[str, ExpertKernels], shape: MoEShape
+) -> None:
+    x = np.random.default_rng(2).standard_normal((16, shape[4])).astype(np.float32)
+    outs = {name: random_moe(shape, k).run(x, threads=2) for name, k in builds.items()}
+    assert np.array_equal(outs["avx2"].view(np.uint32), outs["native"].view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_built_without_avx_every_weight_is_exact_and_products_within_bound(
+    plain: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T
+) -> None:
+    w = experts[qtype]
+    one_hot = product(
+        plain, w, np.eye(K, dtype=np.float32), [K, 0, 0, 0, 0, 0], np.arange(K, dtype=np.int64)
+    )
+    assert np.array_equal(bits(one_hot.T), bits(w.dense(0)))
+    x = np.random.default_rng(3).standard_normal((6, K)).astype(np.float32)
+    out = product(plain, w, x, [1] * E, np.arange(E, dtype=np.int64))
+    for e in range(E):
+        dense = w.dense(e)
+        err = np.abs(out[e] - x[e].astype(np.float64) @ dense.T.astype(np.float64))
+        assert np.all(err <= summation_bound(x[e : e + 1], dense)[0]), f"expert {e}"
