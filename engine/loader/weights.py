@@ -14,6 +14,8 @@ from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.loader.tensors import LayerTensors, Tensors
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
+from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts_native import expert_kernels_read
 from engine.ops.quant.formats import SUPPORTED
 from engine.ops.quant.matrix import QuantMatrix, concat
 from engine.text.gguf_file import GGUFFile
@@ -65,6 +67,8 @@ class Weights:
 
     def embed_rows(self, tokens: Array, xp: ModuleType) -> Array:
         """[N, dim] float embeddings of the token ids [N]."""
+        if isinstance(self.embed, ExpertMatrix):
+            return self.embed.dense(0, np.asarray(tokens, dtype=np.int64))
         if isinstance(self.embed, GpuQuantMatrix):
             return dequant_rows(self.embed, tokens)
         if not isinstance(self.embed, QuantMatrix):
@@ -146,6 +150,16 @@ class _Placer:
     def matrix(self, name: str, order: np.ndarray | None = None) -> Matrix:
         return self.placed(self._matrix(name, order))
 
+    def in_place(self, name: str) -> Matrix:
+        """The matrix as one expert read in the file's blocks where the expert kernels read
+        its type (no copy, and no wider than the file: a K-quant's codes and scales are
+        wider, see formats.py), else as `matrix` places it."""
+        t = self.tensors.tensor(name)
+        n, k = self.tensors.shape(name)
+        if not (self.quantized and self.xp is np and expert_kernels_read(t.tensor_type, k)):
+            return self.matrix(name)
+        return ExpertMatrix(t.tensor_type, np.asarray(t.data).view(np.uint8).reshape(1, n, -1), k)
+
     def placed(self, m: QuantMatrix | np.ndarray) -> Matrix:
         """A quantized matrix kept as it is (uploaded as it is to a GPU), an array put on
         the device in the compute dtype."""
@@ -203,8 +217,11 @@ def load_weights(
                 moe=moe,
             )
         )
-    embed = put.matrix("token_embd.weight")
-    output = put.matrix("output.weight") if "output.weight" in tensors.by_name else embed
+    # an MoE model's: its experts keep the file mapped anyway, and its vocabulary matrices
+    # are a large share of a step's reads at one row
+    place = put.in_place if spec.experts else put.matrix
+    embed = place("token_embd.weight")
+    output = place("output.weight") if "output.weight" in tensors.by_name else embed
     return Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
                    output=output, quantized=quantized)  # fmt: skip
 

@@ -24,6 +24,8 @@ from numba import config, get_num_threads, njit, prange, set_num_threads
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix
 from engine.ops.quant.cuda import matmul_t as gpu_matmul_t
+from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts_native import expert_matmul
 from engine.ops.quant.matrix import QuantMatrix
 
 MAX_THREADS: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # pool size at start
@@ -95,11 +97,14 @@ def plan_rows(lengths: Sequence[int]) -> RowRuns:
 
 
 def matmul_t(
-    x: Array, w: Array | QuantMatrix | GpuQuantMatrix, runs: RowRuns | None = None
+    x: Array, w: Array | QuantMatrix | GpuQuantMatrix | ExpertMatrix, runs: RowRuns | None = None
 ) -> Array:
     """x @ w.T for x [M, K] and w [N, K]. On NumPy float32 the rows go as `runs` says (None:
-    all through the kernel); quantized weights on a GPU through its kernel; anything else is
-    one matmul of the array module."""
+    all through the kernel); a matrix in the file's blocks (one expert) through the grouped
+    kernel, every row; quantized weights on a GPU through its kernel; anything else is one
+    matmul of the array module."""
+    if isinstance(w, ExpertMatrix):
+        return _in_place_matmul(np.ascontiguousarray(x, dtype=np.float32), w)
     if isinstance(w, QuantMatrix):
         return _quant_matmul(np.ascontiguousarray(x, dtype=np.float32), w, runs)
     if isinstance(w, GpuQuantMatrix):
@@ -141,6 +146,14 @@ def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.nda
                 np.matmul(x[start:stop], slab.T, out=out[start:stop])
             else:
                 out[start:stop, n0 : n0 + len(rows)] = x[start:stop] @ slab.T
+    return out
+
+
+def _in_place_matmul(x: np.ndarray, w: ExpertMatrix) -> np.ndarray:
+    """x [M, K] through the one expert w: every row in one bucket, each computed alike."""
+    out = np.empty((x.shape[0], w.n), dtype=np.float32)
+    rows = np.arange(x.shape[0], dtype=np.int64)
+    expert_matmul(w, x, rows, np.array([0, x.shape[0]], dtype=np.int64), out, get_num_threads())
     return out
 
 

@@ -1,7 +1,8 @@
 """A mixture-of-experts layer's expert matrices as the file stores them: one 3-D GGUF tensor
 [E, N, K] of blocks, viewed in place in the file's memory map (never copied, so a loaded
 model's resident memory stays near its file's size), read by the grouped kernels
-(engine/ops/csrc/experts.c) one expert at a time for all the rows routed to it.
+(engine/ops/csrc/experts.c) one expert at a time for all the rows routed to it. An MoE
+model's embedding and output matrix are held the same way, as one expert.
 
 Shapes: E experts, N rows (outputs) and K weights per row of each expert's matrix.
 """
@@ -52,13 +53,14 @@ class ExpertMatrix:
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
-    def dense(self, expert: int) -> np.ndarray:
-        """Expert `expert`'s matrix [N, K] as float32, as gguf dequantizes it (a copy)."""
-        raw = np.asarray(self.data[expert])
+    def dense(self, expert: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Expert `expert`'s matrix [N, K] (or its `rows` [R, K]) as float32, as gguf
+        dequantizes it (a copy)."""
+        raw = np.asarray(self.data[expert] if rows is None else self.data[expert][rows])
         if self.qtype == T.F32:
             return raw.view(np.float32).copy()
         out = gguf.quants.dequantize(raw, self.qtype)
-        return np.ascontiguousarray(out, dtype=np.float32).reshape(self.n, self.k)
+        return np.ascontiguousarray(out, dtype=np.float32).reshape(len(raw), self.k)
 
 
 def row_bytes(qtype: T, k: int) -> int:

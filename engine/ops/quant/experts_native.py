@@ -66,6 +66,13 @@ class ExpertKernels:
         self._moe = lib.wf_moe_ffn
         self._moe.argtypes = [ctypes.POINTER(WfMoE), _ptr, _i64, _ptr, _ptr, _int]
         self._moe.restype = _i64
+        self._supported = lib.wf_expert_supported
+        self._supported.argtypes = [_int, _i64]
+        self._supported.restype = _int
+
+    def supported(self, qtype: int, k: int) -> bool:
+        """Whether these kernels read rows of k weights of `qtype`."""
+        return bool(self._supported(int(qtype), k))
 
     def matmul(
         self,
@@ -200,3 +207,9 @@ def moe_kernel(
     built here."""
     kernels = load()
     return MoEKernel(router, top_k, gate, up, down, kernels) if kernels is not None else None
+
+
+def expert_kernels_read(qtype: int, k: int) -> bool:
+    """Whether the compiled expert kernels are here and read rows of k weights of `qtype`."""
+    kernels = load()
+    return kernels is not None and kernels.supported(qtype, k)
