@@ -18,7 +18,7 @@ from engine.forward import forward
 from engine.kv.kv_pool import KVPool
 from engine.loader.experts import refuse_unbuilt
 from engine.loader.rope import frequency_divisors
-from engine.loader.weights import Weights, fingerprint, load_weights
+from engine.loader.weights import Weights, fingerprint, load_weights, release_copied
 from engine.models.families import family_for
 from engine.models.family import Family
 from engine.step import RopeTables, Segment
@@ -85,6 +85,7 @@ class Model:
             dtype=np_dtype,
             xp=xp,
         )
+        release_copied(reader, loaded)  # the map stays open where experts are read in place
         del reader, meta  # the header's values and the file mapping
         gc.collect()  # the reader's fields hold cycles: freed now, not at some later pass
         release_freed_memory()  # the load's temporaries: tens of MB the heap would keep

@@ -18,7 +18,7 @@ from engine.ops.quant.experts import ExpertMatrix
 from engine.ops.quant.experts_native import expert_kernels_read
 from engine.ops.quant.formats import SUPPORTED
 from engine.ops.quant.matrix import QuantMatrix, concat
-from engine.text.gguf_file import GGUFFile
+from engine.text.gguf_file import GGUFFile, release_header, release_pages
 from engine.text.model_config import ModelConfig
 
 Array = Any  # numpy.ndarray or cupy.ndarray
@@ -224,6 +224,23 @@ def load_weights(
     output = place("output.weight") if "output.weight" in tensors.by_name else embed
     return Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
                    output=output, quantized=quantized)  # fmt: skip
+
+
+def release_copied(reader: GGUFFile, weights: Weights) -> None:
+    """Drop from resident memory the file's pages of the header and of every tensor the
+    weights hold a copy of (all but those read in place), where the map stays open for
+    those read in place."""
+    in_place = [weights.embed, weights.output]
+    in_place += [
+        m for lw in weights.layers if lw.moe for m in (lw.moe.gate, lw.moe.up, lw.moe.down)
+    ]
+    kept = {int(m.data.ctypes.data) for m in in_place if isinstance(m, ExpertMatrix)}
+    if not kept:
+        return
+    release_header(reader)
+    for t in reader.tensors:
+        if int(t.data.ctypes.data) not in kept:
+            release_pages(t.data)
 
 
 def _dense(m: Matrix) -> np.ndarray:

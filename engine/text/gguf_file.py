@@ -16,6 +16,7 @@ offset (uint64) from the data section, which starts at the next multiple of
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,36 @@ class _Cursor:
         if kind == _STRING:
             return [self.string() for _ in range(count)]
         return [self.value(kind) for _ in range(count)]
+
+
+def release_pages(data: np.ndarray) -> None:
+    """Drop the whole pages of `data`, a view of a file's map, from this process's resident
+    memory (they stay in the page cache; a later read faults them back in): for a tensor
+    copied out at load while the map stays open, so that its bytes count once. A no-op where
+    the platform has no madvise."""
+    mapping = getattr(data, "_mmap", None)
+    if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = data.ctypes.data - _whole_map(data).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
+def release_header(reader: GGUFFile) -> None:
+    """release_pages of the header (its values are parsed into Python objects)."""
+    if reader.tensors:
+        whole = _whole_map(reader.tensors[0].data)
+        first = min(int(t.data.ctypes.data) for t in reader.tensors) - whole.ctypes.data
+        release_pages(whole[:first])
+
+
+def _whole_map(data: np.ndarray) -> np.ndarray:
+    """The map of the whole file a view of it was taken from."""
+    while isinstance(data.base, np.ndarray):
+        data = data.base
+    return data
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
