@@ -3,21 +3,31 @@
 checked on one of these against llama.cpp on the same file (`bench.engine --model OUT`).
 
     .venv/bin/python -m bench.random_model SHAPE OUT.gguf [--type q8_0|q4_k_m] [--seed N]
-                                           [--no-check]
+                                           [--layers N] [--no-check]
 
---type q8_0: every matrix Q8_0 (gguf.quants.quantize of normal values). --type q4_k_m: the
-mix llama.cpp's Q4_K_M gives these models: Q4_K, with attn_v and ffn_down in Q6_K on the
-layers its use_more_bits picks and the tied embedding in Q6_K, and where a row is not a
+--type q8_0: every matrix Q8_0 (gguf.quants.quantize of normal values; the experts random
+valid blocks, bench/random_moe.py). --type q4_k_m: the mix llama.cpp's Q4_K_M gives these
+models (bench/random_weights.py): Q4_K, with attn_v and ffn_down in Q6_K on the layers its
+use_more_bits picks, the output (or the tied embedding) in Q6_K, and where a row is not a
 multiple of 256 (896 wide) its fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K. K-quant blocks are
 random valid blocks (as tests/unit/quant_cases.py makes) whose float16 scales are set so that
 a matrix of rows of K weights has a root mean square of 1 / sqrt(K): activations stay near
 unit size through every layer. The check then loads the file in warmfleet and in llama.cpp,
 asks for finite logits and runs a few greedy tokens on each.
+
+qwen3-30b-a3b (`qwen3moe`, Qwen3-30B-A3B's layer shape; bench/random_moe.py): embedding 2048,
+32 query and 4 KV heads of 128 with q/k RMS norms, 128 experts of 768 with top 8 in place of
+the dense FFN (feed_forward_length 6144 as the real file says), an untied output, 8 layers by
+default (the real model has 48; --layers sets it). Under q4_k_m: token_embd Q4_K, output
+Q6_K, attn_q/k/output and ffn_gate_exps/ffn_up_exps Q4_K, attn_v and ffn_down_exps Q6_K on
+use_more_bits layers (0, 3, 6 and 7 of 8) and Q4_K on the others, ffn_gate_inp (the router)
+and the norms F32. Its random routers route near-uniformly: the worst case for grouping.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -26,18 +36,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from bench.random_moe import Experts, add_expert_metadata, expert_tensors
+from bench.random_weights import T, matrix_type, quantized
 from tests.tiny_families import family_vocab
 
-T = gguf.GGMLQuantizationType
-K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
-# a K-quant super-block's float16 d (and dmin) and the mean of its codes: dmin = d * mean
-# makes each sub-block's weights d * (sc * q - mean * m), zero on average
-K_SCALES = {T.Q4_K: (0, 2, 7.5), T.Q5_K: (0, 2, 15.5), T.Q6_K: (208, None, 0.0)}
-FALLBACK = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}  # llama.cpp's, for rows not a multiple of 256
 FILE_TYPES = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}
-EMBED_STD = 0.1  # tied output: logits of about 0.1 * sqrt(dim) standard deviation
+EMBED_STD = 0.1  # embedding and output: logits of about 0.1 * sqrt(dim) standard deviation
 BIAS_STD = 0.5
-CHUNK_ROWS = 8192  # rows quantized at once (the embedding has 151,936)
 CHECK_TEXT = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
 
 
@@ -54,58 +59,29 @@ class Shape:
     rope_base: float
     biases: bool = False  # on q, k and v (Qwen 2)
     qk_norms: bool = False  # each head's q and k RMS-normed (Qwen 3)
+    tied: bool = True  # the output is the embedding
+    experts: Experts | None = None  # a mixture of experts in place of the dense FFN
 
 
 SHAPES = {
     "qwen3-0.6b": Shape("qwen3", 28, 1024, 16, 8, 128, 3072, 40960, 1e6, qk_norms=True),
     "qwen2.5-coder-0.5b": Shape("qwen2", 24, 896, 14, 2, 64, 4864, 32768, 1e6, biases=True),
+    # 48 layers in the real model: 8 by default keep the file near 3.2 GiB
+    "qwen3-30b-a3b": Shape(
+        "qwen3moe",
+        layers=8,
+        dim=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        ffn=6144,
+        context=40960,
+        rope_base=1e6,
+        qk_norms=True,
+        tied=False,
+        experts=Experts(count=128, used=8, ffn=768),
+    ),
 }
-
-
-def use_more_bits(i: int, layers: int) -> bool:
-    """llama.cpp's choice of the layers whose attn_v and ffn_down get more bits."""
-    return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
-
-
-def matrix_type(mix: str, kind: str, i: int, shape: Shape, k: int) -> T:
-    """The type of layer i's matrix `kind` (or the embedding) with rows of k weights."""
-    if mix == "q8_0":
-        return T.Q8_0
-    more_bits = kind in ("attn_v", "ffn_down") and use_more_bits(i, shape.layers)
-    qtype = T.Q6_K if kind == "token_embd" or more_bits else T.Q4_K
-    return FALLBACK[qtype] if k % 256 else qtype
-
-
-def set_k_scales(raw: np.ndarray, qtype: T, d: np.ndarray) -> None:
-    """Write the super-blocks' d [rows, blocks] (and dmin) into `raw` [rows, blocks, bytes]."""
-    d_at, dmin_at, mean = K_SCALES[qtype]
-    for at, value in ((d_at, d), (dmin_at, d * mean)):
-        if at is not None:
-            half = value.astype(np.float16)
-            raw[..., at : at + 2] = half.view(np.uint8).reshape(*half.shape, 2)
-
-
-def k_blocks(rng: np.random.Generator, qtype: T, rows: int, k: int, std: float) -> np.ndarray:
-    """[rows, row bytes] of random valid blocks whose weights' root mean square is `std`."""
-    block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
-    raw = rng.integers(0, 256, (rows, k // 256, block_bytes), dtype=np.uint8)
-    d = rng.uniform(0.5, 1.5, raw.shape[:2]).astype(np.float32)
-    set_k_scales(raw, qtype, d)
-    sample = gguf.quants.dequantize(raw[:16].reshape(min(rows, 16), -1), qtype)
-    set_k_scales(raw, qtype, d * (std / float(np.sqrt(np.mean(sample**2)))))
-    return raw.reshape(rows, -1)
-
-
-def quantized(rng: np.random.Generator, qtype: T, rows: int, k: int, std: float) -> np.ndarray:
-    """A random [rows, k] matrix of weights of root mean square `std`, as `qtype`'s bytes."""
-    if qtype in K_QUANTS:
-        return k_blocks(rng, qtype, rows, k, std)
-    parts = []
-    for start in range(0, rows, CHUNK_ROWS):
-        values = rng.standard_normal((min(CHUNK_ROWS, rows - start), k), dtype=np.float32)
-        values *= np.float32(std)
-        parts.append(gguf.quants.quantize(values, qtype))
-    return np.concatenate(parts)
 
 
 def layer_tensors(
@@ -119,17 +95,19 @@ def layer_tensors(
         "attn_k": (kv_dim, dim),
         "attn_v": (kv_dim, dim),
         "attn_output": (dim, q_dim),
-        "ffn_gate": (shape.ffn, dim),
-        "ffn_up": (shape.ffn, dim),
-        "ffn_down": (dim, shape.ffn),
     }
+    if not shape.experts:
+        ffn = shape.ffn
+        matrices |= {"ffn_gate": (ffn, dim), "ffn_up": (ffn, dim), "ffn_down": (dim, ffn)}
     out: dict[str, tuple[np.ndarray, T]] = {}
     for kind, (rows, k) in matrices.items():
-        qtype = matrix_type(mix, kind, i, shape, k)
+        qtype = matrix_type(mix, kind, i, shape.layers, k, shape.tied)
         out[f"{p}{kind}.weight"] = (quantized(rng, qtype, rows, k, 1 / math.sqrt(k)), qtype)
         if shape.biases and kind in ("attn_q", "attn_k", "attn_v"):
             bias = rng.standard_normal(rows, dtype=np.float32) * np.float32(BIAS_STD)
             out[f"{p}{kind}.bias"] = (bias, T.F32)
+    if shape.experts:
+        out |= expert_tensors(rng, mix, i, shape.layers, dim, shape.experts)
     norms = {"attn_norm": dim, "ffn_norm": dim}
     if shape.qk_norms:
         norms |= {"attn_q_norm": shape.head_dim, "attn_k_norm": shape.head_dim}
@@ -156,6 +134,8 @@ def add_metadata(w: gguf.GGUFWriter, name: str, shape: Shape, mix: str, n_vocab:
         sizes |= {"attention.key_length": shape.head_dim, "attention.value_length": shape.head_dim}
     for key, value in sizes.items():
         w.add_uint32(f"{a}.{key}", value)
+    if shape.experts:
+        add_expert_metadata(w, a, shape.experts)
     w.add_float32(f"{a}.rope.freq_base", shape.rope_base)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
@@ -167,13 +147,16 @@ def add_metadata(w: gguf.GGUFWriter, name: str, shape: Shape, mix: str, n_vocab:
     w.add_bool("tokenizer.ggml.add_bos_token", False)
 
 
-def write_model(name: str, path: Path, mix: str, seed: int = 0) -> Path:
-    """Write shape `name`'s random-weight model to `path`, its matrices as `mix` says."""
+def write_model(name: str, path: Path, mix: str, seed: int = 0, layers: int | None = None) -> Path:
+    """Write shape `name`'s random-weight model (of `layers` layers, or the shape's) to
+    `path`, its matrices as `mix` says."""
     shape, rng = SHAPES[name], np.random.default_rng(seed)
+    shape = dataclasses.replace(shape, layers=layers or shape.layers)
     n_vocab = len(family_vocab("qwen2")["metadata"]["tokenizer.ggml.tokens"])
-    w = gguf.GGUFWriter(path, shape.arch)
+    # tensors go to a temporary file as they are made: the MoE files outgrow memory
+    w = gguf.GGUFWriter(path, shape.arch, use_temp_file=True)
     add_metadata(w, name, shape, mix, n_vocab)
-    embed_type = matrix_type(mix, "token_embd", 0, shape, shape.dim)
+    embed_type = matrix_type(mix, "token_embd", 0, shape.layers, shape.dim, shape.tied)
     embed = quantized(rng, embed_type, n_vocab, shape.dim, EMBED_STD)
     w.add_tensor("token_embd.weight", embed, raw_dtype=embed_type)
     for i in range(shape.layers):
@@ -181,6 +164,10 @@ def write_model(name: str, path: Path, mix: str, seed: int = 0) -> Path:
             w.add_tensor(tensor, array, raw_dtype=None if qtype == T.F32 else qtype)
     norm = 1 + 0.1 * rng.standard_normal(shape.dim, dtype=np.float32)
     w.add_tensor("output_norm.weight", norm)
+    if not shape.tied:
+        out_type = matrix_type(mix, "output", 0, shape.layers, shape.dim, tied=False)
+        output = quantized(rng, out_type, n_vocab, shape.dim, EMBED_STD)
+        w.add_tensor("output.weight", output, raw_dtype=out_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -259,10 +246,11 @@ def main() -> None:
     parser.add_argument("out", type=Path, metavar="OUT.gguf")
     parser.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0", dest="mix")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, help="default: the shape's (qwen3-30b-a3b: 8)")
     parser.add_argument("--no-check", action="store_true", help="write the file only")
     args = parser.parse_args()
     t = time.perf_counter()
-    write_model(args.shape, args.out, args.mix, args.seed)
+    write_model(args.shape, args.out, args.mix, args.seed, args.layers)
     size = args.out.stat().st_size / 2**20
     print(f"wrote {args.out} ({size:.0f} MiB) in {time.perf_counter() - t:.0f} s")
     if not args.no_check:
