@@ -13,7 +13,8 @@ whose sequences do not fit): B random prompts of 128 tokens, then 64 steps each 
 token of all B; its S_TG column (B x 64 / the steps' time) is the decode aggregate.
 warmfleet (measure_warmfleet): the same on the engine in this process, B prompts of 128
 random tokens, then 64 timed steps of the whole batch, each sequence sampling at temperature
-100 with a seed of its own: near-uniform tokens, as llama-batched-bench's random ones, so
+100 among its top 1,000 tokens with a seed of its own (top-k keeps the sampler from sorting
+the whole vocabulary): near-uniform tokens, as llama-batched-bench's random ones, so
 that neither side's rows route alike for sharing a text (a text's rows route alike, and
 fewer experts are touched). The table gives both and the
 ratio per batch; with --repeats each figure is the best of R rounds, the two sides taking
@@ -149,7 +150,9 @@ def _decode(
     )
     engine = Engine(model, config)
     for i, ids in enumerate(prompts):
-        params = SamplingParams(temperature=100.0, max_tokens=steps + 2, ignore_eos=True, seed=i)
+        params = SamplingParams(
+            temperature=100.0, top_k=1000, max_tokens=steps + 2, ignore_eos=True, seed=i
+        )
         engine.add(Request(f"d{i}", ids, params))
     while any(s.prefilling for s in engine.sequences.values()) or engine.scheduler.waiting:
         engine.step()

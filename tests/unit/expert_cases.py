@@ -1,6 +1,8 @@
 """Random expert tensors of every type the grouped kernels read (engine/ops/csrc/experts.c),
-the pairs that route activation rows to them, and a float64 reference of the MoE FFN
-(moe.c's semantics, llama.cpp's qwen3moe). Shared by the kernels' tests and the AVX2 build's.
+the pairs that route activation rows to them, the bound of a product against float64
+(float32 products, or integer ones on int8 activations: experts_int.c), and a float64
+reference of the MoE FFN (moe.c's semantics, llama.cpp's qwen3moe). Shared by the kernels'
+tests and the other builds'.
 
 Shapes: E experts of [N, K]; P pairs bucketed by expert.
 """
@@ -13,12 +15,15 @@ import gguf
 import numpy as np
 
 from engine.ops.quant.experts import EXPERT_TYPES, ExpertMatrix
-from engine.ops.quant.experts_native import ExpertKernels, MoEKernel
+from engine.ops.quant.experts_native import ExpertKernels, MoEKernel, Products
 from tests.unit.quant_cases import K_QUANTS, T, U, random_blocks
 
 E, N, K = 6, 37, 512  # 37 rows: the last task of 4 rows is short
 BUCKETS = (0, 1, 2, 5, 17, 33)  # pairs per expert: empty, the fused paths, tiles and tails
 TYPES = EXPERT_TYPES
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # float32 products whatever the switch says
+INT_TYPES = tuple(t for t in TYPES if t not in FLOAT_TYPES)
+MIN_AT = {T.Q4_1: 2, T.Q5_1: 2, T.Q4_K: 2, T.Q5_K: 2}  # byte of a block's f16 min (dmin)
 
 
 def random_experts(
@@ -36,17 +41,85 @@ def random_experts(
     return ExpertMatrix(qtype, np.ascontiguousarray(raw.reshape(e, n, -1)), k)
 
 
+def integer(qtype: T, products: Products) -> bool:
+    """Whether the kernels multiply `qtype` in integers under `products`."""
+    return products == Products.INTEGER and qtype not in FLOAT_TYPES
+
+
+def act_block(qtype: T) -> int:
+    """The activation block of the integer products: a K-quant's super-block, else 32."""
+    return 256 if qtype in K_QUANTS else 32
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """One expert's [N, K] matrix as the kernels multiply it: gguf's float32 dequantization,
+    |its scale part| + |its min part| (the min zeroed in the file's blocks gives the first),
+    and the integer products' activation block (0: float32 products)."""
+
+    dense: np.ndarray
+    magnitude: np.ndarray
+    block: int
+    has_min: bool
+
+    @classmethod
+    def of(cls, w: ExpertMatrix, e: int, products: Products) -> Product:
+        dense = w.dense(e)
+        if not integer(w.qtype, products):
+            return cls(dense, np.abs(dense), 0, False)
+        if w.qtype not in MIN_AT:
+            return cls(dense, np.abs(dense), act_block(w.qtype), False)
+        block, size = gguf.GGML_QUANT_SIZES[w.qtype]
+        raw = w.data[e].reshape(w.n, w.k // block, size).copy()
+        raw[..., MIN_AT[w.qtype] : MIN_AT[w.qtype] + 2] = 0
+        scaled = ExpertMatrix(w.qtype, raw.reshape(1, w.n, -1), w.k).dense(0)
+        magnitude = np.abs(scaled) + np.abs(dense.astype(np.float64) - scaled)
+        return cls(dense, magnitude, act_block(w.qtype), True)
+
+    def bound(self, x: np.ndarray, dx: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """y = W @ x in float64 for one row x [K], and how far the kernel's output may be from
+        it for any input within dx of x. Float32 products: gamma_K |W| |x|. Integer ones: each
+        activation within d_b / 2 of its 8-bit value (d_b = the block's amax / 127), and the
+        float steps' roundings, gamma_(steps + 2) of |scale part| + |min part| against the
+        8-bit activations; the float32 weights' own rounding (u |W|) beside."""
+        w = self.dense.astype(np.float64)
+        y, top = w @ x, np.abs(x) + dx
+        if not self.block:
+            return y, gamma(len(x)) * (np.abs(w) @ top) + np.abs(w) @ (top - np.abs(x))
+        amax = top.reshape(-1, self.block).max(axis=1) * (1 + 4 * U)
+        half = np.repeat(amax / 127 / 2 * (1 + 2.0**-14), self.block)
+        steps = len(x) // self.block * (2 if self.has_min else 1)
+        mag = self.magnitude.astype(np.float64) * (1 + 4 * U)
+        act = (np.abs(w) * (1 + 2 * U)) @ (top - np.abs(x) + half)
+        return y, act + gamma(steps + 2) * (mag @ (top + half)) + 2 * U * (np.abs(w) @ top)
+
+
+def quantize_rows(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """experts_int.c's activation quantization in NumPy: q int8 [R, K], d [R, K / block]."""
+    xb = x.astype(np.float32).reshape(len(x), -1, block)
+    d = (np.abs(xb).max(axis=2) / np.float32(127)).astype(np.float32)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.rint(xb * inverse[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(len(x), -1), d
+
+
 # a MoE layer: (gate and up type, down type, experts, top_k, dim, ffn)
 MoEShape = tuple[T, T, int, int, int, int]
 MOE_SHAPES: list[MoEShape] = [(T.Q4_K, T.Q6_K, 8, 3, 256, 512), (T.Q8_0, T.BF16, 5, 2, 96, 64)]
 
 
-def random_moe(shape: MoEShape, kernels: ExpertKernels, seed: int = 0) -> MoEKernel:
+def random_moe(
+    shape: MoEShape,
+    kernels: ExpertKernels,
+    seed: int = 0,
+    products: Products = Products.INTEGER,
+) -> MoEKernel:
     gate_up, down, e, top_k, dim, ffn = shape
     rng = np.random.default_rng(seed)
     router = (rng.standard_normal((e, dim)) / np.sqrt(dim)).astype(np.float32)
     gate, up = (random_experts(rng, gate_up, e, ffn, dim) for _ in range(2))
-    return MoEKernel(router, top_k, gate, up, random_experts(rng, down, e, dim, ffn), kernels)
+    down_w = random_experts(rng, down, e, dim, ffn)
+    return MoEKernel(router, top_k, gate, up, down_w, kernels, products)
 
 
 def starts_of(counts: np.ndarray | list[int] | tuple[int, ...]) -> np.ndarray:
@@ -75,14 +148,21 @@ def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
 
-def moe_reference(
-    x: np.ndarray,
-    router: np.ndarray,
-    top_k: int,
-    dense: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]],
-) -> Reference:
-    """dense: each expert's gate, up [ffn, dim] and down [dim, ffn] as float32."""
-    gate, up, down = dense
+Experts = tuple[list[Product], list[Product], list[Product]]
+
+
+def experts_of(kernel: MoEKernel) -> Experts:
+    """Each expert's gate, up and down as the kernel multiplies them."""
+    gate, up, down = (
+        [Product.of(w, e, kernel.products) for e in range(w.num_experts)]
+        for w in (kernel.gate, kernel.up, kernel.down)
+    )
+    return gate, up, down
+
+
+def moe_reference(x: np.ndarray, router: np.ndarray, top_k: int, experts: Experts) -> Reference:
+    """experts: each expert's gate, up [ffn, dim] and down [dim, ffn]."""
+    gate, up, down = experts
     e, dim = router.shape
     x64 = x.astype(np.float64)
     logits = x64 @ router.T.astype(np.float64)
@@ -106,17 +186,13 @@ def moe_reference(
 
 
 def _expert(
-    x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray
+    x: np.ndarray, gate: Product, up: Product, down: Product
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One expert's output for a row in float64, and the bound of its float32 computation:
-    the products' summation bounds carried through silu(g) * u (|silu'| < 1.1) and down."""
-    g, u = gate.astype(np.float64) @ x, up.astype(np.float64) @ x
-    dg = gamma(len(x)) * (np.abs(gate).astype(np.float64) @ np.abs(x))
-    du = gamma(len(x)) * (np.abs(up).astype(np.float64) @ np.abs(x))
+    """One expert's output for a row in float64, and the bound of the kernels' computation:
+    the products' bounds (Product.bound) carried through silu(g) * u (|silu'| < 1.1) and
+    down."""
+    (g, dg), (u, du) = gate.bound(x), up.bound(x)
     silu = g * 0.5 * (1 + np.tanh(g / 2))  # g / (1 + e^-g), without overflow
     h = silu * u
     dh = 1.1 * dg * (np.abs(u) + du) + np.abs(silu) * du + 6 * U * np.abs(h)
-    wd = down.astype(np.float64)
-    d = wd @ h
-    d_bound = gamma(len(h)) * (np.abs(wd) @ (np.abs(h) + dh)) + np.abs(wd) @ dh
-    return d, d_bound
+    return down.bound(h, dh)

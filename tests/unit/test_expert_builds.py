@@ -1,9 +1,11 @@
-"""The MoE kernels (engine/ops/csrc/experts.c, moe.c) built for other instruction sets. For
-AVX2 (-march=haswell) the 16-lane accumulators are two 8-lane halves, each lane summed in
-the same order and the halves joined by the same tree, so where this machine runs both
-builds every output equals the AVX-512 build's bit for bit. Built with no AVX at all
-(-march=x86-64: the vector extensions' plain C) they still read every weight exactly and
-stay within float32's summation bound."""
+"""The MoE kernels (engine/ops/csrc/experts.c, experts_int.c, moe.c) built for other
+instruction sets. The integer products' sums are exact and their float steps one fixed
+chain, so every build (AVX-512 with VNNI, AVX-512 without it (-march=skylake-avx512), AVX2
+(-march=haswell), no AVX at all (-march=x86-64: plain C)) gives the same bits where this
+machine runs it. The float32 products: for AVX2 the 16-lane accumulators are two 8-lane
+halves, each lane summed in the same order and the halves joined by the same tree, so their
+outputs equal the AVX-512 build's bit for bit; built with no AVX they still read every
+weight exactly and stay within float32's summation bound."""
 
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import pytest
 
 from engine.ops import native
 from engine.ops.quant.experts import ExpertMatrix
-from engine.ops.quant.experts_native import ExpertKernels
+from engine.ops.quant.experts_native import ExpertKernels, Products
 from tests.unit.expert_cases import (
     BUCKETS,
+    INT_TYPES,
     MOE_SHAPES,
     TYPES,
     E,
@@ -43,29 +46,53 @@ both_builds = pytest.mark.skipif(
     not {"avx512f", "avx2", "fma", "f16c"} <= CPU,
     reason="needs a CPU that runs both AVX-512 and AVX2 code",
 )
+# what -march=skylake-avx512 may use
+SKYLAKE = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx2", "fma", "f16c"}
 
 
-def build(tmp: Path, march: str) -> ExpertKernels:
-    """experts.c and moe.c with the engine's flags but -march=`march`."""
+def build(tmp: Path, marches: tuple[str, ...]) -> dict[str, ExpertKernels]:
+    """experts.c, experts_int.c and moe.c with the engine's flags but each -march, compiled
+    side by side."""
     assert CC is not None
-    out = tmp / f"experts-{march}.so"
-    flags = [f if f != "-march=native" else f"-march={march}" for f in native.FLAGS]
-    sources = [str(native.CSRC / name) for name in ("experts.c", "moe.c")]
-    subprocess.run([CC, *flags, "-o", str(out), *sources], check=True, timeout=300)
-    return ExpertKernels(ctypes.CDLL(str(out)))
+    sources = [str(native.CSRC / name) for name in ("experts.c", "experts_int.c", "moe.c")]
+    jobs = {}
+    for march in marches:
+        flags = [f if f != "-march=native" else f"-march={march}" for f in native.FLAGS]
+        out = tmp / f"experts-{march}.so"
+        jobs[march] = (out, subprocess.Popen([CC, *flags, "-o", str(out), *sources]))
+    for out, job in jobs.values():
+        assert job.wait(timeout=300) == 0, f"{CC} failed on {out.name}"
+    return {march: ExpertKernels(ctypes.CDLL(str(out))) for march, (out, _) in jobs.items()}
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExpertKernels]:
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExpertKernels]:
+    """haswell and x86-64, and skylake-avx512 (AVX-512 without VNNI) where this CPU runs it."""
+    marches = ("haswell", "x86-64", *(("skylake-avx512",) if SKYLAKE <= CPU else ()))
+    return build(tmp_path_factory.mktemp("builds"), marches)
+
+
+@pytest.fixture(scope="module")
+def builds(compiled: dict[str, ExpertKernels]) -> dict[str, ExpertKernels]:
     engine = native.library()
     assert engine is not None
-    haswell = build(tmp_path_factory.mktemp("haswell"), "haswell")
-    return {"native": ExpertKernels(engine), "avx2": haswell}
+    return {"native": ExpertKernels(engine), "avx2": compiled["haswell"]}
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> ExpertKernels:
-    return build(tmp_path_factory.mktemp("plain"), "x86-64")
+def plain(compiled: dict[str, ExpertKernels]) -> ExpertKernels:
+    return compiled["x86-64"]
+
+
+@pytest.fixture(scope="module")
+def every_build(
+    builds: dict[str, ExpertKernels], compiled: dict[str, ExpertKernels]
+) -> dict[str, ExpertKernels]:
+    """The native, AVX2 and plain builds, and AVX-512 without VNNI where this CPU runs it."""
+    found = {**builds, "plain": compiled["x86-64"]}
+    if "skylake-avx512" in compiled:
+        found["avx512"] = compiled["skylake-avx512"]
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +102,40 @@ def experts() -> dict[T, ExpertMatrix]:
 
 
 def product(
-    kernels: ExpertKernels, w: ExpertMatrix, x: np.ndarray, counts: list[int], rows: np.ndarray
+    kernels: ExpertKernels,
+    w: ExpertMatrix,
+    x: np.ndarray,
+    counts: list[int],
+    rows: np.ndarray,
+    products: Products = Products.FLOAT,
 ) -> np.ndarray:
     out = np.full((len(rows), w.n), np.nan, np.float32)
-    kernels.matmul(w, x, rows, starts_of(counts), out, 2)
+    kernels.matmul(w, x, rows, starts_of(counts), out, 2, products)
     return out
 
 
 @both_builds
+@pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda t: t.name)
+def test_integer_products_are_the_same_bits_in_every_build(
+    every_build: dict[str, ExpertKernels], experts: dict[T, ExpertMatrix], qtype: T
+) -> None:
+    w, rng = experts[qtype], np.random.default_rng(int(qtype))
+    x = rng.standard_normal((40, K)).astype(np.float32)
+    x[5] = 0.0  # a zero row: d = 0
+    for counts in (list(BUCKETS), [3, 4, 0, 7, 1, 2]):  # tiles of 1-4 pairs and their tails
+        rows = rng.integers(0, len(x), sum(counts)).astype(np.int64)
+        outs = {
+            name: product(k, w, x, counts, rows, Products.INTEGER)
+            for name, k in every_build.items()
+        }
+        assert not np.isnan(outs["native"]).any()
+        for name, out in outs.items():
+            assert np.array_equal(out.view(np.uint32), outs["native"].view(np.uint32)), name
+
+
+@both_builds
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_products_built_for_avx2_equal_the_native_builds_bit_for_bit(
+def test_float32_products_built_for_avx2_equal_the_native_builds_bit_for_bit(
     builds: dict[str, ExpertKernels], experts: dict[T, ExpertMatrix], qtype: T
 ) -> None:
     w, rng = experts[qtype], np.random.default_rng(int(qtype))
@@ -97,17 +148,21 @@ def test_products_built_for_avx2_equal_the_native_builds_bit_for_bit(
 
 
 @both_builds
+@pytest.mark.parametrize("products", Products, ids=lambda p: p.name.lower())
 @pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: f"{s[0].name}-{s[1].name}")
 def test_moe_built_for_avx2_equals_the_native_builds_bit_for_bit(
-    builds: dict[str, ExpertKernels], shape: MoEShape
+    builds: dict[str, ExpertKernels], shape: MoEShape, products: Products
 ) -> None:
     x = np.random.default_rng(2).standard_normal((16, shape[4])).astype(np.float32)
-    outs = {name: random_moe(shape, k).run(x, threads=2) for name, k in builds.items()}
+    outs = {
+        name: random_moe(shape, k, products=products).run(x, threads=2)
+        for name, k in builds.items()
+    }
     assert np.array_equal(outs["avx2"].view(np.uint32), outs["native"].view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_built_without_avx_every_weight_is_exact_and_products_within_bound(
+def test_built_without_avx_float32_products_read_every_weight_exactly_within_bound(
     plain: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T
 ) -> None:
     w = experts[qtype]

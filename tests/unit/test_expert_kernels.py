@@ -1,7 +1,10 @@
 """The grouped products on expert weights read in place from their GGUF blocks
-(engine/ops/csrc/experts.c): every weight exactly as gguf-py dequantizes it, each output the
-same bits whatever bucket the pair sits in and however many threads run, within float32's
-summation bound of the float64 product, and experts with no pairs never read."""
+(engine/ops/csrc/experts.c): each output the same bits whatever bucket the pair sits in and
+however many threads run, in both kinds of products; the float32 products (F32, F16, BF16,
+and the quantized types under WARMFLEET_EXPERT_PRODUCTS=float) read every weight exactly as
+gguf-py dequantizes it and stay within float32's summation bound; the integer products of
+the quantized types are exactly their integer sums on the activations' 8-bit blocks and stay
+within the bound of that rounding; experts with no pairs are never read."""
 
 from __future__ import annotations
 
@@ -12,10 +15,23 @@ import textwrap
 import numpy as np
 import pytest
 
+from engine.ops.quant import experts_native
 from engine.ops.quant.experts import ExpertMatrix
-from engine.ops.quant.experts_native import ExpertKernels, load
-from tests.unit.expert_cases import BUCKETS, TYPES, E, K, bits, random_experts, starts_of
-from tests.unit.quant_cases import T, summation_bound
+from engine.ops.quant.experts_native import ExpertKernels, Products, load
+from tests.unit.expert_cases import (
+    BUCKETS,
+    INT_TYPES,
+    TYPES,
+    E,
+    K,
+    Product,
+    act_block,
+    bits,
+    quantize_rows,
+    random_experts,
+    starts_of,
+)
+from tests.unit.quant_cases import T
 
 KERNELS = load()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler here")
@@ -40,29 +56,31 @@ def grouped(
     counts: list[int],
     rows: np.ndarray,
     threads: int = 2,
+    products: Products = Products.INTEGER,
 ) -> np.ndarray:
     """out [P, N] of the pairs `rows`, bucketed by `counts`."""
     out = np.full((len(rows), w.n), np.nan, np.float32)
-    kernels.matmul(w, x, rows, starts_of(counts), out, threads)
+    kernels.matmul(w, x, rows, starts_of(counts), out, threads, products)
     return out
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_one_hot_rows_give_ggufs_weights_bit_for_bit(
+def test_one_hot_rows_give_ggufs_weights_bit_for_bit_in_float32_products(
     kernels: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T
 ) -> None:
     w = experts[qtype]
     x = np.eye(K, dtype=np.float32)
     rows = np.tile(np.arange(K, dtype=np.int64), E)  # each expert: every one-hot row
-    out = grouped(kernels, w, x, [K] * E, rows)
+    out = grouped(kernels, w, x, [K] * E, rows, products=Products.FLOAT)
     for e in range(E):
         got = out[e * K : (e + 1) * K].T  # [N, K]
         assert np.array_equal(bits(got), bits(w.dense(e))), f"expert {e}"
 
 
+@pytest.mark.parametrize("products", Products, ids=lambda p: p.name.lower())
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_each_pair_gives_the_same_bits_in_any_bucket_and_thread_count(
-    kernels: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T
+    kernels: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T, products: Products
 ) -> None:
     w = experts[qtype]
     rng = np.random.default_rng(int(qtype))
@@ -70,34 +88,90 @@ def test_each_pair_gives_the_same_bits_in_any_bucket_and_thread_count(
     for counts in (list(BUCKETS), list(BUCKETS[::-1]), [33, 0, 5, 1, 17, 2]):
         starts = starts_of(counts)
         rows = rng.integers(0, len(x), starts[-1]).astype(np.int64)
-        two, one = grouped(kernels, w, x, counts, rows), grouped(kernels, w, x, counts, rows, 1)
+        two = grouped(kernels, w, x, counts, rows, 2, products)
+        one = grouped(kernels, w, x, counts, rows, 1, products)
         assert not np.isnan(two).any()
         assert np.array_equal(two.view(np.uint32), one.view(np.uint32)), "1 vs 2 threads"
         for e in range(E):
             for p in range(starts[e], starts[e + 1]):
                 alone = [1 if i == e else 0 for i in range(E)]
-                lone = grouped(kernels, w, x, alone, rows[p : p + 1])
+                lone = grouped(kernels, w, x, alone, rows[p : p + 1], 2, products)
                 assert np.array_equal(lone[0].view(np.uint32), two[p].view(np.uint32)), (
                     f"{counts}: pair {p} of expert {e}"
                 )
 
 
+def within_bound(
+    kernels: ExpertKernels, w: ExpertMatrix, x: np.ndarray, products: Products
+) -> np.ndarray:
+    """Every output of x's rows through every expert within Product.bound of float64; the
+    errors relative to each expert's largest output."""
+    counts = [len(x)] * E
+    out = grouped(kernels, w, x, counts, np.tile(np.arange(len(x), dtype=np.int64), E), 2, products)
+    relative = []
+    for e in range(E):
+        product = Product.of(w, e, products)
+        for r in range(len(x)):
+            want, bound = product.bound(x[r].astype(np.float64))
+            err = np.abs(out[e * len(x) + r] - want)
+            assert np.all(err <= bound), f"expert {e}, row {r}: {(err / bound).max():.3f}"
+            relative.append(err / np.abs(want).max())
+    return np.concatenate(relative)
+
+
+@pytest.mark.parametrize("products", Products, ids=lambda p: p.name.lower())
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_products_are_within_float32s_summation_bound(
+def test_products_are_within_their_bound_of_float64(
+    kernels: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T, products: Products
+) -> None:
+    """Float32 products: float32's summation bound. Integer ones: the activations' rounding
+    to 8 bits plus the float steps' (expert_cases.Product.bound); on these random weights
+    their typical error is a few tenths of a percent of the largest output."""
+    x = np.random.default_rng(100 + int(qtype)).standard_normal((9, K)).astype(np.float32)
+    x[3] *= 1e-30  # tiny rows: the 8-bit scale still in float32's normal range
+    relative = within_bound(kernels, experts[qtype], x, products)
+    if products == Products.INTEGER and qtype in INT_TYPES:
+        assert np.median(relative) < 1e-2
+
+
+@pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda t: t.name)
+def test_integer_products_are_the_integer_sums_of_the_8_bit_activations(
     kernels: ExpertKernels, experts: dict[T, ExpertMatrix], qtype: T
 ) -> None:
-    w = experts[qtype]
-    rng = np.random.default_rng(100 + int(qtype))
-    x = rng.standard_normal((9, K)).astype(np.float32)
-    counts = [9, 1, 2, 0, 5, 3]
-    rows = np.concatenate([rng.permutation(9)[:c] for c in counts]).astype(np.int64)
-    out = grouped(kernels, w, x, counts, rows)
-    starts = starts_of(counts)
-    for e in range(E):
-        xe, dense = x[rows[starts[e] : starts[e + 1]]], w.dense(e)
-        want = xe.astype(np.float64) @ dense.T.astype(np.float64)
-        err = np.abs(out[starts[e] : starts[e + 1]] - want)
-        assert np.all(err <= summation_bound(xe, dense)), f"expert {e}"
+    """Activations that are already 8-bit values (x = d q for the kernel's own d and q):
+    the integer products then round only in their float steps, far inside the bound, and
+    a row of zeros gives zeros, a row with a NaN NaNs."""
+    w, rng = experts[qtype], np.random.default_rng(7)
+    block = act_block(qtype)
+    q = rng.integers(-127, 128, (4, K)).astype(np.float32)
+    q[:, ::block] = 127  # each block's amax 127: d = scale / 127 * 127, q as chosen
+    x = (q * np.float32(2.0**-7)).astype(np.float32)
+    got_q, _ = quantize_rows(x, block)
+    assert np.array_equal(got_q, q.astype(np.int8))
+    x = np.concatenate([x, np.zeros((1, K), np.float32), np.full((1, K), np.nan, np.float32)])
+    out = grouped(kernels, w, x, [len(x)] + [0] * (E - 1), np.arange(len(x), dtype=np.int64))
+    want = x[:4].astype(np.float64) @ w.dense(0).T.astype(np.float64)
+    assert np.allclose(out[:4], want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    assert np.array_equal(out[4], np.zeros(w.n, np.float32))
+    assert np.isnan(out[5]).all()
+
+
+def test_the_products_switch_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read = experts_native.expert_products
+    try:
+        for value, want in (("", Products.INTEGER), ("float", Products.FLOAT), ("Integer", 0)):
+            monkeypatch.setenv(experts_native.PRODUCTS_ENV, value)
+            read.cache_clear()
+            assert read() == want
+        monkeypatch.setenv(experts_native.PRODUCTS_ENV, "fp8")
+        read.cache_clear()
+        with pytest.raises(ValueError, match="integer or float"):
+            read()
+    finally:
+        monkeypatch.delenv(experts_native.PRODUCTS_ENV)
+        read.cache_clear()
 
 
 def test_wide_rows_and_strided_operands(kernels: ExpertKernels) -> None:

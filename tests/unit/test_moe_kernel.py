@@ -1,8 +1,8 @@
 """A step's mixture-of-experts FFN in one C call (engine/ops/csrc/moe.c), as llama.cpp's
 qwen3moe computes it: each row's output the same bits whatever rows share the step or how
-many threads run, within a stated bound of a float64 computation of the same semantics,
-ties in the router sent to the lower expert, the experts touched counted, and scratch it
-cannot have refused with nothing done."""
+many threads run, in integer and in float32 products, within a stated bound of a float64
+computation of the same semantics, ties in the router sent to the lower expert, the experts
+touched counted, and scratch it cannot have refused with nothing done."""
 
 from __future__ import annotations
 
@@ -12,42 +12,41 @@ import sys
 import numpy as np
 import pytest
 
-from engine.ops.quant.experts_native import MoEKernel, load
-from tests.unit.expert_cases import MOE_SHAPES, MoEShape, Reference, moe_reference, random_moe
+from engine.ops.quant.experts_native import MoEKernel, Products, load
+from tests.unit.expert_cases import (
+    INT_TYPES,
+    MOE_SHAPES,
+    MoEShape,
+    Reference,
+    experts_of,
+    moe_reference,
+    random_moe,
+)
 
 pytestmark = pytest.mark.skipif(load() is None, reason="no C compiler here")
+BY_PRODUCTS = pytest.mark.parametrize("products", Products, ids=lambda p: p.name.lower())
 
 
-def build(shape: MoEShape) -> MoEKernel:
+def build(shape: MoEShape, products: Products = Products.INTEGER) -> MoEKernel:
     kernels = load()
     assert kernels is not None
-    return random_moe(shape, kernels)
-
-
-Dense = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
-
-
-def dense(kernel: MoEKernel) -> Dense:
-    """Each expert's gate, up and down as float32 matrices."""
-    gate, up, down = (
-        [w.dense(e) for e in range(w.num_experts)] for w in (kernel.gate, kernel.up, kernel.down)
-    )
-    return gate, up, down
+    return random_moe(shape, kernels, products=products)
 
 
 def reference(kernel: MoEKernel, x: np.ndarray) -> Reference:
-    return moe_reference(x, kernel.router, kernel.top_k, dense(kernel))
+    return moe_reference(x, kernel.router, kernel.top_k, experts_of(kernel))
 
 
 def rows(kernel: MoEKernel, n: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, kernel.dim)).astype(np.float32)
 
 
+@BY_PRODUCTS
 @pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: f"{s[0].name}-{s[1].name}")
 def test_each_rows_output_is_the_same_bits_whatever_rows_share_the_step(
-    shape: MoEShape,
+    shape: MoEShape, products: Products
 ) -> None:
-    kernel = build(shape)
+    kernel = build(shape, products)
     x = rows(kernel, 16)
     together = kernel.run(x, threads=2)
     assert np.array_equal(kernel.run(x, threads=1).view(np.uint32), together.view(np.uint32))
@@ -58,22 +57,30 @@ def test_each_rows_output_is_the_same_bits_whatever_rows_share_the_step(
     assert np.array_equal(half.view(np.uint32), together[5:13].view(np.uint32))
 
 
+@BY_PRODUCTS
 @pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: f"{s[0].name}-{s[1].name}")
-def test_outputs_are_within_the_float32_bound_of_a_float64_computation(
-    shape: MoEShape,
+def test_outputs_are_within_the_bound_of_a_float64_computation(
+    shape: MoEShape, products: Products
 ) -> None:
-    """The bound (expert_cases.moe_reference): each product's gamma_K * |x| @ |W|.T carried
+    """The bound (expert_cases.moe_reference): each product's (Product.bound: float32's
+    gamma_K |W| |x|, or the activations' rounding to 8 bits and the float steps') carried
     through silu(g) * u and the down product, the routing weights' error from the logits',
     and the k adds; the router's choice must be clear of the logits' error."""
-    kernel = build(shape)
+    kernel = build(shape, products)
     x = rows(kernel, 16)
     ref = reference(kernel, x)
     assert np.all(ref.margin > 1e-3), "the seed gives a near-tie: routing would be unstable"
     err = np.abs(kernel.run(x, threads=2) - ref.out)
     assert np.all(err <= ref.bound)
-    # worst-case first-order rounding, not a tolerance picked to pass: under 0.5% of the
-    # largest output even with these random blocks' cancellations
-    assert ref.bound.max() <= 5e-3 * np.abs(ref.out).max()
+    top = np.abs(ref.out).max()
+    if products == Products.INTEGER and shape[0] in INT_TYPES:
+        # every 8-bit rounding aligned is no tight bound on these random blocks' cancelling
+        # weights: their error itself, typically well under 1% of the largest output
+        assert np.median(err) <= 1e-2 * top
+    else:
+        # worst-case first-order rounding, not a tolerance picked to pass: under 0.5% of the
+        # largest output even with these random blocks' cancellations
+        assert ref.bound.max() <= 5e-3 * top
 
 
 def test_calls_experts_and_bytes_are_counted() -> None:
@@ -90,11 +97,12 @@ def test_calls_experts_and_bytes_are_counted() -> None:
 
 
 def test_a_tie_in_the_router_goes_to_the_lower_expert() -> None:
-    """x = e_0 makes each logit router[e, 0] exactly: experts 2 and 5 tie for the last place."""
+    """x = e_0 makes each logit router[e, 0] exactly: experts 2 and 5 tie for the last place
+    (float32 products: their tight bound tells the two experts' outputs apart)."""
     base = build(MOE_SHAPES[0])
     router = base.router.copy()
     router[:, 0] = [0.1, 2.0, 1.0, -0.5, 3.0, 1.0, -1.0, 0.0]
-    kernel = MoEKernel(router, 3, base.gate, base.up, base.down, base.kernels)
+    kernel = MoEKernel(router, 3, base.gate, base.up, base.down, base.kernels, Products.FLOAT)
     x = np.zeros((1, kernel.dim), np.float32)
     x[0, 0] = 1.0
     got = kernel.run(x, threads=2)
@@ -102,7 +110,7 @@ def test_a_tie_in_the_router_goes_to_the_lower_expert() -> None:
     assert list(lower.chosen[0]) == [4, 1, 2]
     assert np.all(np.abs(got - lower.out) <= lower.bound)
     router[5, 0] = np.nextafter(np.float32(1.0), np.float32(2.0))  # 5 ahead of 2 instead
-    higher = moe_reference(x, router, 3, dense(kernel))
+    higher = moe_reference(x, router, 3, experts_of(kernel))
     assert list(higher.chosen[0]) == [4, 1, 5]
     assert np.abs(got - higher.out).max() > 100 * higher.bound.max()
 

@@ -2,7 +2,10 @@
    (engine/ops/quant/experts.py): no repacking at load, so a model's resident memory stays
    near its file's size.
 
-   Weights: each is gguf-py's float32 dequantization, bit for bit (gguf_blocks.h).
+   Products: the block-quantized types multiply in integers with int8 activations
+   (experts_int.c) unless asked for float32 (WF_PRODUCTS_FLOAT); F32, F16 and BF16, and the
+   float32 products, take each weight as gguf-py's float32 dequantization, bit for bit
+   (gguf_blocks.h), and multiply as below.
 
    Tasks: (touched expert, ROWS weight rows), handed out dynamically in runs of contiguous
    rows (at least 8 runs a thread, at most MAX_RUN tasks a run). A bucket of up to
@@ -22,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "experts_int.h"
 #include "gguf_blocks.h"
 #include "moe.h"
 #include "vec.h"
@@ -235,22 +239,50 @@ static void run_task(int t, const uint8_t *w, int64_t rb, int nr, int64_t k, con
 #undef CASE
 }
 
-/* Floats of a thread's scratch: a chunk of ROWS rows, then PAIRS x ROWS accumulators. */
+/* Floats of a thread's scratch: a chunk of ROWS rows, then PAIRS x ROWS accumulators (or
+   an integer task's chunk and accumulators). */
 #define THREAD_FLOATS (ROWS * KC + PAIRS * ROWS * 16)
+_Static_assert(INT_THREAD_BYTES <= sizeof(float) * THREAD_FLOATS, "integer tasks fit");
 
-int64_t wf_expert_matmul_scratch(int64_t num_experts, int threads) {
-    return threads * THREAD_FLOATS + (2 * num_experts + 15) / 16 * 16; /* + touched: int64 */
+/* Scratch after the threads': touched experts (int64), which x rows pairs use (bytes),
+   then those rows quantized (experts_int.c). */
+static int64_t touched_floats(int64_t num_experts) { return (2 * num_experts + 15) / 16 * 16; }
+static int64_t used_floats(int64_t x_rows) { return (x_rows + 63) / 64 * 16; }
+
+int64_t wf_expert_matmul_scratch(int64_t num_experts, int64_t x_rows, int64_t k, int threads) {
+    return threads * THREAD_FLOATS + touched_floats(num_experts) + used_floats(x_rows) +
+           x_rows * wf_int_act_bytes(k) / (int64_t)sizeof(float);
 }
 
-void wf_expert_matmul_with(int qtype, const uint8_t *w, int64_t expert_bytes, int64_t n,
-                           int64_t k, const float *x, int64_t x_stride, const int64_t *rows,
-                           const int64_t *starts, int64_t num_experts, float *out,
-                           int64_t out_stride, int threads, float *scratch) {
-    int64_t tiles = (n + ROWS - 1) / ROWS;
+/* The x rows the pairs use, each quantized once (before any task reads it). Inside the
+   caller's parallel region. */
+static void quantize_rows(int t, int64_t k, const float *x, int64_t x_stride,
+                          const int64_t *rows, int64_t num_pairs, int64_t x_rows,
+                          uint8_t *used, uint8_t *acts) {
+#pragma omp single
+    {
+        memset(used, 0, x_rows);
+        for (int64_t p = 0; p < num_pairs; p++) used[rows[p]] = 1;
+    }
+    int64_t ab = wf_int_act_bytes(k);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < x_rows; r++)
+        if (used[r]) wf_int_quantize(t, x + r * x_stride, k, acts + r * ab);
+}
+
+void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t expert_bytes,
+                           int64_t n, int64_t k, const float *x, int64_t x_stride,
+                           const int64_t *rows, const int64_t *starts, int64_t num_experts,
+                           float *out, int64_t out_stride, int threads, float *scratch) {
+    int64_t tiles = (n + ROWS - 1) / ROWS, num_pairs = starts[num_experts], x_rows = 0;
     int64_t rb = k / block_weights(qtype) * block_bytes(qtype);
     int64_t *touched = (int64_t *)(scratch + threads * THREAD_FLOATS), num_touched = 0;
+    uint8_t *used = (uint8_t *)(scratch + threads * THREAD_FLOATS + touched_floats(num_experts));
+    int in_integers = products == WF_PRODUCTS_INTEGER && wf_int_products(qtype);
     for (int64_t e = 0; e < num_experts; e++) /* experts with no pairs are never read */
         if (starts[e + 1] > starts[e]) touched[num_touched++] = e;
+    for (int64_t p = 0; p < num_pairs; p++) x_rows = rows[p] >= x_rows ? rows[p] + 1 : x_rows;
+    uint8_t *acts = (uint8_t *)(used + 4 * used_floats(x_rows));
     int64_t num_tasks = num_touched * tiles, run = num_tasks / (8 * threads);
     if (!num_tasks) return;
     run = run < 1 ? 1 : run > MAX_RUN ? MAX_RUN : run;
@@ -258,30 +290,48 @@ void wf_expert_matmul_with(int qtype, const uint8_t *w, int64_t expert_bytes, in
     {
         float *buf = scratch + omp_get_thread_num() * THREAD_FLOATS;
         v16f *acc = (v16f *)(buf + ROWS * KC);
+        if (in_integers) quantize_rows(qtype, k, x, x_stride, rows, num_pairs, x_rows, used, acts);
 #pragma omp for schedule(dynamic, run)
         for (int64_t task_id = 0; task_id < num_tasks; task_id++) {
             int64_t e = touched[task_id / tiles], n0 = task_id % tiles * ROWS;
             int nr = n - n0 < ROWS ? (int)(n - n0) : ROWS;
             const uint8_t *we = w + e * expert_bytes + n0 * rb;
-            if (n0 + 2 * ROWS <= n) /* the next task's rows, most likely this thread's */
-                for (int64_t off = 0; off < ROWS * rb; off += 64)
-                    __builtin_prefetch(we + ROWS * rb + off);
+            /* the next task's rows, most likely this thread's */
+            const uint8_t *ahead = n0 + 2 * ROWS <= n ? we + ROWS * rb : NULL;
+            if (in_integers) {
+                wf_int_task(qtype, we, rb, nr, k, acts, rows, starts[e], starts[e + 1],
+                            out + n0, out_stride, buf, ahead);
+                continue;
+            }
+            for (int64_t off = 0; ahead && off < ROWS * rb; off += 64)
+                __builtin_prefetch(ahead + off);
             run_task(qtype, we, rb, nr, k, x, x_stride, rows, starts[e], starts[e + 1],
                      out + n0, out_stride, buf, acc);
         }
     }
 }
 
+int64_t wf_expert_matmul_as(int products, int qtype, const uint8_t *w, int64_t expert_bytes,
+                            int64_t n, int64_t k, const float *x, int64_t x_stride,
+                            const int64_t *rows, const int64_t *starts, int64_t num_experts,
+                            float *out, int64_t out_stride, int threads) {
+    if (!wf_expert_supported(qtype, k) || threads < 1) return -1;
+    int64_t x_rows = 0;
+    for (int64_t p = 0; p < starts[num_experts]; p++)
+        x_rows = rows[p] >= x_rows ? rows[p] + 1 : x_rows;
+    int64_t bytes = sizeof(float) * wf_expert_matmul_scratch(num_experts, x_rows, k, threads);
+    float *scratch = aligned_alloc(64, bytes);
+    if (!scratch) return bytes;
+    wf_expert_matmul_with(products, qtype, w, expert_bytes, n, k, x, x_stride, rows, starts,
+                          num_experts, out, out_stride, threads, scratch);
+    free(scratch);
+    return 0;
+}
+
 int64_t wf_expert_matmul(int qtype, const uint8_t *w, int64_t expert_bytes, int64_t n,
                          int64_t k, const float *x, int64_t x_stride, const int64_t *rows,
                          const int64_t *starts, int64_t num_experts, float *out,
                          int64_t out_stride, int threads) {
-    if (!wf_expert_supported(qtype, k) || threads < 1) return -1;
-    int64_t bytes = sizeof(float) * wf_expert_matmul_scratch(num_experts, threads);
-    float *scratch = aligned_alloc(64, bytes);
-    if (!scratch) return bytes;
-    wf_expert_matmul_with(qtype, w, expert_bytes, n, k, x, x_stride, rows, starts, num_experts,
-                          out, out_stride, threads, scratch);
-    free(scratch);
-    return 0;
+    return wf_expert_matmul_as(WF_PRODUCTS_INTEGER, qtype, w, expert_bytes, n, k, x, x_stride,
+                               rows, starts, num_experts, out, out_stride, threads);
 }

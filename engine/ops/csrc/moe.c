@@ -42,6 +42,8 @@ typedef struct {
    only measures. */
 static int64_t layout(const WfMoE *m, int64_t rows, int threads, char *base, Parts *p) {
     int64_t e = m->num_experts, pairs = rows * m->top_k, at = 0;
+    /* the products' activations: x [rows, dim] (router, gate, up), then g [pairs, ffn] */
+    int64_t x_rows = pairs > rows ? pairs : rows, k = m->dim > m->ffn ? m->dim : m->ffn;
     struct {
         void **to;
         int64_t bytes;
@@ -56,7 +58,7 @@ static int64_t layout(const WfMoE *m, int64_t rows, int threads, char *base, Par
         {(void **)&p->g, 4 * pairs * m->ffn},
         {(void **)&p->u, 4 * pairs * m->ffn},
         {(void **)&p->d, 4 * pairs * m->dim},
-        {(void **)&p->kernel, sizeof(float) * wf_expert_matmul_scratch(e, threads)},
+        {(void **)&p->kernel, sizeof(float) * wf_expert_matmul_scratch(e, x_rows, k, threads)},
     };
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (base) *parts[i].to = base + at;
@@ -117,11 +119,11 @@ static int64_t bucket(const WfMoE *m, int64_t rows, const Parts *p) {
     return touched;
 }
 
-static void experts(const WfExperts *w, const float *x, int64_t x_stride, const int64_t *rows,
-                    const int64_t *starts, int64_t num_experts, float *out, int threads,
-                    float *scratch) {
-    wf_expert_matmul_with(w->qtype, w->data, w->expert_bytes, w->n, w->k, x, x_stride, rows,
-                          starts, num_experts, out, w->n, threads, scratch);
+static void experts(const WfExperts *w, int products, const float *x, int64_t x_stride,
+                    const int64_t *rows, const int64_t *starts, int64_t num_experts, float *out,
+                    int threads, float *scratch) {
+    wf_expert_matmul_with(products, w->qtype, w->data, w->expert_bytes, w->n, w->k, x, x_stride,
+                          rows, starts, num_experts, out, w->n, threads, scratch);
 }
 
 /* g = silu(g) * u, element by element */
@@ -154,17 +156,17 @@ void wf_moe_ffn_with(const WfMoE *m, const float *x, int64_t rows, float *out, i
     layout(m, rows, threads, (char *)scratch, &p);
     for (int64_t i = 0; i < (pairs > rows ? pairs : rows); i++) p.ids[i] = i;
     /* logits [R, E]: the router as one float32 expert, each row a batch-invariant product */
-    wf_expert_matmul_with(GGML_F32, (const uint8_t *)m->router, 0, e, m->dim, x, m->dim, p.ids,
-                          router, 1, p.logits, e, threads, p.kernel);
+    wf_expert_matmul_with(WF_PRODUCTS_FLOAT, GGML_F32, (const uint8_t *)m->router, 0, e, m->dim,
+                          x, m->dim, p.ids, router, 1, p.logits, e, threads, p.kernel);
     for (int64_t r = 0; r < rows; r++) {
         softmax(p.logits + r * e, e);
         choose(p.logits + r * e, e, k, p.pair + r * k, p.weights + r * k);
     }
     int64_t touched = bucket(m, rows, &p);
-    experts(&m->gate, x, m->dim, p.rows, p.starts, e, p.g, threads, p.kernel);
-    experts(&m->up, x, m->dim, p.rows, p.starts, e, p.u, threads, p.kernel);
+    experts(&m->gate, m->products, x, m->dim, p.rows, p.starts, e, p.g, threads, p.kernel);
+    experts(&m->up, m->products, x, m->dim, p.rows, p.starts, e, p.u, threads, p.kernel);
     silu_mul(p.g, p.u, pairs * m->ffn, threads);
-    experts(&m->down, p.g, m->ffn, p.ids, p.starts, e, p.d, threads, p.kernel);
+    experts(&m->down, m->products, p.g, m->ffn, p.ids, p.starts, e, p.d, threads, p.kernel);
     combine(m, rows, &p, out, threads);
     if (stats) {
         stats[0] += 1;

@@ -12,27 +12,41 @@ typedef struct {
     int64_t expert_bytes, n, k;
 } WfExperts;
 
+/* How block-quantized weights multiply: in integers with each activation row quantized to
+   int8 (llama.cpp's way), or each weight dequantized to float32 (WARMFLEET_EXPERT_PRODUCTS=
+   float). F32, F16 and BF16 weights always multiply in float32. */
+enum { WF_PRODUCTS_INTEGER = 0, WF_PRODUCTS_FLOAT = 1 };
+
 typedef struct {
     const float *router; /* [E, dim] float32 (ffn_gate_inp) */
     int64_t num_experts, top_k, dim, ffn;
     WfExperts gate, up, down; /* gate/up [E, ffn, dim], down [E, dim, ffn] */
+    int products;             /* WF_PRODUCTS_* of the three expert tensors */
 } WfMoE;
 
 /* Whether rows of k weights of this type are read (k whole blocks, k % 32 == 0). */
 int wf_expert_supported(int qtype, int64_t k);
 
-/* Floats of scratch wf_expert_matmul_with takes (64-byte aligned; a multiple of 16). */
-int64_t wf_expert_matmul_scratch(int64_t num_experts, int threads);
+/* Floats of scratch wf_expert_matmul_with takes for activation rows of k below x_rows
+   (64-byte aligned; a multiple of 16). */
+int64_t wf_expert_matmul_scratch(int64_t num_experts, int64_t x_rows, int64_t k, int threads);
 
-/* pairs p in [starts[e], starts[e+1]) go through expert e's [n, k] matrix:
-   out[p * out_stride + j] = sum_i x[rows[p] * x_stride + i] * W_e[j, i] */
-void wf_expert_matmul_with(int qtype, const uint8_t *w, int64_t expert_bytes, int64_t n,
-                           int64_t k, const float *x, int64_t x_stride, const int64_t *rows,
-                           const int64_t *starts, int64_t num_experts, float *out,
-                           int64_t out_stride, int threads, float *scratch);
+/* pairs p in [starts[e], starts[e+1]) go through expert e's [n, k] matrix, products as
+   `products` (WF_PRODUCTS_*) says: out[p * out_stride + j] = sum_i x[rows[p] * x_stride + i]
+   * W_e[j, i]. Each output a function of its activation row and weight row alone. */
+void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t expert_bytes,
+                           int64_t n, int64_t k, const float *x, int64_t x_stride,
+                           const int64_t *rows, const int64_t *starts, int64_t num_experts,
+                           float *out, int64_t out_stride, int threads, float *scratch);
 
 /* The same with scratch of its own: 0, the bytes it could not allocate, or -1 for a type or
    k it does not read (nothing done in either case). */
+int64_t wf_expert_matmul_as(int products, int qtype, const uint8_t *w, int64_t expert_bytes,
+                            int64_t n, int64_t k, const float *x, int64_t x_stride,
+                            const int64_t *rows, const int64_t *starts, int64_t num_experts,
+                            float *out, int64_t out_stride, int threads);
+
+/* wf_expert_matmul_as with WF_PRODUCTS_INTEGER. */
 int64_t wf_expert_matmul(int qtype, const uint8_t *w, int64_t expert_bytes, int64_t n,
                          int64_t k, const float *x, int64_t x_stride, const int64_t *rows,
                          const int64_t *starts, int64_t num_experts, float *out,

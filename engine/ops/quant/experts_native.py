@@ -3,6 +3,11 @@ products on expert weights read in place from their GGUF blocks) and moe.c (a st
 MoE FFN). The C structs of moe.h are mirrored here (WfExperts, WfMoE) so that a layer's
 descriptor can embed one. `load()` is None where native.library() is.
 
+Products: the block-quantized types multiply in integers, each activation row quantized to
+int8 (as llama.cpp does); WARMFLEET_EXPERT_PRODUCTS=float makes them dequantize each weight
+to float32 instead (the slower products of before, for comparison). F32, F16 and BF16
+always multiply in float32.
+
 Shapes: E experts; W_e [N, K]; P pairs (activation row, expert), bucketed by expert.
 """
 
@@ -10,7 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 import numpy as np
 
@@ -20,6 +27,25 @@ from engine.ops.quant.experts import ExpertMatrix
 
 _ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 UNSUPPORTED = -1  # what the kernels return for a type or shape they do not read
+PRODUCTS_ENV = "WARMFLEET_EXPERT_PRODUCTS"
+
+
+class Products(IntEnum):
+    """moe.h's WF_PRODUCTS_*: how block-quantized weights multiply."""
+
+    INTEGER = 0
+    FLOAT = 1
+
+
+@functools.cache
+def expert_products() -> Products:
+    """The products WARMFLEET_EXPERT_PRODUCTS names (`integer`, the default, or `float`),
+    read once."""
+    name = os.environ.get(PRODUCTS_ENV, "integer").strip().lower() or "integer"
+    try:
+        return Products[name.upper()]
+    except KeyError:
+        raise ValueError(f"{PRODUCTS_ENV}={name!r}: expected integer or float") from None
 
 
 class WfExperts(ctypes.Structure):
@@ -46,6 +72,7 @@ class WfMoE(ctypes.Structure):
         ("gate", WfExperts),
         ("up", WfExperts),
         ("down", WfExperts),
+        ("products", _int),
     ]
 
 
@@ -59,8 +86,8 @@ class ExpertKernels:
     build for another instruction set)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._matmul = lib.wf_expert_matmul
-        self._matmul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr]
+        self._matmul = lib.wf_expert_matmul_as
+        self._matmul.argtypes = [_int, _int, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr]
         self._matmul.argtypes += [_i64, _ptr, _i64, _int]
         self._matmul.restype = _i64  # 0, the scratch bytes refused, or UNSUPPORTED
         self._moe = lib.wf_moe_ffn
@@ -82,11 +109,13 @@ class ExpertKernels:
         starts: np.ndarray,
         out: np.ndarray,
         threads: int,
+        products: Products | None = None,
     ) -> None:
         """out[p] = x[rows[p]] @ W_e.T for the pairs p in [starts[e], starts[e + 1]) of
         each expert e: x [R, K] and out [P, N] float32 with contiguous rows; rows int64 [P];
-        starts int64 [E + 1]. Experts with no pairs are not read. MemoryError (nothing
-        done) where the kernel's scratch cannot be allocated."""
+        starts int64 [E + 1]; products as `products` says (None: the environment's).
+        Experts with no pairs are not read. MemoryError (nothing done) where the kernel's
+        scratch cannot be allocated."""
         x_stride, out_stride = _row_stride(x, "x"), _row_stride(out, "out")
         if x.shape[1] != w.k or out.shape[1] != w.n:
             raise ValueError(f"x [*, {x.shape[1]}] or out [*, {out.shape[1]}] misfit {w.n}x{w.k}")
@@ -94,8 +123,9 @@ class ExpertKernels:
         rows, starts = np.ascontiguousarray(rows), np.ascontiguousarray(starts)
         weights = (int(w.qtype), address(w.data), w.expert_bytes, w.n, w.k)
         pairs = (address(rows), address(starts), w.num_experts)
+        how = int(expert_products() if products is None else products)
         done = self._matmul(
-            *weights, address(x), x_stride, *pairs, address(out), out_stride, threads
+            how, *weights, address(x), x_stride, *pairs, address(out), out_stride, threads
         )
         _check(done, "wf_expert_matmul", f"{len(rows)} pairs of {w.qtype.name} [{w.n}, {w.k}]")
 
@@ -147,19 +177,21 @@ def expert_matmul(
     starts: np.ndarray,
     out: np.ndarray,
     threads: int,
+    products: Products | None = None,
 ) -> None:
     """ExpertKernels.matmul with the engine's kernels; RuntimeError where they are not
     built here."""
     kernels = load()
     if kernels is None:
         raise RuntimeError("the C kernels are not built here")
-    kernels.matmul(w, x, rows, starts, out, threads)
+    kernels.matmul(w, x, rows, starts, out, threads, products)
 
 
 @dataclass(frozen=True, slots=True)
 class MoEKernel:
     """A layer's MoE FFN in the C kernels: the router [E, dim] float32, top_k, and the gate
-    and up [E, ffn, dim] and down [E, dim, ffn] expert tensors; `struct` points into them."""
+    and up [E, ffn, dim] and down [E, dim, ffn] expert tensors, multiplied as `products`
+    says (the environment's by default); `struct` points into them."""
 
     router: np.ndarray
     top_k: int
@@ -167,6 +199,7 @@ class MoEKernel:
     up: ExpertMatrix
     down: ExpertMatrix
     kernels: ExpertKernels
+    products: Products = field(default_factory=expert_products)
     struct: WfMoE = field(init=False)
 
     def __post_init__(self) -> None:
@@ -178,7 +211,7 @@ class MoEKernel:
         if shapes != [(e, ffn, dim), (e, ffn, dim), (e, dim, ffn)] or not 0 < self.top_k <= e:
             raise ValueError(f"experts {shapes} and top {self.top_k} do not fit router {e}x{dim}")
         parts = (experts_struct(w) for w in (self.gate, self.up, self.down))
-        s = WfMoE(address(self.router), e, self.top_k, dim, ffn, *parts)
+        s = WfMoE(address(self.router), e, self.top_k, dim, ffn, *parts, int(self.products))
         object.__setattr__(self, "struct", s)
 
     @property
