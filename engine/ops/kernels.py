@@ -152,6 +152,8 @@ def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.nda
 def _in_place_matmul(x: np.ndarray, w: ExpertMatrix) -> np.ndarray:
     """x [M, K] through the one expert w: every row in one bucket, each computed alike."""
     out = np.empty((x.shape[0], w.n), dtype=np.float32)
+    if not len(x):  # a step whose chunks want no logits
+        return out
     rows = np.arange(x.shape[0], dtype=np.int64)
     expert_matmul(w, x, rows, np.array([0, x.shape[0]], dtype=np.int64), out, get_num_threads())
     return out
