@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "vec.h"
+#include "widen.h"
 
 /* GGML type ids */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
@@ -109,40 +110,6 @@ static inline v16b bytes_at(const uint8_t *p) {
 
 static inline v16i widen_u8(const uint8_t *p) { return widen_bytes(bytes_at(p)); }
 static inline v16i widen_i8(const uint8_t *p) { return widen_signed(bytes_at(p)); }
-
-static inline v16i widen_u16(const uint8_t *p) {
-    v16i out;
-#if defined(__AVX512F__)
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    memcpy(&out, &w, sizeof out);
-#elif defined(__AVX2__)
-    __m256i w[2] = {_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)),
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))};
-    memcpy(&out, w, sizeof out);
-#else
-    uint16_t h[16];
-    memcpy(h, p, sizeof h);
-    for (int i = 0; i < 16; i++) out[i] = h[i];
-#endif
-    return out;
-}
-
-static inline v16f halves(const uint8_t *p) {
-    v16f out;
-#if defined(__AVX512F__)
-    __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    memcpy(&out, &w, sizeof out);
-#elif defined(__F16C__)
-    __m256 w[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
-    memcpy(&out, w, sizeof out);
-#else
-    _Float16 h[16];
-    memcpy(h, p, sizeof h);
-    for (int i = 0; i < 16; i++) out[i] = (float)h[i];
-#endif
-    return out;
-}
 
 static inline float half(const uint8_t *p) {
     uint16_t h;
@@ -272,8 +239,8 @@ static inline __attribute__((always_inline)) void deq32(int t, const uint8_t *b,
         *lo = load16((const float *)b);
         *hi = load16((const float *)b + 16);
     } else if (t == T_F16) {
-        *lo = halves(b);
-        *hi = halves(b + 32);
+        *lo = half_to_float(b);
+        *hi = half_to_float(b + 32);
     } else { /* BF16: the high half of a float32 */
         v16i l = widen_u16(b) << 16, h = widen_u16(b + 32) << 16;
         memcpy(lo, &l, sizeof l);
