@@ -48,3 +48,19 @@ def run_segments(model: Model, parts: list[tuple[PagedKV, list[int]]]) -> np.nda
     for kv, ids in parts:
         kv.commit(ids)
     return np.asarray(logits, dtype=np.float64)
+
+
+def run_step(model: Model, parts: list[tuple[PagedKV, list[int], bool]]) -> np.ndarray:
+    """One forward over the parts (table, new tokens, wants logits), then committed."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    segments: list[Segment] = []
+    for kv, ids, want in parts:
+        kv.prepare_write(kv.offset, len(ids))
+        segments.append(Segment(kv, kv.offset, len(ids), want_logits=want))
+        tokens += ids
+        positions += range(kv.offset, kv.offset + len(ids))
+    logits = model.run(pool_of(model), tokens, positions, segments)
+    for kv, ids, _ in parts:
+        kv.commit(ids)
+    return logits

@@ -11,19 +11,20 @@ logits reach ~100; a row through a wrong expert, or a wrong weight, moves them b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.kv.kv_pool import PagedKV
 from engine.mlx_backend.experts import MLXExperts, route
 from engine.mlx_backend.quant import GROUP, MLXQuant
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
 from engine.ops.moe import route as route_numpy
-from engine.step import Segment
-from tests.paged import new_kv, pool_of
+from engine.ops.quant.experts_native import PRODUCTS_ENV, expert_products
+from tests.paged import new_kv, run_step
 from tests.tiny_families import FAMILIES, write_tiny
 
 T = gguf.GGMLQuantizationType
@@ -51,6 +52,17 @@ def test_routing_picks_numpys_experts_and_weights_with_ties_to_the_lower_index()
 # 2. the tiny MoE model, quantized
 
 
+@pytest.fixture(scope="module", autouse=True)
+def float_products() -> Iterator[None]:
+    """The NumPy side's expert products in float32, as MLX's are (the default quantizes
+    the activations to 8 bits: ~1e-1 off at these logits)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(PRODUCTS_ENV, "float")
+        expert_products.cache_clear()
+        yield
+    expert_products.cache_clear()
+
+
 @pytest.fixture(scope="module", params=list(BITS), ids=lambda t: t.name)
 def quantized_pair(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -59,22 +71,6 @@ def quantized_pair(
     qtype: T = request.param
     path = write_tiny(tmp_path_factory.mktemp("moe") / "m.gguf", "qwen3moe", matrix_type=qtype)
     return qtype, Model.load(path, device="mlx"), Model.load(path, device="cpu")
-
-
-def run_step(model: Model, parts: list[tuple[PagedKV, list[int], bool]]) -> np.ndarray:
-    """One forward over the parts (table, new tokens, wants logits), then committed."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    segments: list[Segment] = []
-    for kv, ids, want in parts:
-        kv.prepare_write(kv.offset, len(ids))
-        segments.append(Segment(kv, kv.offset, len(ids), want_logits=want))
-        tokens += ids
-        positions += range(kv.offset, kv.offset + len(ids))
-    logits = model.run(pool_of(model), tokens, positions, segments)
-    for kv, ids, _ in parts:
-        kv.commit(ids)
-    return logits
 
 
 def steps(model: Model) -> list[np.ndarray]:

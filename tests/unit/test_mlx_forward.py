@@ -20,9 +20,8 @@ from engine.kv.kv_pool import PagedKV
 from engine.mlx_backend.kv_pool import FIRST_BLOCKS, MLXKVPool
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
-from engine.step import Segment
 from engine.text.model_config import ModelConfig
-from tests.paged import new_kv, pool_of, run_segments
+from tests.paged import new_kv, pool_of, run_segments, run_step
 from tests.tiny_gguf import (
     VOCAB_SIZE,
     write_tiny_llama,
@@ -49,22 +48,6 @@ def model_pair(
     folder = tmp_path_factory.mktemp("fwd")
     path = write_tiny_llama(folder / "m.gguf", **FORWARD_VARIANTS[request.param])
     return Model.load(path, device="mlx"), Model.load(path, device="cpu", weights="float32")
-
-
-def run_step(model: Model, parts: list[tuple[PagedKV, list[int], bool]]) -> np.ndarray:
-    """One forward over the parts (table, new tokens, wants logits), then committed."""
-    tokens: list[int] = []
-    positions: list[int] = []
-    segments: list[Segment] = []
-    for kv, ids, want in parts:
-        kv.prepare_write(kv.offset, len(ids))
-        segments.append(Segment(kv, kv.offset, len(ids), want_logits=want))
-        tokens += ids
-        positions += range(kv.offset, kv.offset + len(ids))
-    logits = model.run(pool_of(model), tokens, positions, segments)
-    for kv, ids, _ in parts:
-        kv.commit(ids)
-    return logits
 
 
 def mixed_steps(model: Model) -> tuple[list[np.ndarray], list[PagedKV]]:

@@ -13,8 +13,7 @@ import pytest
 from engine.model import Model
 from engine.ops.quant.experts import ExpertMatrix
 from engine.ops.quant.experts_native import load
-from engine.step import Segment
-from tests.paged import new_kv, pool_of, run_segments
+from tests.paged import new_kv, run_segments, run_step
 from tests.tiny_families import write_tiny
 
 pytestmark = pytest.mark.skipif(load() is None, reason="needs the C kernels")
@@ -31,11 +30,7 @@ def test_chunks_wanting_no_logits_then_the_last_give_the_whole_prompts_logits(
     expected = run_segments(model, [(whole, ids)])[0]
     kv = new_kv(model)
     for start in (0, 16):  # two chunks of 16 that want no logits: zero rows to the output
-        chunk = ids[start : start + 16]
-        kv.prepare_write(start, len(chunk))
-        segment = Segment(kv, start, len(chunk), want_logits=False)
-        none = model.run(pool_of(model), chunk, list(range(start, start + 16)), [segment])
+        none = run_step(model, [(kv, ids[start : start + 16], False)])
         assert none.shape == (0, model.config.vocab_size)
-        kv.commit(chunk)
     last = run_segments(model, [(kv, ids[32:])])[0]
     np.testing.assert_array_equal(last, expected)
