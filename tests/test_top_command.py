@@ -213,6 +213,8 @@ def test_live_view_redraws_in_place_until_ctrl_c(cluster: Cluster) -> None:
     try:
         text = read_until(master, lambda seen: seen.count("Workers: 2") >= 3, timeout_s=30)
         proc.send_signal(signal.SIGINT)
+        # read on while it stops: a frame it is writing to a full terminal would block it
+        read_until(master, lambda _: proc.poll() is not None, timeout_s=30)
         assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:
@@ -231,8 +233,11 @@ def read_until(fd: int, done: Callable[[str], bool], timeout_s: float) -> str:
     while not done(seen):
         left = deadline - time.monotonic()
         assert left > 0, f"timed out; the terminal showed {seen[-2000:]!r}"
-        if select.select([fd], [], [], left)[0]:
-            seen += os.read(fd, 65536).decode(errors="replace")
+        if select.select([fd], [], [], min(left, 0.1))[0]:
+            try:
+                seen += os.read(fd, 65536).decode(errors="replace")
+            except OSError:  # the other end closed: the process is gone
+                break
     return seen
 
 
