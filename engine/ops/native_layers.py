@@ -52,9 +52,17 @@ class _Layer(ctypes.Structure):
 
 
 class _Shape(ctypes.Structure):
-    _fields_ = [("dim", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
-                ("ffn_dim", _i64), ("layer_floats", _i64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("moe_stats", _ptr)]  # fmt: skip
+    _fields_ = [
+        ("dim", _i64),
+        ("heads", _i64),
+        ("kv_heads", _i64),
+        ("head_dim", _i64),
+        ("ffn_dim", _i64),
+        ("layer_floats", _i64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("moe_stats", _ptr),
+    ]
 
 
 def _matrix(w: QuantMatrix) -> _Matrix:
@@ -147,8 +155,17 @@ class NativeLayers:
         ):  # fmt: skip
             return False
         layer_floats = pool.k[0].size
-        shape = _Shape(c.dim, c.num_heads, c.num_kv_heads, c.head_dim, self.dense_ffn_dim,
-                       layer_floats, c.rms_eps, c.head_dim**-0.5, self.moe_stats)  # fmt: skip
+        shape = _Shape(
+            c.dim,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            self.dense_ffn_dim,
+            layer_floats,
+            c.rms_eps,
+            c.head_dim**-0.5,
+            self.moe_stats,
+        )
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
         refused = self.fn(
             self.layers,

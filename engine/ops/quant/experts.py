@@ -17,8 +17,19 @@ import numpy as np
 
 T = gguf.GGMLQuantizationType
 # the block types the grouped kernels read in place: what published MoE files hold
-EXPERT_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K,
-                T.Q6_K)  # fmt: skip
+EXPERT_TYPES = (
+    T.F32,
+    T.F16,
+    T.BF16,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q8_0,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+)
 
 
 @dataclass(frozen=True, slots=True)
