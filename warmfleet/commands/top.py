@@ -113,9 +113,11 @@ class Reader:
         self.r, self.url, self.max_sessions = r, url, max_sessions
 
     async def read(self) -> fleet.Snapshot:
-        reading = fleet.read(self.r, self.max_sessions())
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the Ctrl-C's
+        # cancellation when the read completes at the same moment, and the view runs on
         try:
-            return await asyncio.wait_for(reading, READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                return await fleet.read(self.r, self.max_sessions())
         except TimeoutError as e:
             raise ServiceError(f"Redis at {self.url}: no answer in {READ_TIMEOUT_S:g} s") from e
         except (redis.RedisError, OSError) as e:
