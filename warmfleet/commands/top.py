@@ -121,6 +121,9 @@ class Reader:
         except TimeoutError as e:
             raise ServiceError(f"Redis at {self.url}: no answer in {READ_TIMEOUT_S:g} s") from e
         except (redis.RedisError, OSError) as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # Ctrl-C during a read, which
+                raise asyncio.CancelledError from e  # redis-py may turn into its own error
             raise ServiceError(f"cannot read the fleet from Redis at {self.url}: {e}") from e
 
 
