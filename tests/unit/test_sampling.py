@@ -10,7 +10,7 @@ import pytest
 
 from common.errors import InvalidRequestError
 from common.sampling import SEED_LIMIT, SamplingParams
-from engine.sampling import make_rng, sample
+from engine.sampling import make_rng, sample, top_k_ids
 
 LOGITS = np.array([0.5, 2.0, -1.0, 1.0, 0.0, 1.5], dtype=np.float32)
 ORDER = [1, 5, 3, 0, 4, 2]  # ids by decreasing logit
@@ -190,3 +190,23 @@ def test_unseeded_rng_reports_a_valid_seed() -> None:
     rng_a, _ = make_rng(used)
     rng_b, _ = make_rng(used)
     assert rng_a.random() == rng_b.random()
+
+
+@pytest.mark.parametrize(
+    ("n", "k"), [(7, 1), (7, 5), (1000, 1), (1000, 20), (1000, 999), (151936, 20), (151936, 1000)]
+)
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_k_ids_are_the_k_largest_ties_to_the_lower_id(n: int, k: int, ties: bool) -> None:
+    rng = np.random.default_rng(n * k)
+    logits = rng.standard_normal(n).astype(np.float32)
+    if ties:  # few distinct values: many ties at the k-th
+        logits = np.round(logits * 2).astype(np.float32)
+    want = np.sort(np.argsort(-logits, kind="stable")[:k])
+    np.testing.assert_array_equal(top_k_ids(logits, k), want)
+
+
+def test_top_k_ids_with_a_nan_still_gives_k_ids() -> None:
+    logits = np.arange(4096, dtype=np.float32)
+    logits[17] = np.nan
+    ids = top_k_ids(logits, 10)
+    assert len(ids) == 10 and len(set(ids.tolist())) == 10
