@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.device import array_module, compute_dtype, on_mlx, to_host
 from engine.forward import forward
 from engine.kv.kv_pool import KVPool
@@ -44,6 +45,7 @@ class Model:
     fingerprint: str  # changes whenever the weights or the shape change
     dtype: np.dtype[Any]
     xp: ModuleType
+    kv_dtype: np.dtype[Any]  # what the KV pool holds (kv_dtype_for)
 
     @classmethod
     def load(
@@ -53,11 +55,13 @@ class Model:
         device: str = "auto",
         dtype: str = "float32",
         weights: str = "auto",
+        kv_dtype: str = "auto",
     ) -> Model:
         """Read and check a GGUF file of a family the engine runs (engine/models); its
-        matrices kept quantized or dequantized as `weights` says (auto|quantized|float32);
-        named errors on bad input."""
+        matrices kept quantized or dequantized as `weights` says (auto|quantized|float32),
+        its KV pool in `kv_dtype` (see kv_dtype_for); named errors on bad input."""
         xp, np_dtype = array_module(device), compute_dtype(dtype)
+        pool_dtype = kv_dtype_for(kv_dtype, np_dtype, xp)
         reader = open_gguf(path)
         meta = read_metadata(reader)
         family = family_for(meta.get("general.architecture"))
@@ -84,6 +88,7 @@ class Model:
             fingerprint=fingerprint(reader, config),
             dtype=np_dtype,
             xp=xp,
+            kv_dtype=pool_dtype,
         )
         release_copied(reader, loaded)  # the map stays open where experts are read in place
         del reader, meta  # the header's values and the file mapping
@@ -100,8 +105,10 @@ class Model:
         if on_mlx(self.xp):
             from engine.mlx_backend.kv_pool import MLXKVPool
 
-            return MLXKVPool.sized(self.config, pool_bytes, self.dtype, self.xp, self.fingerprint)
-        return KVPool.sized(self.config, pool_bytes, self.dtype, self.xp, self.fingerprint)
+            return MLXKVPool.sized(
+                self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint
+            )
+        return KVPool.sized(self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint)
 
     def run(
         self, pool: KVPool, tokens: list[int], positions: list[int], segments: list[Segment]
@@ -136,4 +143,26 @@ class Model:
     @property
     def bytes_per_token(self) -> int:
         """KV bytes of one position (keys and values of every layer)."""
-        return 2 * self.config.num_layers * self.config.kv_dim * self.dtype.itemsize
+        return 2 * self.config.num_layers * self.config.kv_dim * self.kv_dtype.itemsize
+
+
+KV_DTYPES = ("auto", "float32", "float16")
+
+
+def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[Any]:
+    """The KV pool's dtype `--kv-dtype name` asks: auto is the compute dtype; on the CPU
+    with float32 compute, float32 or float16 (the C attention kernels read either, widening
+    each value as they load it); on CUDA and MLX the pool holds the compute dtype only."""
+    if name not in KV_DTYPES:
+        choices = ", ".join(KV_DTYPES)
+        raise InvalidRequestError("kv_dtype", f"must be one of {choices}, got {name!r}")
+    if name == "auto":
+        return compute
+    wanted = np.dtype(name)
+    if wanted != compute and (xp is not np or compute != np.float32):
+        where = "the CPU with --dtype float32" if xp is np else "this device"
+        raise UnsupportedModelError(
+            f"--kv-dtype {name}: {where} keeps the KV in the compute dtype ({compute}); "
+            f"use --kv-dtype auto"
+        )
+    return wanted

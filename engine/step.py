@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.kv.kv_pool import KVPool, PagedKV
 from engine.ops import gpu_ops
-from engine.ops.attention import AttentionPlan, kernel_row_limit
+from engine.ops.attention import AttentionPlan, kernel_reads, kernel_row_limit
 from engine.ops.kernels import RowRuns, plan_rows
 from engine.text.model_config import ModelConfig
 
@@ -72,7 +72,7 @@ class StepLayout:
             plan = AttentionPlan.build(
                 spans,
                 kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
-                compiled=pool.dtype == np.float32,
+                compiled=kernel_reads(pool.dtype),
             )
         else:  # CuPy: every row in the kernel where it takes this pool
             gpu = pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)

@@ -30,6 +30,7 @@ class ClusterConfig:
     threads_per_worker: int | None = None  # None: the cores shared out
     device: str | None = None  # the workers' --device (None: theirs by default)
     weights: str | None = None  # the workers' --weights (None: theirs by default)
+    kv_dtype: str | None = None  # the workers' --kv-dtype (None: theirs by default)
     lease_s: float | None = None
     spill_dir: PathLike | None = None
     warm_budget: int | None = None
@@ -69,9 +70,15 @@ class ClusterConfig:
         argv = self._base("worker", redis_url)
         argv += ["--worker-id", worker_id, "--threads", str(self.threads)]
         argv += ["--metrics-port", str(metrics_port)] if metrics_port else []
-        argv += _options(model=self.model, lease_s=self.lease_s, spill_dir=self.spill_dir,
-                         warm_budget=self.warm_budget, device=self.device,
-                         weights=self.weights)  # fmt: skip
+        argv += _options(
+            model=self.model,
+            lease_s=self.lease_s,
+            spill_dir=self.spill_dir,
+            warm_budget=self.warm_budget,
+            device=self.device,
+            weights=self.weights,
+            kv_dtype=self.kv_dtype,
+        )
         return argv + list(self.worker_args)
 
     def kvstore_argv(self, port: int, redis_url: str, metrics_port: int = 0) -> list[str]:

@@ -23,6 +23,7 @@ SPILL_COUNTERS = {  # SpillStats field: metric name
     "num_restored": "warmfleet_worker_restores",
     "num_rejected": "warmfleet_worker_rejected_files",
     "num_failed": "warmfleet_worker_failed_writes",
+    "num_converted": "warmfleet_worker_converted_files",
 }
 
 

@@ -27,6 +27,7 @@ class SpillStats:
     num_restored: int = 0
     num_rejected: int = 0  # files that failed a check: deleted, session recomputed
     num_failed: int = 0  # writes that failed (e.g. disk full): session recomputed later
+    num_converted: int = 0  # files read back from another KV dtype (spill_file.CONVERTIBLE)
 
 
 class Spiller:
@@ -91,7 +92,7 @@ class Spiller:
 
     def _read_back(self, key: str) -> tuple[SpilledKV | None, str]:
         try:
-            kv = self.store.read(key, like=self._shape(), dtype=self.model.dtype)
+            kv = self.store.read(key, like=self._shape(), dtype=self.model.kv_dtype)
         except SpillFileError as e:
             self.stats.num_rejected += 1
             log.warning("rejected spill file, recomputing %s: %s", key, e.reason)
@@ -99,6 +100,7 @@ class Spiller:
         if kv is None:
             return None, "none"
         self.store.delete(key)
+        self.stats.num_converted = self.store.num_converted
         if kv.incomplete:
             self.stats.num_rejected += 1
             log.warning("%s: only %d tokens read back, recomputing the rest: %s", key,

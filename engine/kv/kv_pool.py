@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.device import to_host
 from engine.kv.blocks import BlockAllocator
-from engine.kv_files.chain import chain_hash, scope_hash
+from engine.kv_files.chain import chain_hash, kv_root, scope_hash
 from engine.kv_files.spill_file import SpilledKV
 from engine.text.model_config import ModelConfig
 
@@ -166,7 +166,8 @@ class PagedKV:
     def __init__(self, pool: KVPool, scope: str) -> None:
         self.pool = pool
         self.scope = scope
-        self.root = scope_hash(pool.fingerprint, scope)  # the first block's "previous"
+        # the first block's "previous"
+        self.root = scope_hash(kv_root(pool.fingerprint, pool.dtype), scope)
         self.blocks: list[int] = []
         self.hashes: list[bytes] = []  # of the full blocks among the first, in order
         self.offset = 0

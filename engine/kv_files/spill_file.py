@@ -25,7 +25,7 @@ import numpy as np
 
 from common.errors import SpillFileError
 from engine.kv_files.block_file import read_block, write_block
-from engine.kv_files.chain import chain_hash, scope_hash
+from engine.kv_files.chain import chain_hash, kv_root, scope_hash
 from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
 
 MAGIC = b"WFKV"
@@ -39,6 +39,9 @@ def spill_path(directory: Path, key: str) -> Path:
     return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.wfkv"
 
 
+# (file's KV dtype, worker's) read back by conversion: float16 to float32 is exact, float32
+# to float16 rounds each value as a float16 worker's own writes do
+CONVERTIBLE = {("float32", "float16"), ("float16", "float32")}
 BLOCKS_DIR = "blocks"
 READ_THREADS = 8  # block files read at once on restore
 
@@ -93,6 +96,7 @@ class SpillStore:
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.num_rejected = 0
+        self.num_converted = 0  # files read back in another KV dtype and converted
 
     def path_for(self, key: str) -> Path:
         return spill_path(self.directory, key)
@@ -101,7 +105,7 @@ class SpillStore:
         """Write the blocks not on disk yet, then the session's file, atomically. Raises
         OSError (e.g. disk full), leaving no partial file behind."""
         size, ids = self.block_size, list(kv.token_ids)
-        previous, hashes, added = scope_hash(self.fingerprint, kv.scope), [], 0
+        previous, hashes, added = self._root(kv.k.dtype, kv.scope), [], 0
         for i in range(len(ids) // size):
             part, cols = ids[i * size : (i + 1) * size], slice(i * size, (i + 1) * size)
             added += write_block(self.blocks, self.fingerprint, previous, part,
@@ -119,10 +123,12 @@ class SpillStore:
     def read(
         self, key: str, *, like: tuple[int, int, int], dtype: np.dtype[Any]
     ) -> SpilledKV | None:
-        """The session's KV, or None when there is no file. A file failing any check is
-        deleted, counted, and reported as SpillFileError; a block failing one is deleted
-        and counted, and the blocks before it come back (`incomplete` says why). `like` is
-        (layers, kv_heads, head_dim) of the running model."""
+        """The session's KV in `dtype`, or None when there is no file. A file failing any
+        check is deleted, counted, and reported as SpillFileError; a block failing one is
+        deleted and counted, and the blocks before it come back (`incomplete` says why).
+        `like` is (layers, kv_heads, head_dim) of the running model. A file in another KV
+        dtype is converted where CONVERTIBLE says so (counted in num_converted), else
+        refused like a file failing a check."""
         path = self.path_for(key)
         try:
             data = path.read_bytes()
@@ -135,7 +141,12 @@ class SpillStore:
             path.unlink(missing_ok=True)
             self.num_rejected += 1
             raise
-        return self._assemble(h, k_tail, v_tail, like, dtype)
+        kv = self._assemble(h, k_tail, v_tail, like, k_tail.dtype)
+        if kv.k.dtype == dtype:
+            return kv
+        self.num_converted += 1
+        k, v = kv.k.astype(dtype), kv.v.astype(dtype)
+        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete)
 
     def _assemble(
         self, h: dict[str, Any], k_tail: np.ndarray, v_tail: np.ndarray,
@@ -146,7 +157,7 @@ class SpillStore:
         size, ids = self.block_size, [int(t) for t in h["token_ids"]]
         layers, kv_heads, head_dim = like
         shape = (layers, kv_heads, size, head_dim)
-        hashes = [scope_hash(self.fingerprint, h["scope"])]
+        hashes = [self._root(dtype, h["scope"])]
         hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
 
         def one(i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -179,26 +190,43 @@ class SpillStore:
     def _parse(
         self, data: bytes, like: tuple[int, int, int], dtype: np.dtype[Any], name: str
     ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-        """The header and the tail's keys and values of a session's file, all checked."""
+        """The header and the tail's keys and values of a session's file, all checked; the
+        tail in the file's own KV dtype where `dtype` may be had from it by conversion."""
         h, payload = read_header(data, ("spill", MAGIC, VERSION), MAX_HEADER_BYTES, name)
+        dtype = self._file_dtype(h, dtype, name)
         if h.get("fingerprint") != self.fingerprint:
             raise SpillFileError(name, "written by another model (fingerprint differs)")
         if (h.get("layout"), h.get("block_size")) != (LAYOUT, self.block_size):
             raise SpillFileError(name, "layout or block size differs from the running model")
         ids, blocks = h.get("token_ids", []), h.get("blocks", [])
-        if blocks != self._chain(str(h.get("scope")), ids, len(blocks)):
+        if blocks != self._chain(str(h.get("scope")), ids, len(blocks), dtype):
             raise SpillFileError(name, "its blocks are not those of its tokens")
         layers, kv_heads, head_dim = like
         shape = [layers, kv_heads, len(ids) - len(blocks) * self.block_size, head_dim]
         k, v = read_payload(h, payload, shape, dtype, name)
         return h, k, v
 
-    def _chain(self, scope: str, ids: list[int], num_blocks: int) -> list[str]:
-        previous, hashes = scope_hash(self.fingerprint, scope), []
+    def _chain(self, scope: str, ids: list[int], num_blocks: int, dtype: Any) -> list[str]:
+        previous, hashes = self._root(dtype, scope), []
         for i in range(num_blocks):
             previous = chain_hash(previous, ids[i * self.block_size : (i + 1) * self.block_size])
             hashes.append(previous.hex())
         return hashes
+
+    def _root(self, dtype: Any, scope: str) -> bytes:
+        return scope_hash(kv_root(self.fingerprint, dtype), scope)
+
+    @staticmethod
+    def _file_dtype(h: dict[str, Any], dtype: np.dtype[Any], name: str) -> np.dtype[Any]:
+        """The dtype to read the file's KV in: `dtype`, or the file's own where it converts
+        to `dtype` (CONVERTIBLE); SpillFileError for any other."""
+        try:
+            held = np.dtype(h.get("dtype"))
+        except TypeError:
+            raise SpillFileError(name, f"unknown KV dtype {h.get('dtype')!r}") from None
+        if held == dtype or (held.name, dtype.name) in CONVERTIBLE:
+            return held
+        raise SpillFileError(name, f"KV in {held.name}, not convertible to this worker's {dtype}")
 
     def delete(self, key: str) -> bool:
         path = self.path_for(key)

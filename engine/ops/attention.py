@@ -32,6 +32,17 @@ from engine.ops.kernels import SMALL_ROWS
 from engine.ops.native import address
 
 Array = Any
+# what the C kernels' pools may hold (wf_paged_rows, wf_paged_rows_f16)
+KERNEL_KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def kernel_reads(kv_dtype: np.dtype[Any]) -> bool:
+    """Whether the rows kernel reads a pool of this dtype in place: float32 always (C or
+    Numba), float16 where the C kernels build (Numba's would copy the layer each call, so
+    the gather path serves)."""
+    if kv_dtype == np.float32:
+        return True
+    return kv_dtype in KERNEL_KV_DTYPES and native.library() is not None
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -104,22 +115,29 @@ def kernel_row_limit(num_heads: int, num_kv_heads: int, dim: int) -> int | None:
 
 @functools.cache
 def _paged_rows_kernel() -> RowsKernel:
-    """_paged_rows's signature, in C where the engine's C kernels build."""
+    """_paged_rows's signature, in C where the engine's C kernels build: wf_paged_rows for a
+    float32 pool, wf_paged_rows_f16 for a float16 one (the Numba fallback reads a float16
+    layer widened to float32 first: a copy per call)."""
     lib = native.library()
     if lib is None:
-        return _paged_rows
-    fn = lib.wf_paged_rows
+        return _widened
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
-    fn.restype = i64  # 0, or the scratch bytes refused
+    fns = {}
+    for dtype, name in ((np.float32, "wf_paged_rows"), (np.float16, "wf_paged_rows_f16")):
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
+        fn.restype = i64  # 0, or the scratch bytes refused
+        fns[np.dtype(dtype)] = fn
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
             lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip
         num_rows, num_heads, dim = q.shape
-        if not c_kernel_fits(num_heads, k.shape[1], dim):
-            _paged_rows(q, k, v, tables, lengths, scale, out)
+        fn = fns.get(k.dtype)
+        if fn is None or not c_kernel_fits(num_heads, k.shape[1], dim):
+            _widened(q, k, v, tables, lengths, scale, out)
             return
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
+        assert v.dtype == k.dtype
         refused = fn(
             address(q),
             address(k),
@@ -139,6 +157,20 @@ def _paged_rows_kernel() -> RowsKernel:
             raise native.scratch_refused("wf_paged_rows", refused, f"a {num_rows}-row attention")
 
     return run
+
+
+def _widened(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    tables: np.ndarray,
+    lengths: np.ndarray,
+    scale: float,
+    out: np.ndarray,
+) -> None:
+    """_paged_rows on a layer of any float dtype (float32: as it is)."""
+    k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
+    _paged_rows(q, k, v, tables, lengths, scale, out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,18 +279,18 @@ def paged_attention(
         got = gpu_ops.paged_attention(q, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5)
         return got.reshape(n_tok, num_heads * d)
     out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
-    if len(rows) == n_tok > 0:  # every row in the kernel (decode): no gather, no scatter
+    if len(rows) == n_tok > 0 and q.dtype == np.float32:  # decode: no gather, no scatter
         qc = np.ascontiguousarray(q)
         _paged_rows_kernel()(qc, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, out)
-    elif len(rows):
+    elif len(rows):  # the kernel's rows (in float32 where the compute dtype is float16)
         got = np.empty((len(rows), num_heads, d), dtype=np.float32)
-        qr = np.ascontiguousarray(q[rows])
+        qr = np.ascontiguousarray(q[rows], dtype=np.float32)
         _paged_rows_kernel()(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got)
         out[rows] = got
     for row, n, start, blocks in plan.chunks:
         b = xp.asarray(blocks)
-        keys = gather(k_layer, b, start + n)
-        values = gather(v_layer, b, start + n)
+        keys = gather(k_layer, b, start + n).astype(q.dtype, copy=False)
+        values = gather(v_layer, b, start + n).astype(q.dtype, copy=False)
         out[row : row + n] = attend_dense(q[row : row + n], keys, values, start, xp).reshape(
             n, num_heads, d
         )

@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -62,15 +63,26 @@ def _library_path(cc: str) -> Path:
 
 
 def _compile(cc: str, target: Path) -> None:
+    """Each source to an object at once (as many compilers as cores: the build's wall time
+    is its slowest source's, not the sum), then one link."""
     target.parent.mkdir(parents=True, exist_ok=True)
     log.info("compiling the engine's C kernels for this machine (once): %s", target)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [str(Path(tmp) / f"{source.stem}.o") for source in SOURCES]
+        jobs = [[cc, *FLAGS, "-c", "-o", o, str(s)] for s, o in zip(SOURCES, objects, strict=True)]
+        with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+            for done in pool.map(_run_compiler, jobs):
+                if done.returncode:
+                    raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
         out = Path(tmp) / target.name
-        argv = [cc, *FLAGS, "-o", str(out), *(str(p) for p in SOURCES)]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        done = _run_compiler([cc, *FLAGS, "-o", str(out), *objects])
         if done.returncode:
             raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
         os.replace(out, target)  # atomic: workers compiling at once each rename a whole file
+
+
+def _run_compiler(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
 
 
 def address(a: np.ndarray) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.ops import native
-from engine.ops.attention import c_kernel_fits
+from engine.ops.attention import KERNEL_KV_DTYPES, c_kernel_fits
 from engine.ops.native import address
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.experts_native import WfMoE
@@ -62,6 +62,7 @@ class _Shape(ctypes.Structure):
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("moe_stats", _ptr),
+        ("kv_half", ctypes.c_int),
     ]
 
 
@@ -147,7 +148,7 @@ class NativeLayers:
         every_row = quant_kernels().every_row or all(kernel for *_, kernel in step.runs)
         if not (
             every_row and len(plan.kernel_rows) == x.shape[0]
-            and pool.xp is np and pool.dtype == np.float32
+            and pool.xp is np and pool.dtype in KERNEL_KV_DTYPES
             and pool.k.flags.c_contiguous and pool.v.flags.c_contiguous
             and x.dtype == np.float32 and x.flags.c_contiguous
             and positions.dtype == np.int64 and positions.flags.c_contiguous
@@ -165,6 +166,7 @@ class NativeLayers:
             c.rms_eps,
             c.head_dim**-0.5,
             self.moe_stats,
+            pool.dtype == np.float16,
         )
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
         refused = self.fn(

@@ -24,7 +24,8 @@ def add_redis_url(p: argparse.ArgumentParser) -> None:
 
 
 def add_compute(p: argparse.ArgumentParser) -> None:
-    """--device, --dtype, --weights and --threads: where and how the model runs."""
+    """--device, --dtype, --weights, --kv-dtype and --threads: where and how the model
+    runs."""
     add_device(p)
     p.add_argument(
         "--dtype",
@@ -33,6 +34,7 @@ def add_compute(p: argparse.ArgumentParser) -> None:
         help="compute dtype (float16 is meant for the GPU)",
     )
     add_weights(p)
+    add_kv_dtype(p)
     p.add_argument(
         "--threads",
         type=int,
@@ -59,14 +61,41 @@ def add_weights(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
     themselves when it is not given."""
     from engine.loader.weights import WEIGHT_MODES  # here: the engine's import is for its commands
 
-    p.add_argument(
-        "--weights",
-        choices=WEIGHT_MODES,
-        default=None if passed_on else os.environ.get("WARMFLEET_WEIGHTS", "auto"),
-        help="quantized: matrices stay in the GGUF's blocks (CPU and CUDA kernels, float32 "
+    help = (
+        "quantized: matrices stay in the GGUF's blocks (CPU and CUDA kernels, float32 "
         "compute); float32: expanded at load (to float16 with --dtype float16); auto: "
-        "quantized where a kernel reads every matrix type and the dtype is float32 "
-        "(default: $WARMFLEET_WEIGHTS, else auto)",
+        "quantized where a kernel reads every matrix type and the dtype is float32"
+    )
+    _add_auto_choice(p, "--weights", WEIGHT_MODES, "WARMFLEET_WEIGHTS", help, passed_on)
+
+
+def add_kv_dtype(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None:
+    """--kv-dtype, as add_weights."""
+    from engine.model import KV_DTYPES  # here: the engine's import is for its commands
+
+    help = (
+        "what the KV pool holds: float16 halves a session's bytes (CPU with float32 "
+        "compute: the attention kernels widen each value as they read it); auto: the "
+        "compute dtype"
+    )
+    _add_auto_choice(p, "--kv-dtype", KV_DTYPES, "WARMFLEET_KV_DTYPE", help, passed_on)
+
+
+def _add_auto_choice(
+    p: argparse.ArgumentParser,
+    flag: str,
+    choices: tuple[str, ...],
+    env: str,
+    help: str,
+    passed_on: bool,
+) -> None:
+    """A flag of `choices` defaulting to $env, else auto; None where `passed_on` (the
+    workers it is handed to read the environment themselves)."""
+    p.add_argument(
+        flag,
+        choices=choices,
+        default=None if passed_on else os.environ.get(env, "auto"),
+        help=f"{help} (default: ${env}, else auto)",
     )
 
 

@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     t0 = time.perf_counter()
     print(f"warmfleet: loading {path.name}", file=sys.stderr, flush=True)
-    model = Model.load(path, device=args.device, dtype=args.dtype, weights=args.weights)
+    model = Model.load(
+        path, device=args.device, dtype=args.dtype, weights=args.weights, kv_dtype=args.kv_dtype
+    )
     load_s = time.perf_counter() - t0
     print(f"warmfleet: loaded in {load_s:.1f} s ({model.device}, {args.dtype}, weights "
           f"{model.weights_mode}: {format_size(model.weight_bytes)})", file=sys.stderr,

@@ -12,7 +12,7 @@ import grpc
 from common.errors import InvalidRequestError
 from warmfleet.client import KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
-from warmfleet.commands.common import add_device, add_spill_dir, add_weights
+from warmfleet.commands.common import add_device, add_kv_dtype, add_spill_dir, add_weights
 from warmfleet.commands.gateway import DEFAULT_HTTP_PORT, DEFAULT_PORT, add_local_limits
 from warmfleet.commands.kvstore import DEFAULT_PORT as DEFAULT_KVSTORE_PORT
 from warmfleet.demo import run_demo
@@ -67,6 +67,7 @@ def register(sub: Any) -> None:
     )
     add_device(p, passed_on=True)
     add_weights(p, passed_on=True)
+    add_kv_dtype(p, passed_on=True)
     _add_part_options(p)
     p.add_argument(
         "--demo",
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         threads_per_worker=args.threads,
         device=args.device,
         weights=args.weights,
+        kv_dtype=args.kv_dtype,
         spill_dir=args.spill_dir,
         warm_budget=args.warm_budget,
         disk_budget=args.disk_budget,

@@ -144,7 +144,9 @@ def _build(args: argparse.Namespace, config: WorkerConfig, engine_config: Engine
     threads = set_threads(args.threads)
     path = resolve_model(args.model)
     logging.info("loading %s (%d threads)", path.name, threads)
-    model = Model.load(path, device=args.device, dtype=args.dtype, weights=args.weights)
+    model = Model.load(
+        path, device=args.device, dtype=args.dtype, weights=args.weights, kv_dtype=args.kv_dtype
+    )
     logging.info("weights %s: %s in memory", model.weights_mode, format_size(model.weight_bytes))
     r = connect(args.redis_url, block_ms=config.idle_block_ms)
     engine = Engine(model, engine_config)

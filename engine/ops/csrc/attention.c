@@ -15,7 +15,8 @@
    is computed by the same instructions whatever other rows the call holds. Built for AVX2
    the scores and the weighing go by 8-lane halves (head_scores, weigh_head): the same bits.
 
-   Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer); tables [R, max_blocks];
+   Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer, float32; float16 in the
+   _f16 functions of attention_f16.c, this file built again); tables [R, max_blocks];
    out [R, H, D]. D a multiple of 16, at most 256; G = H / Hkv at most 16. */
 
 /* GCC 12's global CSE passes took most of this file's build (built for AVX2 45 of 60 s,
@@ -37,6 +38,34 @@ static const v16i IOTA16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 
 #define MAX_KV 8 /* KV heads a whole-row task takes */
 #define INLINE static inline __attribute__((always_inline))
+
+/* What the pool holds (KV_HALF: float16, attention_f16.c; else float32), widened to float32
+   as it is loaded: kv16 16 values, kv8 8 (AVX2). The arithmetic after the load is the same
+   for both, so a float16 pool's results are the float32 code's on the widened values. */
+#ifndef KV_HALF
+#define KV_HALF 0
+#endif
+#if KV_HALF
+typedef _Float16 kv_t;
+typedef _Float16 v16h __attribute__((vector_size(32)));
+#define KV_NAME(f) f##_f16
+INLINE v16f kv16(const kv_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, v16f);
+}
+#if WF_AVX2
+INLINE __m256 kv8(const kv_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#endif
+#else
+typedef float kv_t;
+#define KV_NAME(f) f
+INLINE v16f kv16(const kv_t *p) { return load16(p); }
+#if WF_AVX2
+INLINE __m256 kv8(const kv_t *p) { return _mm256_loadu_ps(p); }
+#endif
+#endif
+#define KV_BYTES ((int64_t)sizeof(kv_t))
 
 /* The G query heads of a row from q (pointing at the KV head's first), scaled, into qv. */
 INLINE void load_queries(const float *q, int64_t row, int64_t num_heads, int64_t g, int64_t nv,
@@ -82,23 +111,23 @@ INLINE __m256 tree8(const __m256 t[8]) {
    loaded once for the 4; the first part a product, the rest multiply-adds, as score_block.
    Not inlined, with nv a variable: one copy (inlined in every specialised task the build
    took minutes, past the library's compile timeout). */
-static __attribute__((noinline)) void head_scores(const float *qj, const float *kb, int64_t nv,
+static __attribute__((noinline)) void head_scores(const float *qj, const kv_t *kb, int64_t nv,
                                                   float *sc) {
     int64_t dim = 16 * nv;
     __m256 t[16];
     for (int s0 = 0; s0 < 16; s0 += 4) {
-        const float *key = kb + s0 * dim;
+        const kv_t *key = kb + s0 * dim;
         __m256 lo[4], hi[4], ql = _mm256_loadu_ps(qj), qh = _mm256_loadu_ps(qj + 8);
         for (int s = 0; s < 4; s++) {
-            lo[s] = _mm256_mul_ps(ql, _mm256_loadu_ps(key + s * dim));
-            hi[s] = _mm256_mul_ps(qh, _mm256_loadu_ps(key + s * dim + 8));
+            lo[s] = _mm256_mul_ps(ql, kv8(key + s * dim));
+            hi[s] = _mm256_mul_ps(qh, kv8(key + s * dim + 8));
         }
         for (int64_t c = 1; c < nv; c++) {
             ql = _mm256_loadu_ps(qj + 16 * c);
             qh = _mm256_loadu_ps(qj + 16 * c + 8);
             for (int s = 0; s < 4; s++) {
-                lo[s] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(key + s * dim + 16 * c), lo[s]);
-                hi[s] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(key + s * dim + 16 * c + 8), hi[s]);
+                lo[s] = _mm256_fmadd_ps(ql, kv8(key + s * dim + 16 * c), lo[s]);
+                hi[s] = _mm256_fmadd_ps(qh, kv8(key + s * dim + 16 * c + 8), hi[s]);
             }
         }
         for (int s = 0; s < 4; s++) t[s0 + s] = _mm256_add_ps(lo[s], hi[s]);
@@ -107,7 +136,7 @@ static __attribute__((noinline)) void head_scores(const float *qj, const float *
     _mm256_storeu_ps(sc + 8, tree8(t + 8));
 }
 
-INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, int64_t nb,
+INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
                         int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
     for (int64_t j = 0; j < g; j++) {
         float sc[16];
@@ -119,21 +148,21 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
 /* n (a constant) 8-float pieces of one head's accumulator += values s0 .. keys - 1 (rows
    stride floats apart at v) weighted by w[s]: the pieces in registers, each weight
    broadcast once for them; each lane's multiply-adds in key order, as weigh_block's. */
-INLINE void weigh_pieces(int n, float *acc, const float *v, int64_t stride, int64_t s0,
+INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t stride, int64_t s0,
                          int64_t keys, const float *w) {
     __m256 a[8];
     for (int u = 0; u < n; u++) a[u] = _mm256_loadu_ps(acc + 8 * u);
     for (int64_t s = s0; s < keys; s++) {
         __m256 ws = _mm256_set1_ps(w[s]);
         for (int u = 0; u < n; u++)
-            a[u] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(v + s * stride + 8 * u), a[u]);
+            a[u] = _mm256_fmadd_ps(ws, kv8(v + s * stride + 8 * u), a[u]);
     }
     for (int u = 0; u < n; u++) _mm256_storeu_ps(acc + 8 * u, a[u]);
 }
 
 /* One head's accumulator (16 nv floats at acc) += values s0 .. keys - 1 at vb weighted by
    w[s], 8 pieces (64 floats) at a time. */
-static __attribute__((noinline)) void weigh_head(float *acc, const float *vb, int64_t s0,
+static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int64_t s0,
                                                  int64_t keys, const float *w, int64_t nv) {
     int64_t pieces = 2 * nv, stride = 16 * nv;
     for (int64_t u = 0; u < pieces; u += 8) {
@@ -146,7 +175,7 @@ static __attribute__((noinline)) void weigh_head(float *acc, const float *vb, in
     }
 }
 
-INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t s0,
+INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s0,
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
                         int64_t nv) {
     for (int64_t j = 0; j < g; j++)
@@ -158,7 +187,7 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t 
    each vector of a key loaded once for every head (reduce4 sums each quarter's lanes as
    far as it can alone): 25% less time than head by head. The two forms do the same
    operations per score, and a model (its G) always takes the same one. */
-INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, int64_t nb,
+INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
                         int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
     int64_t dim = 16 * nv;
     v16f quarters[MAX_G][4]; /* [head][keys 4 q4 .. 4 q4 + 3] */
@@ -167,10 +196,10 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
             for (int q4 = 0; q4 < 4; q4++) {
                 v16f acc[4];
                 for (int s = 0; s < 4; s++) {
-                    const float *key = kb + (4 * q4 + s) * dim;
-                    acc[s] = qv[j][0] * load16(key);
+                    const kv_t *key = kb + (4 * q4 + s) * dim;
+                    acc[s] = qv[j][0] * kv16(key);
                     for (int64_t c = 1; c < nv; c++)
-                        acc[s] = fma16(qv[j][c], load16(key + 16 * c), acc[s]);
+                        acc[s] = fma16(qv[j][c], kv16(key + 16 * c), acc[s]);
                 }
                 quarters[j][q4] = reduce4(acc);
             }
@@ -178,13 +207,13 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const float *kb, int64_t b, 
         for (int q4 = 0; q4 < 4; q4++) {
             v16f acc[MAX_G][4]; /* each key vector loaded once for the G heads */
             for (int s = 0; s < 4; s++) {
-                v16f kv = load16(kb + (4 * q4 + s) * dim);
+                v16f kv = kv16(kb + (4 * q4 + s) * dim);
                 IN_REGISTER(kv);
                 for (int64_t j = 0; j < g; j++) acc[j][s] = qv[j][0] * kv;
             }
             for (int64_t c = 1; c < nv; c++)
                 for (int s = 0; s < 4; s++) {
-                    v16f kv = load16(kb + (4 * q4 + s) * dim + 16 * c);
+                    v16f kv = kv16(kb + (4 * q4 + s) * dim + 16 * c);
                     IN_REGISTER(kv);
                     for (int64_t j = 0; j < g; j++) acc[j][s] = fma16(qv[j][c], kv, acc[j][s]);
                 }
@@ -216,15 +245,15 @@ INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const 
 
 #if !WF_AVX2
 /* acc_v += values s0 .. keys - 1 at vb weighted by block b's probabilities, for G heads. */
-INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t s0,
+INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s0,
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
                         int64_t nv) {
     for (int64_t s = s0; s < keys; s++) {
-        const float *vt = vb + s * 16 * nv;
+        const kv_t *vt = vb + s * 16 * nv;
         for (int64_t j = 0; j < g; j++) {
             v16f w = splat(p[j * padded + b * BLOCK + s]);
             for (int64_t c = 0; c < nv; c++)
-                acc_v[j][c] = fma16(w, load16(vt + 16 * c), acc_v[j][c]);
+                acc_v[j][c] = fma16(w, kv16(vt + 16 * c), acc_v[j][c]);
         }
     }
 }
@@ -232,7 +261,7 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const float *vb, int64_t 
 
 /* A table walk defeats the hardware prefetcher: ask for `bytes` of the next block (blocks
    `stride` floats apart from base). */
-INLINE void prefetch_block(const float *base, const int32_t *table, int64_t b, int64_t nb,
+INLINE void prefetch_block(const kv_t *base, const int32_t *table, int64_t b, int64_t nb,
                            int64_t stride, int64_t bytes) {
     if (b + 1 < nb) {
         const char *next = (const char *)(base + (int64_t)table[b + 1] * stride);
@@ -242,25 +271,25 @@ INLINE void prefetch_block(const float *base, const int32_t *table, int64_t b, i
 
 /* One task: query row `row`, KV head `kh`. `g` and `nv` (D / 16) are constants where the
    caller dispatches on them, so the accumulators live in registers. */
-INLINE void row_task(const float *q, const float *k, const float *v, const int32_t *tables,
+INLINE void row_task(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                      int64_t max_blocks, int64_t n, int64_t row, int64_t kh, int64_t num_heads,
                      int64_t hkv, int64_t g, int64_t nv, float scale, float *p, int64_t padded,
                      float *out) {
     int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
     const int32_t *table = tables + row * max_blocks;
-    const float *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
+    const kv_t *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
     v16f qv[MAX_G][MAX_D / 16], top[MAX_G], acc_v[MAX_G][MAX_D / 16];
     load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
     for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
     for (int64_t b = 0; b < nb; b++) { /* scores, 16 keys at a time */
-        prefetch_block(kh_k, table, b, nb, stride, BLOCK * dim * 4);
+        prefetch_block(kh_k, table, b, nb, stride, BLOCK * dim * KV_BYTES);
         score_block(qv, kh_k + table[b] * stride, b, nb, n, g, nv, top, p, padded);
     }
     softmax_rows(p, padded, nb, g, top);
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++) acc_v[j][c] = (v16f){};
     for (int64_t b = 0; b < nb; b++) { /* the values, weighted */
-        prefetch_block(kh_v, table, b, nb, stride, BLOCK * dim * 4);
+        prefetch_block(kh_v, table, b, nb, stride, BLOCK * dim * KV_BYTES);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
         weigh_block(acc_v, kh_v + table[b] * stride, 0, keys, p, padded, b, g, nv);
     }
@@ -273,7 +302,7 @@ INLINE void row_task(const float *q, const float *k, const float *v, const int32
    contiguous run where row_task reads one per head; 15% faster from memory). Per (KV head,
    query head) the same operations in the same order as row_task: the same bits. acc: room
    for the row's H * D / 16 value accumulators (they do not fit registers). */
-INLINE void row_all_heads(const float *q, const float *k, const float *v,
+INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
                           const int32_t *tables, int64_t max_blocks, int64_t n, int64_t row,
                           int64_t num_heads, int64_t hkv, int64_t g, int64_t nv, float scale,
                           float *p, int64_t padded, float *out, v16f *acc) {
@@ -283,7 +312,7 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
     for (int64_t kh = 0; kh < hkv; kh++)
         for (int64_t j = 0; j < g; j++) top[kh][j] = splat(-INFINITY);
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(k, table, b, nb, stride, stride * 4);
+        prefetch_block(k, table, b, nb, stride, stride * KV_BYTES);
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
@@ -294,7 +323,7 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
     for (int64_t kh = 0; kh < hkv; kh++) softmax_rows(p + kh * g * padded, padded, nb, g, top[kh]);
     for (int64_t i = 0; i < num_heads * nv; i++) acc[i] = (v16f){};
     for (int64_t b = 0; b < nb; b++) {
-        prefetch_block(v, table, b, nb, stride, stride * 4);
+        prefetch_block(v, table, b, nb, stride, stride * KV_BYTES);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f acc_v[MAX_G][MAX_D / 16];
@@ -316,7 +345,7 @@ INLINE void row_all_heads(const float *q, const float *k, const float *v,
    same order as weigh_block row by row: the same bits. acc: [GROUP][G][nv], in memory. */
 #define GROUP 4
 #define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
-INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, int64_t padded,
+INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, int64_t padded,
                       int64_t b, int64_t g, int64_t nv) {
 #if WF_AVX2
     for (int64_t r = 0; r < GROUP * g; r++) /* each row's heads in turn (weigh_head) */
@@ -332,7 +361,7 @@ INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, 
         for (int64_t s = 0; s < keys; s++) {
             v16f vv[ROW_ACCS];
             for (int64_t c = 0; c < w; c++) {
-                vv[c] = load16(vb + s * 16 * nv + 16 * (c0 + c));
+                vv[c] = kv16(vb + s * 16 * nv + 16 * (c0 + c));
                 IN_REGISTER(vv[c]);
             }
             for (int64_t r = 0; r < GROUP; r++)
@@ -352,21 +381,21 @@ INLINE void weigh_run(v16f *acc, const float *vb, int64_t keys, const float *p, 
    kh: block by block, each row in turn, so a block read from memory serves every row of
    the run from cache. Per row the same calls, in the same order, as row_task: the same
    bits (its value accumulators wait in acc between blocks). */
-INLINE void group_task(const float *q, const float *k, const float *v, const int32_t *tables,
+INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                        int64_t max_blocks, const int32_t *lengths, int64_t row0, int64_t rows,
                        int64_t kh, int64_t num_heads, int64_t hkv, int64_t g, int64_t nv,
                        float scale, float *p, int64_t padded, float *out, v16f *acc) {
     int64_t dim = 16 * nv, stride = hkv * BLOCK * dim, nbs[GROUP];
     int64_t nb_last = (lengths[row0 + rows - 1] + BLOCK - 1) / BLOCK;
     const int32_t *table = tables + row0 * max_blocks;
-    const float *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
+    const kv_t *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
     v16f top[GROUP][MAX_G];
     for (int64_t r = 0; r < rows; r++) {
         nbs[r] = (lengths[row0 + r] + BLOCK - 1) / BLOCK;
         for (int64_t j = 0; j < g; j++) top[r][j] = splat(-INFINITY);
     }
     for (int64_t b = 0; b < nb_last; b++) {
-        prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * dim * 4);
+        prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * dim * KV_BYTES);
         for (int64_t r = 0; r < rows; r++) {
             if (b >= nbs[r]) continue;
             v16f qv[MAX_G][MAX_D / 16];
@@ -378,8 +407,8 @@ INLINE void group_task(const float *q, const float *k, const float *v, const int
     for (int64_t r = 0; r < rows; r++) softmax_rows(p + r * g * padded, padded, nbs[r], g, top[r]);
     for (int64_t i = 0; i < rows * g * nv; i++) acc[i] = (v16f){};
     for (int64_t b = 0; b < nb_last; b++) {
-        prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * dim * 4);
-        const float *vb = kh_v + table[b] * stride;
+        prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * dim * KV_BYTES);
+        const kv_t *vb = kh_v + table[b] * stride;
         int64_t common = 0; /* keys every row of the run sees in this block (row 0's) */
         if (rows == GROUP && GROUP * g <= ROW_ACCS && b < nbs[0]) {
             common = lengths[row0] - b * BLOCK < BLOCK ? lengths[row0] - b * BLOCK : BLOCK;
@@ -418,7 +447,7 @@ INLINE void group_task(const float *q, const float *k, const float *v, const int
    p: the row's num_heads rows of scores (padded apart); tops: [threads][num_heads] v16f;
    acc: [num_heads * nv] v16f. */
 #define SPLIT_MIN_KEYS 1024 /* shorter rows: no faster (fragmented tables: slower) */
-INLINE void row_split(const float *q, const float *k, const float *v, const int32_t *table,
+INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_t *table,
                       int64_t n, int64_t row, int64_t num_heads, int64_t hkv, int64_t g,
                       int64_t nv, float scale, float *p, int64_t padded, v16f *tops, v16f *acc,
                       float *out, int t, int num_threads) {
@@ -427,7 +456,7 @@ INLINE void row_split(const float *q, const float *k, const float *v, const int3
     for (int64_t h = 0; h < num_heads; h++) top[h] = splat(-INFINITY);
     int64_t b0 = nb * t / num_threads, b1 = nb * (t + 1) / num_threads;
     for (int64_t b = b0; b < b1; b++) {
-        prefetch_block(k, table, b, b1, stride, stride * 4);
+        prefetch_block(k, table, b, b1, stride, stride * KV_BYTES);
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
@@ -453,7 +482,7 @@ INLINE void row_split(const float *q, const float *k, const float *v, const int3
         for (int64_t j = 0; j < g; j++) acc[((u / nv) * g + j) * nv + u % nv] = (v16f){};
     for (int64_t b = 0; b < nb; b++) {
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
-        const float *vb = v + table[b] * stride;
+        const kv_t *vb = v + table[b] * stride;
         if (b + 1 < nb) /* the next block's lines of this thread's units */
             for (int64_t u = u0; u < u1; u++)
                 for (int64_t s = 0; s < BLOCK; s++)
@@ -461,12 +490,12 @@ INLINE void row_split(const float *q, const float *k, const float *v, const int3
                                        s * dim + 16 * (u % nv));
         for (int64_t u = u0; u < u1; u++) {
             int64_t kh = u / nv, c = u % nv;
-            const float *vt = vb + kh * BLOCK * dim + 16 * c;
+            const kv_t *vt = vb + kh * BLOCK * dim + 16 * c;
             const float *w = p + kh * g * padded + b * BLOCK;
             v16f a[MAX_G];
             for (int64_t j = 0; j < g; j++) a[j] = acc[(kh * g + j) * nv + c];
             for (int64_t s = 0; s < keys; s++) {
-                v16f value = load16(vt + s * dim);
+                v16f value = kv16(vt + s * dim);
                 for (int64_t j = 0; j < g; j++) a[j] = fma16(splat(w[j * padded + s]), value, a[j]);
             }
             for (int64_t j = 0; j < g; j++) acc[(kh * g + j) * nv + c] = a[j];
@@ -528,14 +557,19 @@ static int64_t padded_length(const int32_t *lengths, int64_t num_rows) {
 }
 
 /* Floats of scratch wf_paged_rows_with takes: each thread's room, then the runs' starts. */
+#if !KV_HALF /* one definition, in the float32 build */
 int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t num_heads,
                               int64_t num_kv_heads, int64_t dim, int num_threads) {
     int64_t g = num_heads / num_kv_heads, padded = padded_length(lengths, num_rows);
     return num_threads * thread_floats(num_heads, g, dim / 16, padded) + 2 * (num_rows + 1);
 }
+#else
+int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t dim, int num_threads);
+#endif
 
 /* scratch: wf_paged_rows_scratch(...) floats, 64-byte aligned. */
-void wf_paged_rows_with(const float *q, const float *k, const float *v, const int32_t *tables,
+void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                         int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                         float *out, int num_threads, float *scratch) {
@@ -588,7 +622,7 @@ void wf_paged_rows_with(const float *q, const float *k, const float *v, const in
 
 /* wf_paged_rows_with with scratch of its own: 0, or the bytes it could not allocate
    (nothing done). */
-int64_t wf_paged_rows(const float *q, const float *k, const float *v, const int32_t *tables,
+int64_t KV_NAME(wf_paged_rows)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                       int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
                       int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                       float *out, int num_threads) {
@@ -597,8 +631,8 @@ int64_t wf_paged_rows(const float *q, const float *k, const float *v, const int3
     int64_t bytes = sizeof(float) * ((floats + 15) / 16 * 16);
     float *scratch = aligned_alloc(64, bytes);
     if (!scratch) return bytes;
-    wf_paged_rows_with(q, k, v, tables, max_blocks, lengths, num_rows, num_heads, num_kv_heads,
-                       dim, scale, out, num_threads, scratch);
+    KV_NAME(wf_paged_rows_with)(q, k, v, tables, max_blocks, lengths, num_rows, num_heads,
+                                num_kv_heads, dim, scale, out, num_threads, scratch);
     free(scratch);
     return 0;
 }

@@ -6,7 +6,8 @@
    cores). q's width, heads * head_dim, need not be dim (Qwen 3).
 
    For quantized weights with every row in the kernels (engine/ops/native_layers.py decides).
-   Shapes: x [R, dim]; k_pool, v_pool [layers, num_blocks, Hkv, 16, D]; kv_rows [R * Hkv]
+   Shapes: x [R, dim]; k_pool, v_pool [layers, num_blocks, Hkv, 16, D] (float32, or float16
+   where WfShape.kv_half says); kv_rows [R * Hkv]
    (KVPool.flat_rows: the row of D floats in layer 0 where each (row, KV head) goes);
    tables [R, max_blocks] int32; lengths [R] int32; pos [R] int64. */
 
@@ -32,9 +33,11 @@ typedef struct {
 } WfLayer;
 
 typedef struct {
-    int64_t dim, heads, kv_heads, head_dim, ffn_dim, layer_floats; /* pool floats per layer */
+    int64_t dim, heads, kv_heads, head_dim, ffn_dim, layer_floats; /* pool values per layer */
     float eps, scale;                                              /* scale: head_dim^-0.5 */
     int64_t *moe_stats; /* wf_moe_ffn's counts, summed over the layers, or NULL */
+    int kv_half;        /* the pool holds float16 (the keys and values rounded to nearest
+                           even as they are written, as NumPy's cast), else float32 */
 } WfShape;
 
 void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
@@ -54,6 +57,38 @@ void wf_paged_rows_with(const float *q, const float *k, const float *v, const in
                         int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                         float *out, int num_threads, float *scratch);
+void wf_paged_rows_with_f16(const float *q, const _Float16 *k, const _Float16 *v,
+                            const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
+                            int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t dim, float scale, float *out, int num_threads,
+                            float *scratch);
+
+/* d values of src into the pool at kv (float32 or float16 as s says) */
+static void put_kv(const WfShape *s, void *kv, int64_t at, const float *src, int64_t d) {
+    if (!s->kv_half) {
+        memcpy((float *)kv + at, src, sizeof(float) * d);
+        return;
+    }
+    _Float16 *to = (_Float16 *)kv + at;
+    for (int64_t i = 0; i < d; i++) to[i] = (_Float16)src[i];
+}
+
+/* Layer i's attention over the pool (float32 or float16 as s says) */
+static void attend(const WfShape *s, const float *q, const void *k_pool, const void *v_pool,
+                   int64_t i, const int32_t *tables, int64_t max_blocks,
+                   const int32_t *lengths, int64_t rows, float *att, int threads,
+                   float *scratch) {
+    int64_t shift = i * s->layer_floats;
+    if (s->kv_half)
+        wf_paged_rows_with_f16(q, (const _Float16 *)k_pool + shift,
+                               (const _Float16 *)v_pool + shift, tables, max_blocks, lengths,
+                               rows, s->heads, s->kv_heads, s->head_dim, s->scale, att,
+                               threads, scratch);
+    else
+        wf_paged_rows_with(q, (const float *)k_pool + shift, (const float *)v_pool + shift,
+                           tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
+                           s->head_dim, s->scale, att, threads, scratch);
+}
 
 /* out [rows, m->n] = x [rows, m->k] @ m.T */
 static void product(const WfMatrix *m, const float *x, int64_t rows, float *out, int threads,
@@ -70,7 +105,7 @@ static void add_into(float *x, const float *y, int64_t n) {
    products' and attention's too, is taken before the first layer. */
 int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
                   int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
-                  float *k_pool, float *v_pool, const int64_t *kv_rows, const int32_t *tables,
+                  void *k_pool, void *v_pool, const int64_t *kv_rows, const int32_t *tables,
                   int64_t max_blocks, const int32_t *lengths, int threads) {
     int64_t d = s->head_dim, q_dim = s->heads * d, kv_dim = s->kv_heads * d;
     int64_t qkv_cols = q_dim + 2 * kv_dim, wide = s->dim > q_dim ? s->dim : q_dim;
@@ -102,7 +137,6 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
     float *act = gate_up + rows * 2 * s->ffn_dim, *o = act + rows * s->ffn_dim;
     for (int64_t i = 0; i < num_layers; i++) {
         const WfLayer *l = layers + i;
-        float *kl = k_pool + i * s->layer_floats, *vl = v_pool + i * s->layer_floats;
         wf_rms_norm(x, l->attn_norm, s->eps, rows, s->dim, h);
         product(&l->qkv, h, rows, qkv, threads, scratch);
         if (l->qkv_bias) /* one add per value, as forward.py's qkv += bqkv */
@@ -116,12 +150,11 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */
             for (int64_t j = 0; j < s->kv_heads; j++) {
-                int64_t at = kv_rows[r * s->kv_heads + j] * d;
-                memcpy(kl + at, k + (r * s->kv_heads + j) * d, sizeof(float) * d);
-                memcpy(vl + at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, sizeof(float) * d);
+                int64_t at = i * s->layer_floats + kv_rows[r * s->kv_heads + j] * d;
+                put_kv(s, k_pool, at, k + (r * s->kv_heads + j) * d, d);
+                put_kv(s, v_pool, at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, d);
             }
-        wf_paged_rows_with(q, kl, vl, tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
-                           d, s->scale, att, threads, scratch);
+        attend(s, q, k_pool, v_pool, i, tables, max_blocks, lengths, rows, att, threads, scratch);
         product(&l->wo, att, rows, o, threads, scratch);
         add_into(x, o, rows * s->dim);
         wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h);

@@ -1,0 +1,138 @@
+"""A float16 KV pool (--kv-dtype float16): the C attention kernels read it widening each
+value as they load it, so every task shape gives the float32 kernel's bits on the widened
+values; the layers' one C call writes the same float16 bytes as NumPy's cast in the
+per-op loop; rows stay batch invariant; and on the real model the next-token
+distributions stay within the stated divergence of float32 KV."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import gguf
+import numpy as np
+import pytest
+
+from common.errors import InvalidRequestError, UnsupportedModelError
+from engine.model import Model, kv_dtype_for
+from engine.ops import native
+from engine.ops.attention import _paged_rows_kernel
+from tests.batch_invariance import check, compositions
+from tests.native_checks import assert_one_call_equals_per_op
+from tests.paged import new_kv, run_segments
+from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
+F16 = np.dtype(np.float16)
+H, HKV, D, BLOCK, NUM_BLOCKS = 9, 3, 64, 16, 200
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[1], [1500], [17, 16, 15], [700, 33, 250, 999, 64, 2, 400, 640]],
+    ids=["one-key", "one-long-row-split", "few-rows", "whole-rows"],
+)
+def test_the_float16_kernel_gives_the_float32_kernels_bits_on_widened_values(
+    lengths: list[int],
+) -> None:
+    rng = np.random.default_rng(len(lengths))
+    shape = (NUM_BLOCKS, HKV, BLOCK, D)
+    k16 = (rng.standard_normal(shape) * 2).astype(F16)
+    v16 = rng.standard_normal(shape).astype(F16)
+    tables = np.stack([rng.permutation(NUM_BLOCKS)[:100] for _ in lengths]).astype(np.int32)
+    q = rng.standard_normal((len(lengths), H, D)).astype(np.float32)
+    n = np.asarray(lengths, dtype=np.int32)
+    kernel = _paged_rows_kernel()
+    outs = []
+    for k, v in ((k16, v16), (k16.astype(np.float32), v16.astype(np.float32))):
+        out = np.full((len(lengths), H, D), np.nan, np.float32)
+        kernel(q, k, v, tables, n, D**-0.5, out)
+        outs.append(out)
+    assert not np.isnan(outs[0]).any()
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_chunk_rows_on_a_float16_pool_equal_the_float32_kernel() -> None:
+    rng = np.random.default_rng(3)
+    shape = (NUM_BLOCKS, HKV, BLOCK, D)
+    k16, v16 = rng.standard_normal(shape).astype(F16), rng.standard_normal(shape).astype(F16)
+    table = rng.permutation(NUM_BLOCKS)[:40].astype(np.int32)
+    lengths = np.arange(300, 320, dtype=np.int32)  # a chunk: one table, consecutive positions
+    tables = np.tile(table, (len(lengths), 1))
+    q = rng.standard_normal((len(lengths), H, D)).astype(np.float32)
+    kernel, outs = _paged_rows_kernel(), []
+    for k, v in ((k16, v16), (k16.astype(np.float32), v16.astype(np.float32))):
+        out = np.empty((len(lengths), H, D), np.float32)
+        kernel(q, k, v, tables, lengths, D**-0.5, out)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_one_call_writes_and_reads_the_float16_pool_as_the_per_op_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    path = write_tiny_llama(
+        tmp_path / "m.gguf",
+        matrix_type=q8,
+        seed=4,
+        dim=256,
+        num_heads=8,
+        num_kv_heads=2,
+        ffn_dim=256,
+    )
+    model = Model.load(path, device="cpu", weights="quantized", kv_dtype="float16")
+    assert model.kv_dtype == F16 and new_kv(model).pool.k.dtype == F16
+    assert_one_call_equals_per_op(model, monkeypatch, lowest_id=3)
+
+
+def test_rows_on_a_float16_pool_equal_their_runs_alone(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=gguf.GGMLQuantizationType.Q8_0)
+    model = Model.load(path, device="cpu", kv_dtype="float16")
+    rng = np.random.default_rng(11)
+    prompts = [
+        [int(t) for t in rng.integers(3, VOCAB_SIZE, size=int(rng.integers(2, 40)))]
+        for _ in range(16)
+    ]
+    cases = compositions(16, [1, 5, 16, 9], [0, 5, 40])
+    assert check(model, prompts, cases) == sum(len(c.order) + (c.prefill > 0) for c in cases)
+
+
+def test_kv_dtype_names_and_refusals() -> None:
+    f32 = np.dtype(np.float32)
+    assert kv_dtype_for("auto", f32, np) == f32 and kv_dtype_for("float16", f32, np) == F16
+    assert kv_dtype_for("auto", F16, np) == F16
+    with pytest.raises(InvalidRequestError, match="kv_dtype: must be one of auto"):
+        kv_dtype_for("q4_0", f32, np)
+    with pytest.raises(UnsupportedModelError, match="--kv-dtype float32: the CPU with"):
+        kv_dtype_for("float32", F16, np)
+    with pytest.raises(UnsupportedModelError, match="--kv-dtype float16: this device keeps"):
+        kv_dtype_for("float16", f32, ModuleType("cupy"))  # CuPy's or MLX's module
+
+
+def text_ids(model: Model, count: int) -> list[int]:
+    """`count` tokens of the repository's own prose (docs/engine.md, then the README)."""
+    root = Path(__file__).parents[2]
+    text = (root / "docs" / "engine.md").read_text() + (root / "README.md").read_text()
+    ids = model.tokenizer.encode(text)
+    assert len(ids) >= count
+    return ids[:count]
+
+
+@pytest.mark.slow
+def test_float16_kv_stays_within_1e_4_mean_kl_of_float32_over_1024_tokens(
+    model: Model, default_model_path: Path
+) -> None:
+    half = Model.load(default_model_path, device="cpu", kv_dtype="float16")
+    ids = text_ids(model, 1024)
+    kls, same = [], 0
+    kvs = {id(model): new_kv(model), id(half): new_kv(half)}
+    for t in ids:  # teacher forced, one position a step: every position's distribution
+        p, q = (run_segments(m, [(kvs[id(m)], [t])])[0] for m in (model, half))  # float64 logits
+        lp, lq = p - np.logaddexp.reduce(p), q - np.logaddexp.reduce(q)
+        kls.append(float(np.sum(np.exp(lp) * (lp - lq))))
+        same += int(np.argmax(p) == np.argmax(q))
+    mean_kl = float(np.mean(kls))
+    print(f"float16 KV against float32: mean KL {mean_kl:.3g}, greedy agree {same}/{len(ids)}")
+    assert mean_kl <= 1e-4
+    assert same >= 0.99 * len(ids)
