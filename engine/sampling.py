@@ -57,11 +57,11 @@ def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
     maxima = logits[:whole].reshape(-1, chunk).max(axis=1)
     if whole < n:
         maxima = np.append(maxima, logits[whole:].max())
-    candidates = np.arange(n)
+    candidates = None
     if len(maxima) > k:
         threshold = np.partition(maxima, len(maxima) - k)[len(maxima) - k]
-        found = np.flatnonzero(logits >= threshold)
-        if len(found) >= k:  # fewer only where a NaN made the threshold
-            candidates = found
+        candidates = np.flatnonzero(logits >= threshold)
+    if candidates is None or len(candidates) < k:  # fewer only where a NaN made the threshold
+        candidates = np.arange(n)
     best = np.argsort(-logits[candidates], kind="stable")[:k]
     return np.sort(candidates[best])

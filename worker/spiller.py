@@ -100,7 +100,9 @@ class Spiller:
         if kv is None:
             return None, "none"
         self.store.delete(key)
-        self.stats.num_converted = self.store.num_converted
+        if kv.converted_from:
+            self.stats.num_converted += 1
+            log.info("%s: KV read back from %s into %s", key, kv.converted_from, kv.k.dtype)
         if kv.incomplete:
             self.stats.num_rejected += 1
             log.warning("%s: only %d tokens read back, recomputing the rest: %s", key,

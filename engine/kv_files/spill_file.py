@@ -83,6 +83,7 @@ class SpilledKV:
     token_ids: list[int]
     scope: str = ""  # the tenant: blocks are shared within it only
     incomplete: str = ""  # read back: why only a prefix of what was written came back
+    converted_from: str = ""  # read back: the file's KV dtype, where it was converted
 
 
 class SpillStore:
@@ -146,7 +147,7 @@ class SpillStore:
             return kv
         self.num_converted += 1
         k, v = kv.k.astype(dtype), kv.v.astype(dtype)
-        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete)
+        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, kv.k.dtype.name)
 
     def _assemble(
         self, h: dict[str, Any], k_tail: np.ndarray, v_tail: np.ndarray,

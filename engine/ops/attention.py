@@ -40,9 +40,7 @@ def kernel_reads(kv_dtype: np.dtype[Any]) -> bool:
     """Whether the rows kernel reads a pool of this dtype in place: float32 always (C or
     Numba), float16 where the C kernels build (Numba's would copy the layer each call, so
     the gather path serves)."""
-    if kv_dtype == np.float32:
-        return True
-    return kv_dtype in KERNEL_KV_DTYPES and native.library() is not None
+    return kv_dtype == np.float32 or (kv_dtype in KERNEL_KV_DTYPES and native.library() is not None)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -123,11 +121,11 @@ def _paged_rows_kernel() -> RowsKernel:
         return _widened
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fns = {}
-    for dtype, name in ((np.float32, "wf_paged_rows"), (np.float16, "wf_paged_rows_f16")):
+    for dtype, name in zip(KERNEL_KV_DTYPES, ("wf_paged_rows", "wf_paged_rows_f16"), strict=True):
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
         fn.restype = i64  # 0, or the scratch bytes refused
-        fns[np.dtype(dtype)] = fn
+        fns[dtype] = fn
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
             lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip

@@ -14,13 +14,16 @@ import numpy as np
 import pytest
 
 from common.errors import InvalidRequestError, UnsupportedModelError
+from engine.kv.kv_pool import detach
+from engine.kv_files.spill_file import SpillStore
 from engine.model import Model, kv_dtype_for
 from engine.ops import native
 from engine.ops.attention import _paged_rows_kernel
 from tests.batch_invariance import check, compositions
 from tests.native_checks import assert_one_call_equals_per_op
-from tests.paged import new_kv, run_segments
+from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
+from worker.spiller import Spiller
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
 F16 = np.dtype(np.float16)
@@ -127,6 +130,7 @@ def test_float16_kv_stays_within_1e_4_mean_kl_of_float32_over_1024_tokens(
     ids = text_ids(model, 1024)
     kls, same = [], 0
     kvs = {id(model): new_kv(model), id(half): new_kv(half)}
+    assert [kv.pool.k.dtype for kv in kvs.values()] == [np.float32, F16]
     for t in ids:  # teacher forced, one position a step: every position's distribution
         p, q = (run_segments(m, [(kvs[id(m)], [t])])[0] for m in (model, half))  # float64 logits
         lp, lq = p - np.logaddexp.reduce(p), q - np.logaddexp.reduce(q)
@@ -136,3 +140,32 @@ def test_float16_kv_stays_within_1e_4_mean_kl_of_float32_over_1024_tokens(
     print(f"float16 KV against float32: mean KL {mean_kl:.3g}, greedy agree {same}/{len(ids)}")
     assert mean_kl <= 1e-4
     assert same >= 0.99 * len(ids)
+
+
+def test_a_float32_spill_file_restored_by_a_float16_worker_continues_the_text(
+    model: Model, default_model_path: Path, tmp_path: Path
+) -> None:
+    half = Model.load(default_model_path, device="cpu", kv_dtype="float16")
+    ids = text_ids(model, 70)
+    kv = new_kv(model, scope="local")
+    run_segments(model, [(kv, ids[:-1])])
+    warm = kv.fork()  # the float32 worker's own continuation
+    store = SpillStore(tmp_path, model.fingerprint)
+    store.write("local/s", detach(kv))
+    spiller = Spiller(SpillStore(tmp_path, half.fingerprint), half)
+    back, where = spiller.take_back("local/s")
+    assert where == "disk" and back is not None and back.converted_from == "float32"
+    assert back.k.dtype == F16 and spiller.stats.num_converted == 1
+    assert spiller.stats.num_rejected == 0 and not store.path_for("local/s").exists()
+    restored = pool_of(half).load(back.scope, back.k, back.v, back.token_ids)
+    assert restored.offset == len(ids) - 1
+    token = ids[-1]
+    for _ in range(8):  # greedy, each side on its own KV
+        want = run_segments(model, [(warm, [token])])[0]
+        got = run_segments(half, [(restored, [token])])[0]
+        assert np.abs(got - want).max() < 0.05
+        top2 = np.sort(want)[-2:]
+        if top2[1] - top2[0] > 0.1:  # a clear winner: the same token
+            assert np.argmax(got) == np.argmax(want)
+        token = int(np.argmax(want))
+    spiller.close()

@@ -35,6 +35,7 @@ def test_float32_file_read_by_a_float16_worker_is_rounded_and_counted(tmp_path: 
     assert back is not None and back.k.dtype == F16 and back.token_ids == kv.token_ids
     assert np.array_equal(back.k, kv.k.astype(F16)) and np.array_equal(back.v, kv.v.astype(F16))
     assert (store.num_converted, store.num_rejected) == (1, 0) and not back.incomplete
+    assert back.converted_from == "float32"
 
 
 def test_float16_file_read_by_a_float32_worker_is_exact(tmp_path: Path) -> None:
