@@ -7,7 +7,9 @@ hundreds of thousands of small objects, among which the gateway's own objects se
 `tune_malloc` (at start, before any thread) keeps glibc to MALLOC_ARENAS arenas and has the
 gateway's objects allocated by glibc's malloc instead of pymalloc (PYTHONMALLOC=malloc: the
 process starts itself again with it); `HeapTrimmer` runs malloc_trim for a few seconds after
-large input, which gives back the free pages inside the heaps too, small objects' included.
+large input, which gives back the free pages inside the heaps too, small objects' included,
+and every TRIM_ANYWAY_S in any case (what a busy box frees after those few seconds; a trim
+that finds nothing to give back takes about 0.1 ms).
 glibc's own thresholds stay (mapping each large block on its own, or keeping large blocks in
 the heap for reuse, were both tried: the first makes refusals slower, page faults on every
 large message; the second keeps memory that malloc_trim then does not give back). All of it
@@ -41,6 +43,7 @@ SYSTEM_MALLOC = "malloc"  # PYTHONMALLOC's value for glibc's malloc
 TRIMS_AFTER_LARGE = 3  # trims after the last large input (its objects may outlive the first)
 MORE_TRIMS_AT_MOST = 30  # then one more while the last gave back GAVE_BACK_BYTES (a busy box)
 GAVE_BACK_BYTES = 1 << 20
+TRIM_ANYWAY_S = 10.0
 
 
 @functools.cache
@@ -98,8 +101,8 @@ def freeze_startup() -> None:
 
 class HeapTrimmer:
     """Trims the heap once a second for a few seconds after `noted` large inputs, and on
-    while each trim still gives memory back; off the event loop (a trim walks every
-    arena)."""
+    while each trim still gives memory back, and every TRIM_ANYWAY_S whatever came; off the
+    event loop (a trim walks every arena)."""
 
     def __init__(self) -> None:
         self._trims_left = 0
@@ -120,18 +123,23 @@ class HeapTrimmer:
                 await self._task
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_trim = loop.time()
         while True:
             await asyncio.sleep(TRIM_EVERY_S)
-            if self._trims_left > 0:
-                self._trims_left -= 1
-                # the oldest generation too: a refused input's cycle may have reached it
-                gc.collect()
-                before = rss_bytes()
-                await asyncio.to_thread(trim_heap)
-                # on a busy box a large input's objects may go later than the first trims
-                if not self._trims_left and self._more_left > 0:
-                    self._more_left -= 1
-                    self._trims_left = int(before - rss_bytes() >= GAVE_BACK_BYTES)
+            noted = self._trims_left > 0
+            if not noted and loop.time() - last_trim < TRIM_ANYWAY_S:
+                continue
+            self._trims_left -= noted
+            # the oldest generation too: a refused input's cycle may have reached it
+            gc.collect()
+            before = rss_bytes()
+            await asyncio.to_thread(trim_heap)
+            last_trim = loop.time()
+            # on a busy box a large input's objects may go later than the first trims
+            if noted and not self._trims_left and self._more_left > 0:
+                self._more_left -= 1
+                self._trims_left = int(before - rss_bytes() >= GAVE_BACK_BYTES)
 
 
 class NoteLargeBodies:
