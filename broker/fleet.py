@@ -12,6 +12,7 @@ A snapshot is plain JSON-ready data:
                 "lanes": [{"priority", "tenant", "depth", "oldest_age_s"}]},
      "workers": [{"id", "state": "alive"|"draining"|"gone", "heartbeat_age_s", "running",
                   "paused", "slots", "sessions", "pool_bytes", "warm_budget", "kv_blocks",
+                  "kv_dtype", "kv_bytes_per_token", "sessions_per_gib",
                   "steps", "generated_tokens", "prefill_tokens", "step_seconds", "weights"}],
      "sessions": {"total": n, "tiers": {tier: n},
                   "recent": [{"tenant", "session_id", "tier", "worker", "tokens", "bytes",
@@ -40,6 +41,7 @@ from common.errors import ProtocolError
 
 Snapshot = dict[str, Any]
 Lane = dict[str, Any]
+GIB = 1 << 30
 RECENT_SESSIONS = 500  # sessions listed per snapshot at most (most recently used first)
 RESPONSE_PREFIX = "status:"  # fields of keys.STATS that count responses by status
 
@@ -197,12 +199,21 @@ def _worker(worker_id: str, beat: str | None, draining: bool, now: float) -> dic
         "pool_bytes": s.get("pool_bytes", 0),
         "warm_budget": s.get("warm_budget", 0),
         "kv_blocks": s.get("kv_blocks", {}),
+        "kv_dtype": s.get("kv_dtype", ""),
+        "kv_bytes_per_token": s.get("kv_bytes_per_token", 0),
+        "sessions_per_gib": sessions_per_gib(s.get("num_sessions", 0), s.get("pool_bytes", 0)),
         "steps": s.get("steps", 0),
         "generated_tokens": s.get("generated_tokens", 0),
         "prefill_tokens": s.get("prefill_tokens", 0),
         "step_seconds": s.get("step_seconds", 0.0),
         "weights": s.get("weights", ""),
     }
+
+
+def sessions_per_gib(num_sessions: int, pool_bytes: int) -> float | None:
+    """The warm sessions a GiB holds at their mean size, shared blocks counted once (None
+    while none is held)."""
+    return round(num_sessions * GIB / pool_bytes, 1) if num_sessions and pool_bytes else None
 
 
 def _session(tenant: str, session_id: str, fields: dict[str, str]) -> dict[str, Any]:

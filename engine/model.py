@@ -150,14 +150,15 @@ KV_DTYPES = ("auto", "float32", "float16")
 
 
 def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[Any]:
-    """The KV pool's dtype `--kv-dtype name` asks: auto is the compute dtype; on the CPU
-    with float32 compute, float32 or float16 (the C attention kernels read either, widening
-    each value as they load it); on CUDA and MLX the pool holds the compute dtype only."""
+    """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute, float32
+    or float16 (the C attention kernels read either, widening each value as they load it),
+    and auto is float16; elsewhere (CUDA, MLX, float16 compute) the pool holds the compute
+    dtype only, and auto is that."""
     if name not in KV_DTYPES:
         choices = ", ".join(KV_DTYPES)
         raise InvalidRequestError("kv_dtype", f"must be one of {choices}, got {name!r}")
     if name == "auto":
-        return compute
+        return np.dtype(np.float16) if xp is np and compute == np.float32 else compute
     wanted = np.dtype(name)
     if wanted != compute and (xp is not np or compute != np.float32):
         where = "the CPU with --dtype float32" if xp is np else "this device"

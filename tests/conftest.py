@@ -38,14 +38,23 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model(default_model_path: Path) -> Model:
-    """The default model as workers load it on the CPU: matrices kept quantized."""
+    """The default model as workers load it on the CPU: matrices kept quantized, KV in
+    float16."""
     return Model.load(default_model_path, device="cpu")
 
 
 @pytest.fixture(scope="session")
+def model_kv_float32(default_model_path: Path) -> Model:
+    """The default model with its matrices kept quantized and its KV in float32 (the
+    reference tests')."""
+    return Model.load(default_model_path, device="cpu", kv_dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def model_float32(default_model_path: Path) -> Model:
-    """The default model with every matrix expanded to float32 (--weights float32)."""
-    return Model.load(default_model_path, device="cpu", weights="float32")
+    """The default model all in float32: every matrix expanded (--weights float32) and the
+    KV (--kv-dtype float32)."""
+    return Model.load(default_model_path, device="cpu", weights="float32", kv_dtype="float32")
 
 
 @pytest.fixture(scope="session")

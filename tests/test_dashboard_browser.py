@@ -112,6 +112,7 @@ def test_page_opens_without_console_errors_and_shows_both_workers(dashboard: Das
         row = page.locator(f'#workers tr[data-worker="{worker}"]')
         expect(row.locator('[data-col="state"]')).to_have_text("alive")
         expect(row.locator('[data-col="running"] span')).to_have_text("0 / 1")
+        expect(row.locator('[data-col="kv"]')).to_have_text("float16")  # the default
     expect(page.locator("#workers tbody tr")).to_have_count(2)
 
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 PREFIXES = [[int(t) for t in random.Random(i).choices(range(3, VOCAB_SIZE), k=40)]
             for i in range(2)]  # fmt: skip
 SESSIONS = [f"s{i}" for i in range(6)]
-BLOCK_BYTES = 16 * 2 * 2 * 32 * 4  # a block of the tiny model: 16 positions, 2 layers
+BLOCK_BYTES = 16 * 2 * 2 * 32 * 2  # a block of the tiny model: 16 positions, 2 layers, float16
 
 
 @pytest.fixture(scope="module")

@@ -141,6 +141,8 @@ def test_the_workers_count_the_tokens_they_sampled_and_their_steps(w: Workload) 
         held = total(w.after[x], "warmfleet_kv_blocks_held")
         capacity = total(w.after[x], "warmfleet_kv_blocks_capacity")
         assert total(w.after[x], "warmfleet_kv_cache_usage_ratio") == pytest.approx(held / capacity)
+        # float16 by default: 30 layers x (192 keys + 192 values) x 2 bytes
+        assert total(w.after[x], "warmfleet_kv_bytes_per_token", worker=x) == 30 * 384 * 2
 
 
 def test_the_kvstore_counts_the_spill_and_the_restore(

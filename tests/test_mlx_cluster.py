@@ -55,6 +55,12 @@ def cluster(
 
 
 @pytest.fixture(scope="module")
+def model(model_kv_float32: Model) -> Model:
+    """The CPU reference, with the KV dtype of MLX's pool (float32)."""
+    return model_kv_float32
+
+
+@pytest.fixture(scope="module")
 def redis(r: redis_lib.Redis) -> redis_lib.Redis:
     return r
 
@@ -72,6 +78,7 @@ def test_the_worker_runs_the_quantized_model_on_mlx(
     status = worker_status(redis, worker_id)
     assert (status["device"], status["weights"]) == ("mlx", "quantized")
     assert status["weight_bytes"] == model_mlx.weight_bytes
+    assert status["kv_dtype"] == "float32"  # auto on MLX: the compute dtype
 
 
 def test_sessions_are_sticky_warm_and_exact(cluster: Cluster, client: Client, model: Model) -> None:

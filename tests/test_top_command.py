@@ -24,6 +24,7 @@ import redis as redis_lib
 
 from broker import fleet, keys
 from common.enums import PRIORITIES
+from engine.kv.kv_pool import BLOCK_TOKENS
 from kvstore.usage import to_json
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
 from tests.cluster_helpers import TENANT, records, settle, wait_for, worker_status
@@ -36,6 +37,8 @@ from warmfleet.sizes import format_size
 pytestmark = pytest.mark.slow
 SESSIONS = [f"top-{i}" for i in range(4)]
 EVICTED = SESSIONS[0]
+# the default KV dtype, float16: 30 layers x 192 key and 192 value numbers a token, 2 bytes each
+KV_BYTES_PER_TOKEN = 30 * 2 * 192 * 2
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +153,10 @@ def test_json_snapshot_matches_get_usage_and_redis(
     }
     for sid, c in made.items():
         assert recent[sid]["tokens"] == c.usage.prompt_tokens + c.usage.completion_tokens - 1
+        if sid != EVICTED:  # warm: whole blocks of float16 KV, the bytes its worker holds
+            held = recent[sid]["bytes"]
+            assert held % (BLOCK_TOKENS * KV_BYTES_PER_TOKEN) == 0
+            assert held >= recent[sid]["tokens"] * KV_BYTES_PER_TOKEN
     last_used = [s["last_used"] for s in snap["sessions"]["recent"]]
     assert last_used == sorted(last_used, reverse=True)
     # the evicted session's file and the blocks it lists: all the spill directory holds
@@ -176,6 +183,9 @@ def assert_workers_agree(
         assert w["pool_bytes"] == u.pool_bytes
         assert w["warm_budget"] == u.warm_budget_bytes
         assert w["sessions"] == u.num_warm + u.num_hot
+        assert (w["kv_dtype"], w["kv_bytes_per_token"]) == ("float16", KV_BYTES_PER_TOKEN)
+        per_gib = round(w["sessions"] * (1 << 30) / w["pool_bytes"], 1) if w["sessions"] else None
+        assert w["sessions_per_gib"] == per_gib
         assert (w["running"], w["paused"], w["slots"]) == (0, 0, 1)
         assert 0 <= w["heartbeat_age_s"] < 5
         generated = sum(

@@ -75,6 +75,8 @@ class Worker:
             "num_adopted": sum(f.delivery.stream != s.broker.pinned for f in s.inflight.values()),
             "num_sessions": len(engine.sessions),
             "pool_bytes": engine.sessions.nbytes,  # idle sessions' blocks, each once
+            "kv_dtype": engine.model.kv_dtype.name,
+            "kv_bytes_per_token": engine.model.bytes_per_token,  # all layers, keys and values
             "kv_blocks": self._blocks(),
             "warm_budget": s.config.warm_budget_bytes,
             "max_running": engine.config.max_running,  # batch slots

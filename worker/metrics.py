@@ -61,6 +61,8 @@ class WorkerCollector(Collector):
             ("warmfleet_kv_pool_bytes", "Idle sessions' KV in its pool (shared blocks once)",
              engine.sessions.nbytes),
             ("warmfleet_kv_warm_budget_bytes", "Its warm budget", s.config.warm_budget_bytes),
+            ("warmfleet_kv_bytes_per_token", "KV bytes a token takes, all layers (--kv-dtype)",
+             engine.model.bytes_per_token),
             ("warmfleet_kv_blocks_held", "KV blocks in use", held),
             ("warmfleet_kv_blocks_capacity", "KV blocks in its pool", size),
             ("warmfleet_kv_cache_usage_ratio", "KV blocks held / capacity",

@@ -199,9 +199,11 @@ const WORKERS = {
       value: w.pool_bytes, max: w.warm_budget, text: formatUsage(w.pool_bytes, w.warm_budget),
     }),
     sessions: (w) => formatCount(w.sessions),
+    kv: (w) => w.kv_dtype || "–",
+    perGib: (w) => formatRate(w.sessions_per_gib),
     heartbeat: (w) => `${formatAge(w.heartbeat_age_s)} ago`,
   },
-  numeric: ["paused", "tokens", "step", "sessions", "heartbeat"],
+  numeric: ["paused", "tokens", "step", "sessions", "perGib", "heartbeat"],
   marks: (w) => ({ state: w.state, stale: String(w.heartbeat_age_s > 5) }),
   action: { name: "drain", label: "drain", enabled: (w) => w.state === "alive", run: drainWorker },
 };

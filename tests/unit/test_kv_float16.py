@@ -103,8 +103,9 @@ def test_rows_on_a_float16_pool_equal_their_runs_alone(tmp_path: Path) -> None:
 
 def test_kv_dtype_names_and_refusals() -> None:
     f32 = np.dtype(np.float32)
-    assert kv_dtype_for("auto", f32, np) == f32 and kv_dtype_for("float16", f32, np) == F16
+    assert kv_dtype_for("auto", f32, np) == F16 and kv_dtype_for("float32", f32, np) == f32
     assert kv_dtype_for("auto", F16, np) == F16
+    assert kv_dtype_for("auto", f32, ModuleType("cupy")) == f32
     with pytest.raises(InvalidRequestError, match="kv_dtype: must be one of auto"):
         kv_dtype_for("q4_0", f32, np)
     with pytest.raises(UnsupportedModelError, match="--kv-dtype float32: the CPU with"):
@@ -124,9 +125,9 @@ def text_ids(model: Model, count: int) -> list[int]:
 
 @pytest.mark.slow
 def test_float16_kv_stays_within_1e_4_mean_kl_of_float32_over_1024_tokens(
-    model: Model, default_model_path: Path
+    model_kv_float32: Model, model: Model
 ) -> None:
-    half = Model.load(default_model_path, device="cpu", kv_dtype="float16")
+    model, half = model_kv_float32, model  # the default: float16
     ids = text_ids(model, 1024)
     kls, same = [], 0
     kvs = {id(model): new_kv(model), id(half): new_kv(half)}
@@ -143,9 +144,9 @@ def test_float16_kv_stays_within_1e_4_mean_kl_of_float32_over_1024_tokens(
 
 
 def test_a_float32_spill_file_restored_by_a_float16_worker_continues_the_text(
-    model: Model, default_model_path: Path, tmp_path: Path
+    model_kv_float32: Model, model: Model, tmp_path: Path
 ) -> None:
-    half = Model.load(default_model_path, device="cpu", kv_dtype="float16")
+    model, half = model_kv_float32, model  # the default: float16
     ids = text_ids(model, 70)
     kv = new_kv(model, scope="local")
     run_segments(model, [(kv, ids[:-1])])

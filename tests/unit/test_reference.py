@@ -33,21 +33,34 @@ def run_chunks(model: Model, ids: list[int], chunk: int) -> tuple[list[int], np.
     return ends, np.stack(rows)
 
 
-MODELS = {  # fixture: (device, weights)
-    "model": ("cpu", "quantized"),
-    "model_float32": ("cpu", "float32"),
-    "model_mlx": ("mlx", "quantized"),
-    "model_mlx_float32": ("mlx", "float32"),
+MODELS = {  # fixture: (device, weights, KV dtype)
+    "model_kv_float32": ("cpu", "quantized", "float32"),
+    "model_float32": ("cpu", "float32", "float32"),
+    "model_mlx": ("mlx", "quantized", "float32"),
+    "model_mlx_float32": ("mlx", "float32", "float32"),
 }
+# float16 KV moves logits by up to ~0.015 (past LOGIT_TOL); its greedy tokens must not move
+GREEDY_MODELS = {**MODELS, "model": ("cpu", "quantized", "float16")}
+
+
+def _model(request: pytest.FixtureRequest, models: dict[str, tuple[str, str, str]]) -> Model:
+    model: Model = request.getfixturevalue(request.param)
+    assert (model.device, model.weights_mode, model.kv_dtype.name) == models[request.param]
+    return model
 
 
 @pytest.fixture(params=list(MODELS), ids=["-".join(v) for v in MODELS.values()])
 def any_model(request: pytest.FixtureRequest) -> Model:
     """The default model with its matrices kept quantized (the default) and expanded to
-    float32, on the CPU and on MLX (its CPU build here): all must match the reference."""
-    model: Model = request.getfixturevalue(request.param)
-    assert (model.device, model.weights_mode) == MODELS[request.param]
-    return model
+    float32, on the CPU and on MLX (its CPU build here), with float32 KV: all must match
+    the reference."""
+    return _model(request, MODELS)
+
+
+@pytest.fixture(params=list(GREEDY_MODELS), ids=["-".join(v) for v in GREEDY_MODELS.values()])
+def greedy_model(request: pytest.FixtureRequest) -> Model:
+    """any_model's, and the default model as workers load it (float16 KV)."""
+    return _model(request, GREEDY_MODELS)
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +100,8 @@ def test_capital_of_france_top5(any_model: Model) -> None:
     np.testing.assert_allclose(logits[0, top], [17.371, 14.889, 13.245, 13.010, 12.952], atol=2e-3)
 
 
-def test_greedy_chats_match_transformers(any_model: Model) -> None:
-    model = any_model
+def test_greedy_chats_match_transformers(greedy_model: Model) -> None:
+    model = greedy_model
     chats = json.loads((FIXTURES / "greedy_chats.json").read_text())["chats"]
     assert len(chats) >= 12
     if model.device == "mlx":

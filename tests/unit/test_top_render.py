@@ -17,10 +17,26 @@ MIB, GIB = 1 << 20, 1 << 30
 
 
 def worker(worker_id: str, **fields: Any) -> dict[str, Any]:
-    w = {"id": worker_id, "state": "alive", "heartbeat_age_s": 0.25, "running": 1,
-         "paused": 0, "slots": 4, "sessions": 2, "pool_bytes": MIB, "warm_budget": 4 * GIB,
-         "kv_blocks": {}, "steps": 100, "generated_tokens": 1000, "prefill_tokens": 50,
-         "step_seconds": 2.0, "weights": "quantized"}  # fmt: skip
+    w = {
+        "id": worker_id,
+        "state": "alive",
+        "heartbeat_age_s": 0.25,
+        "running": 1,
+        "paused": 0,
+        "slots": 4,
+        "sessions": 2,
+        "pool_bytes": MIB,
+        "warm_budget": 4 * GIB,
+        "kv_blocks": {},
+        "steps": 100,
+        "generated_tokens": 1000,
+        "prefill_tokens": 50,
+        "step_seconds": 2.0,
+        "weights": "quantized",
+        "kv_dtype": "float16",
+        "kv_bytes_per_token": 23040,
+        "sessions_per_gib": 2048.0,
+    }
     return w | fields
 
 
@@ -72,7 +88,7 @@ def test_figures_per_interval_come_from_the_difference_of_two_samples() -> None:
     # w0: 300 tokens in 2 s; 50 steps in 1.25 s; w1 took no step
     cells = [c.strip() for c in row(text, "w0")]
     assert cells == ["w0", "alive", "1 / 4", "0", "150.0", "25.0", "1.0 MiB / 4.0 GiB", "2",
-                     "0.2 s ago"]  # fmt: skip
+                     "float16", "2048.0", "0.2 s ago"]  # fmt: skip
     assert [c.strip() for c in row(text, "w1")][4:6] == ["0.0", "-"]
     assert "3.0 admitted/s, 0.5 refused/s" in text
     assert "running alice 2" in text and "responses: grpc OK 30, http 429 4" in text

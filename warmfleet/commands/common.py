@@ -75,8 +75,8 @@ def add_kv_dtype(p: argparse.ArgumentParser, *, passed_on: bool = False) -> None
 
     help = (
         "what the KV pool holds: float16 halves a session's bytes (CPU with float32 "
-        "compute: the attention kernels widen each value as they read it); auto: the "
-        "compute dtype"
+        "compute: the attention kernels widen each value as they read it); auto: float16 "
+        "there, the compute dtype elsewhere"
     )
     _add_auto_choice(p, "--kv-dtype", KV_DTYPES, "WARMFLEET_KV_DTYPE", help, passed_on)
 

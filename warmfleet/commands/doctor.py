@@ -220,10 +220,12 @@ def find_model(given: str | None) -> tuple[Check, Path]:
 
 
 def load(name: str, path: Path, device: str, dtype: str, weights: str) -> tuple[Check, Model]:
-    """The model loaded as asked, and its row."""
+    """The model loaded as asked, its KV in the compute dtype (the check is of the device's
+    arithmetic: float16 KV alone moves logits by ~0.015, past float32's tolerance), and its
+    row."""
     _progress(f"loading {path.name} on {device} ({dtype}, weights {weights})")
     t0 = time.perf_counter()
-    model = Model.load(path, device=device, dtype=dtype, weights=weights)
+    model = Model.load(path, device=device, dtype=dtype, weights=weights, kv_dtype=dtype)
     took = time.perf_counter() - t0
     return info(name, f"{model.device}, weights {model.weights_mode} "
                 f"({format_size(model.weight_bytes)}), {took:.1f} s", device=model.device,

@@ -206,7 +206,7 @@ def queues_table(q: Figures, responses: dict[str, int], rates: Figures | None) -
 
 def workers_table(workers: list[Figures], rates: Figures | None) -> Group:
     columns = ("worker", "state", "running", "paused", "tokens/s", "step ms", "warm pool",
-               "sessions", "heartbeat")  # fmt: skip
+               "sessions", "KV", "sessions/GiB", "heartbeat")  # fmt: skip
     table = _table(*columns)
     tokens_per_s = rates["tokens_per_s_by_worker"] if rates else {}
     step_ms = rates["step_ms_by_worker"] if rates else {}
@@ -220,6 +220,8 @@ def workers_table(workers: list[Figures], rates: Figures | None) -> Group:
             _figure(step_ms.get(w["id"])),
             f"{format_size(w['pool_bytes'])} / {format_size(w['warm_budget'])}",
             str(w["sessions"]),
+            w.get("kv_dtype") or NONE,
+            _figure(w.get("sessions_per_gib")),
             f"{w['heartbeat_age_s']:.1f} s ago",
         )
     return _section(f"Workers: {len(workers)}", table)
