@@ -3,6 +3,7 @@ the commit before a change), measured alternately in one run.
 
     .venv/bin/python -m bench.engine_context [--baseline DIR] [--batches 1 8 16 32]
         [--contexts 128 2000] [--steps 32] [--threads N] [--device cpu|cuda] [--llamacpp]
+        [--kv-dtypes float32 float16 q8_0]
 
 Each configuration prefills `batch` distinct prompts of `context` tokens, then times
 `steps` decode steps of the whole batch (aggregate tokens/s). With --baseline (a checkout
@@ -10,7 +11,9 @@ of another commit, e.g. `git worktree add /tmp/before HEAD~1`) each configuratio
 there and here one after the other, each in a fresh process, and the table gives both and
 their ratio. With --llamacpp (llama-cpp-python installed: the `bench` extra) the batch-1
 rows also give llama.cpp's single stream at the same context (the same prompt's tokens, the
-same threads), in a fresh process too.
+same threads), in a fresh process too. With --kv-dtypes each configuration runs this
+checkout once per KV dtype (--kv-dtype), one after the other, and the table gives each and
+its ratio to the first (in place of --baseline).
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ TEXT = (
 )
 
 
-def measure(batch: int, context: int, steps: int, device: str = "cpu") -> float:
-    """Aggregate decode tokens/s of `batch` sequences `context` tokens deep (this checkout)."""
+def measure(
+    batch: int, context: int, steps: int, device: str = "cpu", kv_dtype: str = "auto"
+) -> float:
+    """Aggregate decode tokens/s of `batch` sequences `context` tokens deep (this checkout;
+    `kv_dtype` only where it has --kv-dtype)."""
     from common.sampling import SamplingParams
     from engine.config import EngineConfig
     from engine.engine import Engine
@@ -38,7 +44,8 @@ def measure(batch: int, context: int, steps: int, device: str = "cpu") -> float:
     from engine.sequence import Request
     from warmfleet.models import resolve_model
 
-    model = Model.load(resolve_model(None), device=device)
+    kv = {} if kv_dtype == "auto" else {"kv_dtype": kv_dtype}
+    model = Model.load(resolve_model(None), device=device, **kv)
     ids = model.tokenizer.encode(TEXT * (context // 20 + 40))
     config = EngineConfig(max_running=batch, prefill_chunk_tokens=2048, step_prefill_tokens=2048)
     engine = Engine(model, config)
@@ -70,7 +77,13 @@ def measure_llamacpp(context: int, steps: int) -> float:
 
 
 def run_in(
-    checkout: Path, batch: int, context: int, steps: int, threads: int | None, device: str
+    checkout: Path,
+    batch: int,
+    context: int,
+    steps: int,
+    threads: int | None,
+    device: str,
+    kv_dtype: str = "auto",
 ) -> float:
     """measure() in a fresh process of `checkout`'s code (batch 0: measure_llamacpp())."""
     # this file's measure() (the other checkout may not have it) on that checkout's engine
@@ -78,7 +91,7 @@ def run_in(
     env = dict(os.environ, PYTHONPATH=":".join(p for p in paths if p))
     if threads:
         env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
-    call = (f"measure({batch}, {context}, {steps}, {device!r})" if batch
+    call = (f"measure({batch}, {context}, {steps}, {device!r}, {kv_dtype!r})" if batch
             else f"measure_llamacpp({context}, {steps})")  # fmt: skip
     imports = "from engine_context import measure, measure_llamacpp"
     code = f"import json; {imports}; print(json.dumps({call}))"
@@ -100,10 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--llamacpp", action="store_true", help="batch 1: llama.cpp's single stream there too"
     )
+    p.add_argument("--kv-dtypes", nargs="+", choices=["float32", "float16", "q8_0"])
     args = p.parse_args(argv)
+    if args.kv_dtypes and (args.baseline or args.llamacpp):
+        p.error("--kv-dtypes compares dtypes in this checkout: not with --baseline or --llamacpp")
     from bench.table import print_table
 
     here = Path(__file__).resolve().parents[1]
+    if args.kv_dtypes:
+        print_table(*by_kv_dtype(here, args))
+        return 0
     rows = []
     for context in args.contexts:
         for batch in args.batches:
@@ -124,6 +143,32 @@ def main(argv: list[str] | None = None) -> int:
         head += ("llama.cpp tok/s", "this / llama.cpp")
     print_table(head, rows)
     return 0
+
+
+def by_kv_dtype(
+    here: Path, args: argparse.Namespace
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """Every configuration in each of args.kv_dtypes: the table's head and rows."""
+    first, *others = args.kv_dtypes
+    rows = []
+    for context in args.contexts:
+        for batch in args.batches:
+            rates = {}
+            for kv_dtype in args.kv_dtypes:
+                print(
+                    f"context {context}, batch {batch}, KV {kv_dtype}", file=sys.stderr, flush=True
+                )
+                rates[kv_dtype] = run_in(
+                    here, batch, context, args.steps, args.threads, args.device, kv_dtype
+                )
+            cells = [str(context), str(batch), f"{rates[first]:.1f}"]
+            for name in others:
+                cells += [f"{rates[name]:.1f}", f"{rates[name] / rates[first]:.2f}x"]
+            rows.append(tuple(cells))
+    head = ["context", "batch", f"{first} tok/s"]
+    for name in others:
+        head += [f"{name} tok/s", f"{name} / {first}"]
+    return tuple(head), rows
 
 
 if __name__ == "__main__":

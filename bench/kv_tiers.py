@@ -3,7 +3,7 @@ the worker's pool), from its spill file on disk, and recomputed (a new session i
 prompt); and the spill files' write and restore throughput.
 
     .venv/bin/python -m bench.kv_tiers [--model PATH] [--context 2000] [--repeats 3]
-        [--turn chat|continue]
+        [--turn chat|continue] [--kv-dtypes float32 float16 q8_0]
 
 One worker with every core. Its warm budget holds one such session but not two, so running a
 second session of the same size pushes the first one to disk. The page cache is dropped
@@ -15,6 +15,10 @@ The resuming turn is, with `--turn chat` (the default), a short question after t
 log: its ~17 new tokens are computed in every tier, so their cost is in every figure. With
 `--turn continue` it is the session's token ids so far (its prompt and replies) and nothing
 new: the resume alone, from the KV's tier to the first sampled token.
+
+Each of --kv-dtypes (the workers' --kv-dtype; default all three) runs it all in
+turn, with a warm budget of the same number of sessions; a last table sets each path's time
+in every dtype against the first's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bench.kv_tiers_disk import spill_throughput
 from bench.kv_tiers_session import (
@@ -40,7 +47,8 @@ from bench.kv_tiers_session import (
     turn,
 )
 from bench.table import print_table
-from engine.kv.kv_pool import BLOCK_TOKENS
+from engine.kv.kv_dtypes import kv_dtype_named
+from engine.kv.kv_pool import BLOCK_TOKENS, kv_bytes_per_token
 from engine.text.chat import render_chat
 from engine.text.gguf_file import open_gguf, read_metadata
 from engine.text.model_config import ModelConfig
@@ -50,7 +58,7 @@ from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
 
-DTYPE_BYTES = 4  # the worker's default dtype, float32
+SOURCE_KINDS = ("warm", "disk", "recompute")
 Results = list[dict[str, Turn]]  # one per repeat: the "warm", "disk" and "recompute" turns
 
 
@@ -65,43 +73,78 @@ def main() -> None:
         default="chat",
         help="the resuming turn: a short question, or the session so far and nothing new",
     )
+    parser.add_argument(
+        "--kv-dtypes",
+        nargs="+",
+        choices=("float32", "float16", "q8_0"),
+        default=["float32", "float16", "q8_0"],
+        help="the workers' KV dtypes, each measured in turn",
+    )
     args = parser.parse_args()
     path = resolve_model(args.model)
     meta = read_metadata(open_gguf(path))
     config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
     assert tokenizer.chat_template is not None, "the model has no chat template"
-    budget = warm_budget(config, args.context)
-
-    log(f"spill files: {args.repeats} x write and read of a {args.context}-token KV")
-    io_rows, io_methods = spill_throughput(config, args.context, args.repeats)
-
     text = long_text(tokenizer, tokenizer.chat_template, args.context)
-    threads = os.cpu_count() or 1
-    methods: set[str] = set()
-    resident: list[int] = []
     template = tokenizer.chat_template
 
     def rendered(messages: Messages) -> list[int]:
         return tokenizer.encode(render_chat(template, messages))
 
     encode: Encode | None = rendered if args.turn == "continue" else None
-    results = run_sessions(path, threads, budget, text, args.repeats, encode, methods, resident)
+    threads = os.cpu_count() or 1
+    by_dtype: dict[str, Results] = {}
+    for kv_dtype in args.kv_dtypes:
+        dtype = kv_dtype_named(kv_dtype)
+        log(f"{kv_dtype} KV: spill files, {args.repeats} x write and read of {args.context} tokens")
+        io_rows, io_methods = spill_throughput(config, args.context, args.repeats, dtype)
+        budget = warm_budget(config, args.context, dtype)
+        methods: set[str] = set()
+        resident: list[int] = []
+        results = run_sessions(
+            path, threads, budget, text, args.repeats, encode, methods, resident, kv_dtype
+        )
+        by_dtype[kv_dtype] = results
+        print(f"KV {kv_dtype}; resuming turn: {args.turn}")
+        print_resume_table(results, threads, args.repeats, methods, resident)
+        print()
+        print(
+            f"Spill files, one {args.context}-token {kv_dtype} KV, median of {args.repeats}; "
+            f"page cache: {', '.join(sorted(io_methods))}"
+        )
+        print_table(("operation", "MB", "time (ms)", "MB/s"), io_rows)
+        print()
+        print_targets(results)
+        print()
+    if len(by_dtype) > 1:
+        print_dtype_table(by_dtype, args.repeats)
 
-    print(f"Resuming turn: {args.turn}")
-    print_resume_table(results, threads, args.repeats, methods, resident)
-    print()
-    print(
-        f"Spill files, one {args.context}-token float32 KV, median of {args.repeats}; "
-        f"page cache: {', '.join(sorted(io_methods))}"
-    )
-    print_table(("operation", "MB", "time (ms)", "MB/s"), io_rows)
-    print()
-    print_targets(results)
+
+def print_dtype_table(by_dtype: dict[str, Results], repeats: int) -> None:
+    """Each path's median time to first token in every KV dtype, against the first's."""
+    first = next(iter(by_dtype))
+    base = {k: statistics.median(pick(by_dtype[first], k, "ttft_s")) for k in SOURCE_KINDS}
+    rows = []
+    for kind in SOURCE_KINDS:
+        cells = [kind]
+        for name, results in by_dtype.items():
+            ttft = statistics.median(pick(results, kind, "ttft_s"))
+            cells.append(f"{ttft * 1e3:.1f}")
+            if name != first:
+                cells.append(f"{base[kind] / ttft:.2f}x")
+        rows.append(tuple(cells))
+    head = ["path"]
+    for name in by_dtype:
+        head.append(f"{name} TTFT (ms)")
+        if name != first:
+            head.append(f"{first} / {name}")
+    print(f"Time to first token on resume by KV dtype, median of {repeats}")
+    print_table(tuple(head), rows)
 
 
-def warm_budget(config: ModelConfig, context: int) -> int:
+def warm_budget(config: ModelConfig, context: int, dtype: np.dtype[Any]) -> int:
     """A warm budget that holds one session of `context` tokens (plus the reply) but not two."""
-    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * DTYPE_BYTES
+    per_token = kv_bytes_per_token(config, dtype)
     capacity = -(-(context + MAX_TOKENS) // BLOCK_TOKENS) * BLOCK_TOKENS
     session_bytes = capacity * per_token
     budget = 3 * session_bytes // 2  # one session fits, two do not
@@ -121,10 +164,11 @@ def run_sessions(
     encode: Encode | None,
     methods: set[str],
     resident: list[int],
+    kv_dtype: str,
 ) -> Results:
-    """Start one worker with `threads` threads and warm budget `budget`, and run `repeats`
-    repeats of the conversation over `text`, its turns sent as `encode` makes them
-    (kv_tiers_session.send); the spill folder is removed afterwards."""
+    """Start one worker with `threads` threads, warm budget `budget` and `kv_dtype` KV, and
+    run `repeats` repeats of the conversation over `text`, its turns sent as `encode` makes
+    them (kv_tiers_session.send); the spill folder is removed afterwards."""
     spill_dir = Path(tempfile.mkdtemp(prefix="wf-kvtiers-spill-"))
     results: Results = []
     try:
@@ -138,6 +182,7 @@ def run_sessions(
                     log_dir=os.environ.get("WARMFLEET_BENCH_LOGS") or None,
                     spill_dir=spill_dir,
                     warm_budget=budget,
+                    kv_dtype=kv_dtype,
                 )
             ) as cluster,
             Client(cluster.target, timeout_s=600) as client,
@@ -169,7 +214,7 @@ def print_resume_table(
     """Time to first token of the warm, disk and recomputed resumes, against recompute."""
     rec = statistics.median(pick(results, "recompute", "ttft_s"))
     rows = []
-    for kind in ("warm", "disk", "recompute"):
+    for kind in SOURCE_KINDS:
         ttft = pick(results, kind, "ttft_s")
         rows.append(
             (

@@ -11,9 +11,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from engine.kv.kv_dtypes import Q8_0, quantize
 from engine.kv_files.spill_file import SpilledKV, SpillStore
 from engine.text.model_config import ModelConfig
 
@@ -53,14 +55,18 @@ def resident_bytes(paths: Sequence[Path]) -> int | None:
 # --- the spill files' throughput --------------------------------------------------------------
 
 
+def as_kv(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    return quantize(values) if dtype == Q8_0 else values.astype(dtype)
+
+
 def spill_throughput(
-    config: ModelConfig, tokens: int, repeats: int
+    config: ModelConfig, tokens: int, repeats: int, dtype: np.dtype[Any]
 ) -> tuple[list[tuple[str, str, str, str]], set[str]]:
-    """Write and read one `tokens`-position KV of the model's shape with SpillStore."""
+    """Write and read one `tokens`-position KV of the model's shape in `dtype` with
+    SpillStore."""
     shape = (config.num_layers, config.num_kv_heads, tokens, config.head_dim)
     rng = np.random.default_rng(0)
-    k = rng.standard_normal(shape, dtype=np.float32)
-    v = rng.standard_normal(shape, dtype=np.float32)
+    k, v = (as_kv(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in "kv")
     kv = SpilledKV(k, v, list(range(tokens)))
     like = (config.num_layers, config.num_kv_heads, config.head_dim)
     mb = (k.nbytes + v.nbytes) / 1e6
@@ -75,11 +81,11 @@ def spill_throughput(
             paths = [p for p in store.directory.rglob("*") if p.is_file()]
             methods.add(drop_page_cache(paths))
             t = time.perf_counter()
-            back = store.read("s", like=like, dtype=np.dtype(np.float32))
+            back = store.read("s", like=like, dtype=dtype)
             times["cold"].append(time.perf_counter() - t)
-            assert back is not None and np.array_equal(back.v, v)
+            assert back is not None and back.v.tobytes() == v.tobytes()
             t = time.perf_counter()
-            store.read("s", like=like, dtype=np.dtype(np.float32))
+            store.read("s", like=like, dtype=dtype)
             times["cached"].append(time.perf_counter() - t)
             drop_page_cache(paths)
             t = time.perf_counter()

@@ -16,7 +16,8 @@ import numpy as np
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.device import array_module, compute_dtype, on_mlx, to_host
 from engine.forward import forward
-from engine.kv.kv_pool import KVPool
+from engine.kv.kv_dtypes import fits, kv_dtype_named, values_per_item
+from engine.kv.kv_pool import KVPool, kv_bytes_per_token
 from engine.loader.experts import refuse_unbuilt
 from engine.loader.rope import frequency_divisors
 from engine.loader.weights import Weights, fingerprint, load_weights, release_copied
@@ -67,6 +68,11 @@ class Model:
         family = family_for(meta.get("general.architecture"))
         refuse_unbuilt(meta, [t.name for t in reader.tensors], family.tensors.experts)
         config = ModelConfig.from_metadata(meta)
+        if not fits(config.head_dim, pool_dtype):
+            raise UnsupportedModelError(
+                f"--kv-dtype {kv_dtype}: heads of {config.head_dim} values do not split into "
+                f"its blocks of {values_per_item(pool_dtype)}"
+            )
         tokenizer = Tokenizer.from_metadata(meta)
         divisors = frequency_divisors(reader, config)
         if on_mlx(xp):
@@ -143,23 +149,23 @@ class Model:
     @property
     def bytes_per_token(self) -> int:
         """KV bytes of one position (keys and values of every layer)."""
-        return 2 * self.config.num_layers * self.config.kv_dim * self.kv_dtype.itemsize
+        return kv_bytes_per_token(self.config, self.kv_dtype)
 
 
-KV_DTYPES = ("auto", "float32", "float16")
+KV_DTYPES = ("auto", "float32", "float16", "q8_0")
 
 
 def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[Any]:
-    """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute, float32
-    or float16 (the C attention kernels read either, widening each value as they load it),
-    and auto is float16; elsewhere (CUDA, MLX, float16 compute) the pool holds the compute
-    dtype only, and auto is that."""
+    """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute, float32,
+    float16 or q8_0 (the C attention kernels read each, widening each value as they load
+    it), and auto is float16; elsewhere (CUDA, MLX, float16 compute) the pool holds the
+    compute dtype only, and auto is that."""
     if name not in KV_DTYPES:
         choices = ", ".join(KV_DTYPES)
         raise InvalidRequestError("kv_dtype", f"must be one of {choices}, got {name!r}")
     if name == "auto":
         return np.dtype(np.float16) if xp is np and compute == np.float32 else compute
-    wanted = np.dtype(name)
+    wanted = kv_dtype_named(name)
     if wanted != compute and (xp is not np or compute != np.float32):
         where = "the CPU with --dtype float32" if xp is np else "this device"
         raise UnsupportedModelError(

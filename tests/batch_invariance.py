@@ -63,3 +63,16 @@ def check(model: Model, prompts: list[list[int]], cases: list[Composition]) -> i
             assert np.array_equal(row, chunk_alone[case.prefill]), case
             compared += 1
     return compared
+
+
+def check_random_prompts(model: Model, lowest_id: int = 3) -> None:
+    """16 random prompts of 2-39 tokens (ids from lowest_id on), decoded in batches of 1,
+    5, 16 and 9 rows beside no chunk, a short one and a long one: every row as alone."""
+    rng = np.random.default_rng(11)
+    vocab = model.config.vocab_size
+    prompts = [
+        [int(t) for t in rng.integers(lowest_id, vocab, size=int(rng.integers(2, 40)))]
+        for _ in range(16)
+    ]
+    cases = compositions(16, [1, 5, 16, 9], [0, 5, 40])
+    assert check(model, prompts, cases) == sum(len(c.order) + (c.prefill > 0) for c in cases)

@@ -51,6 +51,12 @@ def model_kv_float32(default_model_path: Path) -> Model:
 
 
 @pytest.fixture(scope="session")
+def model_kv_q8(default_model_path: Path) -> Model:
+    """The default model with its KV in q8_0 blocks (--kv-dtype q8_0)."""
+    return Model.load(default_model_path, device="cpu", kv_dtype="q8_0")
+
+
+@pytest.fixture(scope="session")
 def model_float32(default_model_path: Path) -> Model:
     """The default model all in float32: every matrix expanded (--weights float32) and the
     KV (--kv-dtype float32)."""

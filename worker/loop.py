@@ -17,6 +17,7 @@ from broker.messages import JobError, TokenChunk
 from broker.worker_broker import LostState, Outbox, WorkerBroker, is_lost_group
 from engine import sequence
 from engine.engine import Engine
+from engine.kv.kv_dtypes import kv_name
 from worker import results
 from worker.admission import Admission
 from worker.config import WorkerConfig
@@ -75,7 +76,7 @@ class Worker:
             "num_adopted": sum(f.delivery.stream != s.broker.pinned for f in s.inflight.values()),
             "num_sessions": len(engine.sessions),
             "pool_bytes": engine.sessions.nbytes,  # idle sessions' blocks, each once
-            "kv_dtype": engine.model.kv_dtype.name,
+            "kv_dtype": kv_name(engine.model.kv_dtype),
             "kv_bytes_per_token": engine.model.bytes_per_token,  # all layers, keys and values
             "kv_blocks": self._blocks(),
             "warm_budget": s.config.warm_budget_bytes,

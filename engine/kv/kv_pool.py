@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.device import to_host
 from engine.kv.blocks import BlockAllocator
+from engine.kv.kv_dtypes import Q8_0, Q8_VALUES, quantize, row_items
 from engine.kv_files.chain import chain_hash, kv_root, scope_hash
 from engine.kv_files.spill_file import SpilledKV
 from engine.text.model_config import ModelConfig
@@ -24,9 +25,16 @@ Array = Any
 BLOCK_TOKENS = 16  # positions per block (see bench/RESULTS.md for the choice)
 
 
+def kv_bytes_per_token(config: ModelConfig, dtype: Any) -> int:
+    """KV bytes of one position, keys and values of every layer, in `dtype`."""
+    per_head = row_items(config.head_dim, dtype) * np.dtype(dtype).itemsize
+    return 2 * config.num_layers * config.num_kv_heads * per_head
+
+
 class KVPool:
-    """k, v: [layers, num_blocks, kv_heads, block, head_dim]; positions of a block are its
-    slots. The allocator says who holds which block."""
+    """k, v: [layers, num_blocks, kv_heads, block, head_dim] (q8_0: head_dim / 32 blocks of
+    32 values, kv_dtypes.py); positions of a block are its slots. The allocator says who
+    holds which block."""
 
     def __init__(
         self,
@@ -48,7 +56,8 @@ class KVPool:
 
     def _allocate(self) -> None:
         c = self.config
-        shape = (c.num_layers, self.num_blocks, c.num_kv_heads, self.block_size, c.head_dim)
+        row = row_items(c.head_dim, self.dtype)
+        shape = (c.num_layers, self.num_blocks, c.num_kv_heads, self.block_size, row)
         self.k = self.xp.zeros(shape, dtype=self.dtype)  # zero pages: taken as written
         self.v = self.xp.zeros(shape, dtype=self.dtype)
 
@@ -96,9 +105,13 @@ class KVPool:
     def write_layer(self, layer: int, rows: Array, k: Array, v: Array) -> None:
         """One layer's keys and values [n, kv_heads, head_dim] of a step at `rows` (from
         flat_rows, as an array of the pool's module): one indexed assignment on a flat view,
-        30x faster than indexing blocks, heads and slots at once (about 1 us against 30)."""
+        30x faster than indexing blocks, heads and slots at once (about 1 us against 30);
+        quantized first for a q8_0 pool."""
         d = self.config.head_dim
         at = rows + self.row_shift(layer)
+        if self.dtype == Q8_0:
+            k, v = quantize(k), quantize(v)
+            d //= Q8_VALUES
         self.k.reshape(-1, d)[at] = k.reshape(-1, d)
         self.v.reshape(-1, d)[at] = v.reshape(-1, d)
 
@@ -124,12 +137,12 @@ class KVPool:
         fingerprint: str = "", block_size: int = BLOCK_TOKENS,
     ) -> KVPool:  # fmt: skip
         """A pool of as many blocks as fit `pool_bytes` (at least one)."""
-        per_block = 2 * config.num_layers * config.kv_dim * block_size * np.dtype(dtype).itemsize
+        per_block = kv_bytes_per_token(config, dtype) * block_size
         return cls(config, max(1, pool_bytes // per_block), dtype, xp, fingerprint, block_size)
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.config.num_layers * self.config.kv_dim * self.dtype.itemsize
+        return kv_bytes_per_token(self.config, self.dtype)
 
     @property
     def block_bytes(self) -> int:

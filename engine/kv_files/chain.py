@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from engine.kv.kv_dtypes import kv_name
 
 
 def chain_hash(previous: bytes, token_ids: Sequence[int]) -> bytes:
@@ -28,5 +28,5 @@ def kv_root(fingerprint: str, kv_dtype: Any) -> str:
     """What a block's chain is rooted in besides the tenant: the model, and the KV dtype
     where it is not float32, so that blocks in different dtypes never pass for each other
     (in a pool, on disk, or across a fleet's workers)."""
-    name = np.dtype(kv_dtype).name
+    name = kv_name(kv_dtype)
     return fingerprint if name == "float32" else f"{fingerprint}/kv={name}"

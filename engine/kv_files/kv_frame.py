@@ -16,6 +16,7 @@ import numpy as np
 import xxhash
 
 from common.errors import SpillFileError
+from engine.kv.kv_dtypes import kv_str
 
 PREFIX = struct.Struct("<4sII")
 
@@ -35,7 +36,7 @@ def write_frame(
     digest = xxhash.xxh3_64(raw(k))
     digest.update(raw(v))
     head = json.dumps({
-        **header, "dtype": k.dtype.str, "shape": list(k.shape),
+        **header, "dtype": kv_str(k.dtype), "shape": list(k.shape),
         "payload_bytes": k.nbytes + v.nbytes, "xxh3_64": digest.hexdigest(),
     }).encode()  # fmt: skip
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -82,7 +83,7 @@ def read_payload(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Keys and values of the expected shape and dtype, after checking that the header
     says the same and that the bytes match their checksum."""
-    if (h.get("dtype"), h.get("shape")) != (dtype.str, shape):
+    if (h.get("dtype"), h.get("shape")) != (kv_str(dtype), shape):
         raise SpillFileError(name, "dtype or shape differs from the running model")
     half = int(np.prod(shape)) * dtype.itemsize
     if len(payload) != 2 * half or h.get("payload_bytes") != 2 * half:

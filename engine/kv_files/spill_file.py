@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import SpillFileError
+from engine.kv.kv_dtypes import kv_dtype_named, kv_name, row_items
 from engine.kv_files.block_file import read_block, write_block
 from engine.kv_files.chain import chain_hash, kv_root, scope_hash
 from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
@@ -127,7 +128,8 @@ class SpillStore:
         """The session's KV in `dtype`, or None when there is no file. A file failing any
         check is deleted, counted, and reported as SpillFileError; a block failing one is
         deleted and counted, and the blocks before it come back (`incomplete` says why).
-        `like` is (layers, kv_heads, head_dim) of the running model. A file in another KV
+        `like` is (layers, kv_heads, head_dim) of the running model (values: a q8_0 file's
+        rows hold head_dim / 32 blocks). A file in another KV
         dtype is converted where CONVERTIBLE says so (counted in num_converted), else
         refused like a file failing a check."""
         path = self.path_for(key)
@@ -147,7 +149,7 @@ class SpillStore:
             return kv
         self.num_converted += 1
         k, v = kv.k.astype(dtype), kv.v.astype(dtype)
-        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, kv.k.dtype.name)
+        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, kv_name(kv.k.dtype))
 
     def _assemble(
         self, h: dict[str, Any], k_tail: np.ndarray, v_tail: np.ndarray,
@@ -157,7 +159,8 @@ class SpillStore:
         passed their checks)."""
         size, ids = self.block_size, [int(t) for t in h["token_ids"]]
         layers, kv_heads, head_dim = like
-        shape = (layers, kv_heads, size, head_dim)
+        row = row_items(head_dim, dtype)
+        shape = (layers, kv_heads, size, row)
         hashes = [self._root(dtype, h["scope"])]
         hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
 
@@ -184,7 +187,7 @@ class SpillStore:
             vs.append(v_tail)
         n = sum(k.shape[2] for k in ks)
         if not ks:
-            ks = vs = [np.empty((layers, kv_heads, 0, head_dim), dtype=dtype)]
+            ks = vs = [np.empty((layers, kv_heads, 0, row), dtype=dtype)]
         return SpilledKV(np.concatenate(ks, axis=2), np.concatenate(vs, axis=2), ids[:n],
                          str(h["scope"]), why)  # fmt: skip
 
@@ -203,7 +206,8 @@ class SpillStore:
         if blocks != self._chain(str(h.get("scope")), ids, len(blocks), dtype):
             raise SpillFileError(name, "its blocks are not those of its tokens")
         layers, kv_heads, head_dim = like
-        shape = [layers, kv_heads, len(ids) - len(blocks) * self.block_size, head_dim]
+        row = row_items(head_dim, dtype)
+        shape = [layers, kv_heads, len(ids) - len(blocks) * self.block_size, row]
         k, v = read_payload(h, payload, shape, dtype, name)
         return h, k, v
 
@@ -222,12 +226,14 @@ class SpillStore:
         """The dtype to read the file's KV in: `dtype`, or the file's own where it converts
         to `dtype` (CONVERTIBLE); SpillFileError for any other."""
         try:
-            held = np.dtype(h.get("dtype"))
+            held = kv_dtype_named(h.get("dtype"))
         except TypeError:
             raise SpillFileError(name, f"unknown KV dtype {h.get('dtype')!r}") from None
-        if held == dtype or (held.name, dtype.name) in CONVERTIBLE:
+        if held == dtype or (kv_name(held), kv_name(dtype)) in CONVERTIBLE:
             return held
-        raise SpillFileError(name, f"KV in {held.name}, not convertible to this worker's {dtype}")
+        raise SpillFileError(
+            name, f"KV in {kv_name(held)}, not convertible to this worker's {kv_name(dtype)}"
+        )
 
     def delete(self, key: str) -> bool:
         path = self.path_for(key)

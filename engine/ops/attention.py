@@ -27,19 +27,24 @@ from typing import Any
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from engine.kv.kv_dtypes import Q8_0, dequantize, widened
 from engine.ops import gpu_ops, native
 from engine.ops.kernels import SMALL_ROWS
 from engine.ops.native import address
 
 Array = Any
-# what the C kernels' pools may hold (wf_paged_rows, wf_paged_rows_f16)
-KERNEL_KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+# what the C kernels' pools may hold, and their functions
+KERNEL_KV_DTYPES = {
+    np.dtype(np.float32): "wf_paged_rows",
+    np.dtype(np.float16): "wf_paged_rows_f16",
+    Q8_0: "wf_paged_rows_q8",
+}
 
 
 def kernel_reads(kv_dtype: np.dtype[Any]) -> bool:
     """Whether the rows kernel reads a pool of this dtype in place: float32 always (C or
-    Numba), float16 where the C kernels build (Numba's would copy the layer each call, so
-    the gather path serves)."""
+    Numba), float16 and q8_0 where the C kernels build (Numba's would widen the layer each
+    call, so the gather path serves)."""
     return kv_dtype == np.float32 or (kv_dtype in KERNEL_KV_DTYPES and native.library() is not None)
 
 
@@ -113,15 +118,15 @@ def kernel_row_limit(num_heads: int, num_kv_heads: int, dim: int) -> int | None:
 
 @functools.cache
 def _paged_rows_kernel() -> RowsKernel:
-    """_paged_rows's signature, in C where the engine's C kernels build: wf_paged_rows for a
-    float32 pool, wf_paged_rows_f16 for a float16 one (the Numba fallback reads a float16
-    layer widened to float32 first: a copy per call)."""
+    """_paged_rows's signature, in C where the engine's C kernels build: the function of
+    KERNEL_KV_DTYPES for the pool's dtype (the Numba fallback reads a float16 or q8_0 layer
+    widened to float32 first: a copy per call)."""
     lib = native.library()
     if lib is None:
         return _widened
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fns = {}
-    for dtype, name in zip(KERNEL_KV_DTYPES, ("wf_paged_rows", "wf_paged_rows_f16"), strict=True):
+    for dtype, name in KERNEL_KV_DTYPES.items():
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
         fn.restype = i64  # 0, or the scratch bytes refused
@@ -166,9 +171,8 @@ def _widened(
     scale: float,
     out: np.ndarray,
 ) -> None:
-    """_paged_rows on a layer of any float dtype (float32: as it is)."""
-    k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
-    _paged_rows(q, k, v, tables, lengths, scale, out)
+    """_paged_rows on a layer of any KV dtype (float32: as it is)."""
+    _paged_rows(q, widened(k), widened(v), tables, lengths, scale, out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +269,12 @@ def gather(pool_layer: Array, blocks: Array, num_keys: int) -> Array:
     return held.transpose(1, 0, 2, 3).reshape(hkv, nb * bs, d)[:, :num_keys]
 
 
+def _as(gathered: Array, dtype: Any) -> Array:
+    """Gathered keys or values in the compute dtype (q8_0 dequantized first)."""
+    values = dequantize(gathered) if gathered.dtype == Q8_0 else gathered
+    return values.astype(dtype, copy=False)
+
+
 def paged_attention(
     q: Array, k_layer: Array, v_layer: Array, plan: AttentionPlan, xp: ModuleType
 ) -> Array:
@@ -287,8 +297,7 @@ def paged_attention(
         out[rows] = got
     for row, n, start, blocks in plan.chunks:
         b = xp.asarray(blocks)
-        keys = gather(k_layer, b, start + n).astype(q.dtype, copy=False)
-        values = gather(v_layer, b, start + n).astype(q.dtype, copy=False)
+        keys, values = (_as(gather(a, b, start + n), q.dtype) for a in (k_layer, v_layer))
         out[row : row + n] = attend_dense(q[row : row + n], keys, values, start, xp).reshape(
             n, num_heads, d
         )

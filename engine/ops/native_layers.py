@@ -58,11 +58,11 @@ class _Shape(ctypes.Structure):
         ("kv_heads", _i64),
         ("head_dim", _i64),
         ("ffn_dim", _i64),
-        ("layer_floats", _i64),
+        ("layer_items", _i64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("moe_stats", _ptr),
-        ("kv_half", ctypes.c_int),
+        ("kv_kind", ctypes.c_int),
     ]
 
 
@@ -155,18 +155,18 @@ class NativeLayers:
             and _vector(rope.cos) is not None and _vector(rope.sin) is not None
         ):  # fmt: skip
             return False
-        layer_floats = pool.k[0].size
+        layer_items = pool.k[0].size
         shape = _Shape(
             c.dim,
             c.num_heads,
             c.num_kv_heads,
             c.head_dim,
             self.dense_ffn_dim,
-            layer_floats,
+            layer_items,
             c.rms_eps,
             c.head_dim**-0.5,
             self.moe_stats,
-            pool.dtype == np.float16,
+            list(KERNEL_KV_DTYPES).index(pool.dtype),  # the order of layers.c's kv_kind
         )
         kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
         refused = self.fn(

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.kv.kv_dtypes import Q8_0, kv_name, quantize
 from engine.ops import native
-from engine.ops.attention import _paged_rows_kernel
+from engine.ops.attention import KERNEL_KV_DTYPES, _paged_rows_kernel
 from engine.ops.quant.native import NativeKernels
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
@@ -36,12 +37,13 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 
 @pytest.fixture(scope="module")
 def haswell(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """qmatmul.c and attention.c (and its float16 build) for Haswell, with the engine's
-    other flags."""
+    """qmatmul.c and attention.c (and its float16 and q8_0 builds) for Haswell, with the
+    engine's other flags."""
     assert CC is not None
     out = tmp_path_factory.mktemp("haswell") / "kernels-haswell.so"
     flags = [f if f != "-march=native" else "-march=haswell" for f in native.FLAGS]
-    sources = [str(native.CSRC / name) for name in ("qmatmul.c", "attention.c", "attention_f16.c")]
+    names = ("qmatmul.c", "attention.c", "attention_f16.c", "attention_q8.c")
+    sources = [str(native.CSRC / name) for name in names]
     subprocess.run([CC, *flags, "-o", str(out), *sources], check=True, timeout=300)
     return ctypes.CDLL(str(out))
 
@@ -72,15 +74,16 @@ def test_products_built_for_avx2_equal_the_avx512_builds_bit_for_bit(
 
 @pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 128), (32, 4, 128), (28, 4, 128),
                                    (16, 16, 64), (8, 1, 64), (12, 4, 96)])  # fmt: skip
-@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kv_dtype", list(KERNEL_KV_DTYPES), ids=kv_name)
 def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
     haswell: ctypes.CDLL, heads: tuple[int, int, int], kv_dtype: str
 ) -> None:
     h, hkv, d = heads
     rng = np.random.default_rng(h * d + hkv)
-    k, v = (rng.standard_normal((72, hkv, 16, d)).astype(kv_dtype) for _ in range(2))
+    values = (rng.standard_normal((72, hkv, 16, d)).astype(np.float32) for _ in range(2))
+    k, v = (quantize(a) if kv_dtype == Q8_0 else a.astype(kv_dtype) for a in values)
     avx512 = _paged_rows_kernel()
-    fn = haswell.wf_paged_rows if kv_dtype == "float32" else haswell.wf_paged_rows_f16
+    fn = getattr(haswell, KERNEL_KV_DTYPES[kv_dtype])
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
     fn.restype = ctypes.c_int64  # 0, or the scratch bytes it could not allocate

@@ -59,7 +59,7 @@ def logits_one_by_one(model: Model, ids: list[int]) -> np.ndarray:
 def test_tokens_and_logits_at_every_position_match_llama_cpp(
     family: str, model_file: Path, reference: Reference, device: str
 ) -> None:
-    model = Model.load(model_file, device=device)
+    model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
     assert model.config.architecture == FAMILIES[family].arch
     for n, text in enumerate(FAMILIES[family].texts):
         ids = reference[f"ids_{n}"].tolist()

@@ -2,7 +2,8 @@
 kept warm (its prompt prefilled, then decoded one token a step), restored from its spill
 file and recomputed from its tokens in one prefill hold the same bytes, and the greedy
 continuation from each gives the same logits, bit for bit. A value's bytes depend on its own
-position's inputs only, so this holds in float16 as in float32."""
+position's inputs only (a q8_0 block's on its own 32 values), so this holds in float16 and
+q8_0 as in float32."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.kv.kv_dtypes import kv_name
 from engine.kv.kv_pool import PagedKV, detach
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
@@ -38,12 +40,15 @@ def greedy(model: Model, kv: PagedKV, token: int, count: int) -> tuple[list[int]
     return tokens, np.stack(rows)
 
 
-@pytest.mark.parametrize("which", ["model", "model_kv_float32"], ids=["float16", "float32"])
+KV_DTYPES = {"model": "float16", "model_kv_float32": "float32", "model_kv_q8": "q8_0"}
+
+
+@pytest.mark.parametrize("which", list(KV_DTYPES), ids=list(KV_DTYPES.values()))
 def test_warm_restored_and_recomputed_kv_hold_the_same_bytes_and_tokens(
     request: pytest.FixtureRequest, which: str, tmp_path: Path
 ) -> None:
     model: Model = request.getfixturevalue(which)
-    assert model.kv_dtype == {"model": np.float16, "model_kv_float32": np.float32}[which]
+    assert kv_name(model.kv_dtype) == KV_DTYPES[which]
     prompt = model.tokenizer.encode(PROMPT)
     warm = new_kv(model, scope="local")
     token = int(np.argmax(run_segments(model, [(warm, prompt)])[0]))
@@ -64,7 +69,7 @@ def test_warm_restored_and_recomputed_kv_hold_the_same_bytes_and_tokens(
     restored = pool_of(model).load(back.scope, back.k, back.v, back.token_ids)
 
     expected = held_bytes(warm)
-    assert len(expected[0]) == len(history) * model.bytes_per_token // 2
+    assert len(expected[0]) == len(history) * model.bytes_per_token // 2  # the keys' half
     assert held_bytes(recomputed) == expected
     assert held_bytes(restored) == expected
     runs = [greedy(model, kv, decoded[-1], MORE_TOKENS) for kv in (warm, recomputed, restored)]

@@ -70,7 +70,8 @@ def quantized_pair(
     """The tiny MoE with every matrix of type request.param, on MLX and on NumPy."""
     qtype: T = request.param
     path = write_tiny(tmp_path_factory.mktemp("moe") / "m.gguf", "qwen3moe", matrix_type=qtype)
-    return qtype, Model.load(path, device="mlx"), Model.load(path, device="cpu")
+    cpu = Model.load(path, device="cpu", kv_dtype="float32")  # MLX's pool holds float32
+    return qtype, Model.load(path, device="mlx"), cpu
 
 
 def steps(model: Model) -> list[np.ndarray]:

@@ -47,7 +47,8 @@ def model_pair(
     """The same file on MLX (quantized where MLX can) and on NumPy (float32 weights)."""
     folder = tmp_path_factory.mktemp("fwd")
     path = write_tiny_llama(folder / "m.gguf", **FORWARD_VARIANTS[request.param])
-    return Model.load(path, device="mlx"), Model.load(path, device="cpu", weights="float32")
+    cpu = Model.load(path, device="cpu", weights="float32", kv_dtype="float32")  # MLX's KV
+    return Model.load(path, device="mlx"), cpu
 
 
 def mixed_steps(model: Model) -> tuple[list[np.ndarray], list[PagedKV]]:

@@ -16,8 +16,9 @@
    the scores and the weighing go by 8-lane halves (head_scores, weigh_head): the same bits.
 
    Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer, float32; float16 in the
-   _f16 functions of attention_f16.c, this file built again); tables [R, max_blocks];
-   out [R, H, D]. D a multiple of 16, at most 256; G = H / Hkv at most 16. */
+   _f16 functions of attention_f16.c, this file built again; q8_0 blocks [.., D / 32] in
+   the _q8 ones of attention_q8.c); tables [R, max_blocks]; out [R, H, D]. D a multiple of
+   16 (of 32 for q8_0), at most 256; G = H / Hkv at most 16. */
 
 /* GCC 12's global CSE passes took most of this file's build (built for AVX2 45 of 60 s,
    for AVX-512 7 of 19) and gave the same code speed: without them the engine's first start
@@ -39,30 +40,56 @@ static const v16i IOTA16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 #define MAX_KV 8 /* KV heads a whole-row task takes */
 #define INLINE static inline __attribute__((always_inline))
 
-/* What the pool holds (KV_HALF: float16, attention_f16.c; else float32), widened to float32
-   as it is loaded: kv16 16 values, kv8 8 (AVX2). The arithmetic after the load is the same
-   for both, so a float16 pool's results are the float32 code's on the widened values. */
-#ifndef KV_HALF
-#define KV_HALF 0
+/* What the pool holds (KV_KIND 0: float32; 1: float16, attention_f16.c; 2: q8_0 blocks,
+   attention_q8.c), widened to float32 as it is loaded: KV16(row, c) the c-th 16 values of
+   the key (or value) vector at row, KV8(row, i) its i-th 8 (AVX2). The arithmetic after
+   the load is the same for all, so a float16 or q8_0 pool's results are the float32
+   code's on the widened values (q8_0: float(d) * q, exact). A vector of D values takes
+   ROW(D) kv_t. */
+#ifndef KV_KIND
+#define KV_KIND 0
 #endif
-#if KV_HALF
+#if KV_KIND == 1
 typedef _Float16 kv_t;
 typedef _Float16 v16h __attribute__((vector_size(32)));
 #define KV_NAME(f) f##_f16
-INLINE v16f kv16(const kv_t *p) {
+#define ROW(dim) (dim)
+INLINE v16f KV16(const kv_t *row, int64_t c) {
     v16h h;
-    memcpy(&h, p, sizeof h);
+    memcpy(&h, row + 16 * c, sizeof h);
     return __builtin_convertvector(h, v16f);
 }
 #if WF_AVX2
-INLINE __m256 kv8(const kv_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+INLINE __m256 KV8(const kv_t *row, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * i)));
+}
+#endif
+#elif KV_KIND == 2
+#include "kv_q8.h"
+typedef wf_q8 kv_t;
+typedef int8_t v16b __attribute__((vector_size(16)));
+#define KV_NAME(f) f##_q8
+#define ROW(dim) ((dim) / WF_Q8_VALUES)
+INLINE v16f KV16(const kv_t *row, int64_t c) {
+    const kv_t *b = row + (c >> 1);
+    v16b codes;
+    memcpy(&codes, b->q + 16 * (c & 1), sizeof codes);
+    return __builtin_convertvector(codes, v16f) * splat((float)wf_q8_scale(b));
+}
+#if WF_AVX2
+INLINE __m256 KV8(const kv_t *row, int64_t i) {
+    const kv_t *b = row + (i >> 2);
+    __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->q + 8 * (i & 3))));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), _mm256_set1_ps((float)wf_q8_scale(b)));
+}
 #endif
 #else
 typedef float kv_t;
 #define KV_NAME(f) f
-INLINE v16f kv16(const kv_t *p) { return load16(p); }
+#define ROW(dim) (dim)
+INLINE v16f KV16(const kv_t *row, int64_t c) { return load16(row + 16 * c); }
 #if WF_AVX2
-INLINE __m256 kv8(const kv_t *p) { return _mm256_loadu_ps(p); }
+INLINE __m256 KV8(const kv_t *row, int64_t i) { return _mm256_loadu_ps(row + 8 * i); }
 #endif
 #endif
 #define KV_BYTES ((int64_t)sizeof(kv_t))
@@ -113,21 +140,21 @@ INLINE __m256 tree8(const __m256 t[8]) {
    took minutes, past the library's compile timeout). */
 static __attribute__((noinline)) void head_scores(const float *qj, const kv_t *kb, int64_t nv,
                                                   float *sc) {
-    int64_t dim = 16 * nv;
+    int64_t row = ROW(16 * nv);
     __m256 t[16];
     for (int s0 = 0; s0 < 16; s0 += 4) {
-        const kv_t *key = kb + s0 * dim;
+        const kv_t *key = kb + s0 * row;
         __m256 lo[4], hi[4], ql = _mm256_loadu_ps(qj), qh = _mm256_loadu_ps(qj + 8);
         for (int s = 0; s < 4; s++) {
-            lo[s] = _mm256_mul_ps(ql, kv8(key + s * dim));
-            hi[s] = _mm256_mul_ps(qh, kv8(key + s * dim + 8));
+            lo[s] = _mm256_mul_ps(ql, KV8(key + s * row, 0));
+            hi[s] = _mm256_mul_ps(qh, KV8(key + s * row, 1));
         }
         for (int64_t c = 1; c < nv; c++) {
             ql = _mm256_loadu_ps(qj + 16 * c);
             qh = _mm256_loadu_ps(qj + 16 * c + 8);
             for (int s = 0; s < 4; s++) {
-                lo[s] = _mm256_fmadd_ps(ql, kv8(key + s * dim + 16 * c), lo[s]);
-                hi[s] = _mm256_fmadd_ps(qh, kv8(key + s * dim + 16 * c + 8), hi[s]);
+                lo[s] = _mm256_fmadd_ps(ql, KV8(key + s * row, 2 * c), lo[s]);
+                hi[s] = _mm256_fmadd_ps(qh, KV8(key + s * row, 2 * c + 1), hi[s]);
             }
         }
         for (int s = 0; s < 4; s++) t[s0 + s] = _mm256_add_ps(lo[s], hi[s]);
@@ -145,17 +172,18 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
     }
 }
 
-/* n (a constant) 8-float pieces of one head's accumulator += values s0 .. keys - 1 (rows
-   stride floats apart at v) weighted by w[s]: the pieces in registers, each weight
-   broadcast once for them; each lane's multiply-adds in key order, as weigh_block's. */
-INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t stride, int64_t s0,
-                         int64_t keys, const float *w) {
+/* n (a constant) 8-float pieces, from piece0 on, of one head's accumulator += values s0 ..
+   keys - 1 (vectors stride kv_t apart at v) weighted by w[s]: the pieces in registers,
+   each weight broadcast once for them; each lane's multiply-adds in key order, as
+   weigh_block's. */
+INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t piece0, int64_t stride,
+                         int64_t s0, int64_t keys, const float *w) {
     __m256 a[8];
     for (int u = 0; u < n; u++) a[u] = _mm256_loadu_ps(acc + 8 * u);
     for (int64_t s = s0; s < keys; s++) {
         __m256 ws = _mm256_set1_ps(w[s]);
         for (int u = 0; u < n; u++)
-            a[u] = _mm256_fmadd_ps(ws, kv8(v + s * stride + 8 * u), a[u]);
+            a[u] = _mm256_fmadd_ps(ws, KV8(v + s * stride, piece0 + u), a[u]);
     }
     for (int u = 0; u < n; u++) _mm256_storeu_ps(acc + 8 * u, a[u]);
 }
@@ -164,13 +192,13 @@ INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t stride, int64
    w[s], 8 pieces (64 floats) at a time. */
 static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int64_t s0,
                                                  int64_t keys, const float *w, int64_t nv) {
-    int64_t pieces = 2 * nv, stride = 16 * nv;
+    int64_t pieces = 2 * nv, stride = ROW(16 * nv);
     for (int64_t u = 0; u < pieces; u += 8) {
         switch (pieces - u < 8 ? pieces - u : 8) { /* even: D is a multiple of 16 */
-        case 8: weigh_pieces(8, acc + 8 * u, vb + 8 * u, stride, s0, keys, w); break;
-        case 6: weigh_pieces(6, acc + 8 * u, vb + 8 * u, stride, s0, keys, w); break;
-        case 4: weigh_pieces(4, acc + 8 * u, vb + 8 * u, stride, s0, keys, w); break;
-        default: weigh_pieces(2, acc + 8 * u, vb + 8 * u, stride, s0, keys, w);
+        case 8: weigh_pieces(8, acc + 8 * u, vb, u, stride, s0, keys, w); break;
+        case 6: weigh_pieces(6, acc + 8 * u, vb, u, stride, s0, keys, w); break;
+        case 4: weigh_pieces(4, acc + 8 * u, vb, u, stride, s0, keys, w); break;
+        default: weigh_pieces(2, acc + 8 * u, vb, u, stride, s0, keys, w);
         }
     }
 }
@@ -189,17 +217,17 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
    operations per score, and a model (its G) always takes the same one. */
 INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
                         int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
-    int64_t dim = 16 * nv;
+    int64_t row = ROW(16 * nv);
     v16f quarters[MAX_G][4]; /* [head][keys 4 q4 .. 4 q4 + 3] */
     if (g > 4) { /* too many accumulators for the G heads at once: one head at a time */
         for (int64_t j = 0; j < g; j++)
             for (int q4 = 0; q4 < 4; q4++) {
                 v16f acc[4];
                 for (int s = 0; s < 4; s++) {
-                    const kv_t *key = kb + (4 * q4 + s) * dim;
-                    acc[s] = qv[j][0] * kv16(key);
+                    const kv_t *key = kb + (4 * q4 + s) * row;
+                    acc[s] = qv[j][0] * KV16(key, 0);
                     for (int64_t c = 1; c < nv; c++)
-                        acc[s] = fma16(qv[j][c], kv16(key + 16 * c), acc[s]);
+                        acc[s] = fma16(qv[j][c], KV16(key, c), acc[s]);
                 }
                 quarters[j][q4] = reduce4(acc);
             }
@@ -207,13 +235,13 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
         for (int q4 = 0; q4 < 4; q4++) {
             v16f acc[MAX_G][4]; /* each key vector loaded once for the G heads */
             for (int s = 0; s < 4; s++) {
-                v16f kv = kv16(kb + (4 * q4 + s) * dim);
+                v16f kv = KV16(kb + (4 * q4 + s) * row, 0);
                 IN_REGISTER(kv);
                 for (int64_t j = 0; j < g; j++) acc[j][s] = qv[j][0] * kv;
             }
             for (int64_t c = 1; c < nv; c++)
                 for (int s = 0; s < 4; s++) {
-                    v16f kv = kv16(kb + (4 * q4 + s) * dim + 16 * c);
+                    v16f kv = KV16(kb + (4 * q4 + s) * row, c);
                     IN_REGISTER(kv);
                     for (int64_t j = 0; j < g; j++) acc[j][s] = fma16(qv[j][c], kv, acc[j][s]);
                 }
@@ -249,18 +277,18 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
                         int64_t nv) {
     for (int64_t s = s0; s < keys; s++) {
-        const kv_t *vt = vb + s * 16 * nv;
+        const kv_t *vt = vb + s * ROW(16 * nv);
         for (int64_t j = 0; j < g; j++) {
             v16f w = splat(p[j * padded + b * BLOCK + s]);
             for (int64_t c = 0; c < nv; c++)
-                acc_v[j][c] = fma16(w, kv16(vt + 16 * c), acc_v[j][c]);
+                acc_v[j][c] = fma16(w, KV16(vt, c), acc_v[j][c]);
         }
     }
 }
 #endif
 
 /* A table walk defeats the hardware prefetcher: ask for `bytes` of the next block (blocks
-   `stride` floats apart from base). */
+   `stride` kv_t apart from base). */
 INLINE void prefetch_block(const kv_t *base, const int32_t *table, int64_t b, int64_t nb,
                            int64_t stride, int64_t bytes) {
     if (b + 1 < nb) {
@@ -275,21 +303,21 @@ INLINE void row_task(const float *q, const kv_t *k, const kv_t *v, const int32_t
                      int64_t max_blocks, int64_t n, int64_t row, int64_t kh, int64_t num_heads,
                      int64_t hkv, int64_t g, int64_t nv, float scale, float *p, int64_t padded,
                      float *out) {
-    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
+    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * ROW(dim);
     const int32_t *table = tables + row * max_blocks;
-    const kv_t *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
+    const kv_t *kh_k = k + kh * BLOCK * ROW(dim), *kh_v = v + kh * BLOCK * ROW(dim);
     v16f qv[MAX_G][MAX_D / 16], top[MAX_G], acc_v[MAX_G][MAX_D / 16];
     load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
     for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
     for (int64_t b = 0; b < nb; b++) { /* scores, 16 keys at a time */
-        prefetch_block(kh_k, table, b, nb, stride, BLOCK * dim * KV_BYTES);
+        prefetch_block(kh_k, table, b, nb, stride, BLOCK * ROW(dim) * KV_BYTES);
         score_block(qv, kh_k + table[b] * stride, b, nb, n, g, nv, top, p, padded);
     }
     softmax_rows(p, padded, nb, g, top);
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++) acc_v[j][c] = (v16f){};
     for (int64_t b = 0; b < nb; b++) { /* the values, weighted */
-        prefetch_block(kh_v, table, b, nb, stride, BLOCK * dim * KV_BYTES);
+        prefetch_block(kh_v, table, b, nb, stride, BLOCK * ROW(dim) * KV_BYTES);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
         weigh_block(acc_v, kh_v + table[b] * stride, 0, keys, p, padded, b, g, nv);
     }
@@ -306,7 +334,7 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
                           const int32_t *tables, int64_t max_blocks, int64_t n, int64_t row,
                           int64_t num_heads, int64_t hkv, int64_t g, int64_t nv, float scale,
                           float *p, int64_t padded, float *out, v16f *acc) {
-    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
+    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * ROW(dim);
     const int32_t *table = tables + row * max_blocks;
     v16f top[MAX_KV][MAX_G];
     for (int64_t kh = 0; kh < hkv; kh++)
@@ -316,8 +344,8 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
-            score_block(qv, k + table[b] * stride + kh * BLOCK * dim, b, nb, n, g, nv, top[kh],
-                        p + kh * g * padded, padded);
+            score_block(qv, k + table[b] * stride + kh * BLOCK * ROW(dim), b, nb, n, g, nv,
+                        top[kh], p + kh * g * padded, padded);
         }
     }
     for (int64_t kh = 0; kh < hkv; kh++) softmax_rows(p + kh * g * padded, padded, nb, g, top[kh]);
@@ -329,7 +357,7 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
             v16f acc_v[MAX_G][MAX_D / 16];
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < nv; c++) acc_v[j][c] = acc[(kh * g + j) * nv + c];
-            weigh_block(acc_v, v + table[b] * stride + kh * BLOCK * dim, 0, keys,
+            weigh_block(acc_v, v + table[b] * stride + kh * BLOCK * ROW(dim), 0, keys,
                         p + kh * g * padded, padded, b, g, nv);
             for (int64_t j = 0; j < g; j++)
                 for (int64_t c = 0; c < nv; c++) acc[(kh * g + j) * nv + c] = acc_v[j][c];
@@ -361,7 +389,7 @@ INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, i
         for (int64_t s = 0; s < keys; s++) {
             v16f vv[ROW_ACCS];
             for (int64_t c = 0; c < w; c++) {
-                vv[c] = kv16(vb + s * 16 * nv + 16 * (c0 + c));
+                vv[c] = KV16(vb + s * ROW(16 * nv), c0 + c);
                 IN_REGISTER(vv[c]);
             }
             for (int64_t r = 0; r < GROUP; r++)
@@ -385,17 +413,17 @@ INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32
                        int64_t max_blocks, const int32_t *lengths, int64_t row0, int64_t rows,
                        int64_t kh, int64_t num_heads, int64_t hkv, int64_t g, int64_t nv,
                        float scale, float *p, int64_t padded, float *out, v16f *acc) {
-    int64_t dim = 16 * nv, stride = hkv * BLOCK * dim, nbs[GROUP];
+    int64_t dim = 16 * nv, stride = hkv * BLOCK * ROW(dim), nbs[GROUP];
     int64_t nb_last = (lengths[row0 + rows - 1] + BLOCK - 1) / BLOCK;
     const int32_t *table = tables + row0 * max_blocks;
-    const kv_t *kh_k = k + kh * BLOCK * dim, *kh_v = v + kh * BLOCK * dim;
+    const kv_t *kh_k = k + kh * BLOCK * ROW(dim), *kh_v = v + kh * BLOCK * ROW(dim);
     v16f top[GROUP][MAX_G];
     for (int64_t r = 0; r < rows; r++) {
         nbs[r] = (lengths[row0 + r] + BLOCK - 1) / BLOCK;
         for (int64_t j = 0; j < g; j++) top[r][j] = splat(-INFINITY);
     }
     for (int64_t b = 0; b < nb_last; b++) {
-        prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * dim * KV_BYTES);
+        prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * ROW(dim) * KV_BYTES);
         for (int64_t r = 0; r < rows; r++) {
             if (b >= nbs[r]) continue;
             v16f qv[MAX_G][MAX_D / 16];
@@ -407,7 +435,7 @@ INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32
     for (int64_t r = 0; r < rows; r++) softmax_rows(p + r * g * padded, padded, nbs[r], g, top[r]);
     for (int64_t i = 0; i < rows * g * nv; i++) acc[i] = (v16f){};
     for (int64_t b = 0; b < nb_last; b++) {
-        prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * dim * KV_BYTES);
+        prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * ROW(dim) * KV_BYTES);
         const kv_t *vb = kh_v + table[b] * stride;
         int64_t common = 0; /* keys every row of the run sees in this block (row 0's) */
         if (rows == GROUP && GROUP * g <= ROW_ACCS && b < nbs[0]) {
@@ -451,7 +479,8 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
                       int64_t n, int64_t row, int64_t num_heads, int64_t hkv, int64_t g,
                       int64_t nv, float scale, float *p, int64_t padded, v16f *tops, v16f *acc,
                       float *out, int t, int num_threads) {
-    int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * dim;
+    int64_t dim = 16 * nv, row_len = ROW(dim), nb = (n + BLOCK - 1) / BLOCK;
+    int64_t stride = hkv * BLOCK * row_len;
     v16f *top = tops + t * num_heads;
     for (int64_t h = 0; h < num_heads; h++) top[h] = splat(-INFINITY);
     int64_t b0 = nb * t / num_threads, b1 = nb * (t + 1) / num_threads;
@@ -460,7 +489,7 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
-            score_block(qv, k + table[b] * stride + kh * BLOCK * dim, b, nb, n, g, nv,
+            score_block(qv, k + table[b] * stride + kh * BLOCK * row_len, b, nb, n, g, nv,
                         top + kh * g, p + kh * g * padded, padded);
         }
     }
@@ -486,16 +515,16 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
         if (b + 1 < nb) /* the next block's lines of this thread's units */
             for (int64_t u = u0; u < u1; u++)
                 for (int64_t s = 0; s < BLOCK; s++)
-                    __builtin_prefetch(v + table[b + 1] * stride + (u / nv) * BLOCK * dim +
-                                       s * dim + 16 * (u % nv));
+                    __builtin_prefetch(v + table[b + 1] * stride + (u / nv) * BLOCK * row_len +
+                                       s * row_len + ROW(16 * (u % nv)));
         for (int64_t u = u0; u < u1; u++) {
             int64_t kh = u / nv, c = u % nv;
-            const kv_t *vt = vb + kh * BLOCK * dim + 16 * c;
+            const kv_t *vt = vb + kh * BLOCK * row_len;
             const float *w = p + kh * g * padded + b * BLOCK;
             v16f a[MAX_G];
             for (int64_t j = 0; j < g; j++) a[j] = acc[(kh * g + j) * nv + c];
             for (int64_t s = 0; s < keys; s++) {
-                v16f value = kv16(vt + s * dim);
+                v16f value = KV16(vt + s * row_len, c);
                 for (int64_t j = 0; j < g; j++) a[j] = fma16(splat(w[j * padded + s]), value, a[j]);
             }
             for (int64_t j = 0; j < g; j++) acc[(kh * g + j) * nv + c] = a[j];
@@ -557,7 +586,7 @@ static int64_t padded_length(const int32_t *lengths, int64_t num_rows) {
 }
 
 /* Floats of scratch wf_paged_rows_with takes: each thread's room, then the runs' starts. */
-#if !KV_HALF /* one definition, in the float32 build */
+#if KV_KIND == 0 /* one definition, in the float32 build */
 int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t num_heads,
                               int64_t num_kv_heads, int64_t dim, int num_threads) {
     int64_t g = num_heads / num_kv_heads, padded = padded_length(lengths, num_rows);

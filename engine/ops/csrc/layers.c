@@ -6,8 +6,8 @@
    cores). q's width, heads * head_dim, need not be dim (Qwen 3).
 
    For quantized weights with every row in the kernels (engine/ops/native_layers.py decides).
-   Shapes: x [R, dim]; k_pool, v_pool [layers, num_blocks, Hkv, 16, D] (float32, or float16
-   where WfShape.kv_half says); kv_rows [R * Hkv]
+   Shapes: x [R, dim]; k_pool, v_pool [layers, num_blocks, Hkv, 16, D] (float32, float16,
+   or D / 32 q8_0 blocks, as WfShape.kv_kind says); kv_rows [R * Hkv]
    (KVPool.flat_rows: the row of D floats in layer 0 where each (row, KV head) goes);
    tables [R, max_blocks] int32; lengths [R] int32; pos [R] int64. */
 
@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_q8.h"
 #include "moe.h"
 
 typedef struct {
@@ -33,11 +34,12 @@ typedef struct {
 } WfLayer;
 
 typedef struct {
-    int64_t dim, heads, kv_heads, head_dim, ffn_dim, layer_floats; /* pool values per layer */
+    int64_t dim, heads, kv_heads, head_dim, ffn_dim, layer_items; /* pool items per layer */
     float eps, scale;                                              /* scale: head_dim^-0.5 */
     int64_t *moe_stats; /* wf_moe_ffn's counts, summed over the layers, or NULL */
-    int kv_half;        /* the pool holds float16 (the keys and values rounded to nearest
-                           even as they are written, as NumPy's cast), else float32 */
+    int kv_kind; /* the pool holds 0: float32; 1: float16 (the keys and values rounded to
+                    nearest even as they are written, as NumPy's cast); 2: q8_0 blocks of 32
+                    values (kv_q8.h), an item each */
 } WfShape;
 
 void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
@@ -62,28 +64,44 @@ void wf_paged_rows_with_f16(const float *q, const _Float16 *k, const _Float16 *v
                             int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,
                             int64_t dim, float scale, float *out, int num_threads,
                             float *scratch);
+void wf_paged_rows_with_q8(const float *q, const wf_q8 *k, const wf_q8 *v,
+                           const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
+                           int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,
+                           int64_t dim, float scale, float *out, int num_threads,
+                           float *scratch);
 
-/* d values of src into the pool at kv (float32 or float16 as s says) */
-static void put_kv(const WfShape *s, void *kv, int64_t at, const float *src, int64_t d) {
-    if (!s->kv_half) {
-        memcpy((float *)kv + at, src, sizeof(float) * d);
-        return;
-    }
-    _Float16 *to = (_Float16 *)kv + at;
-    for (int64_t i = 0; i < d; i++) to[i] = (_Float16)src[i];
+/* Items of the pool one head's d values take. */
+static int64_t row_items(const WfShape *s, int64_t d) {
+    return s->kv_kind == 2 ? d / WF_Q8_VALUES : d;
 }
 
-/* Layer i's attention over the pool (float32 or float16 as s says) */
+/* d values of src into the pool at item `at` of kv (the kind s says) */
+static void put_kv(const WfShape *s, void *kv, int64_t at, const float *src, int64_t d) {
+    if (s->kv_kind == 0) {
+        memcpy((float *)kv + at, src, sizeof(float) * d);
+    } else if (s->kv_kind == 1) {
+        _Float16 *to = (_Float16 *)kv + at;
+        for (int64_t i = 0; i < d; i++) to[i] = (_Float16)src[i];
+    } else {
+        wf_q8_put((wf_q8 *)kv + at, src, d);
+    }
+}
+
+/* Layer i's attention over the pool (the kind s says) */
 static void attend(const WfShape *s, const float *q, const void *k_pool, const void *v_pool,
                    int64_t i, const int32_t *tables, int64_t max_blocks,
                    const int32_t *lengths, int64_t rows, float *att, int threads,
                    float *scratch) {
-    int64_t shift = i * s->layer_floats;
-    if (s->kv_half)
+    int64_t shift = i * s->layer_items;
+    if (s->kv_kind == 1)
         wf_paged_rows_with_f16(q, (const _Float16 *)k_pool + shift,
                                (const _Float16 *)v_pool + shift, tables, max_blocks, lengths,
                                rows, s->heads, s->kv_heads, s->head_dim, s->scale, att,
                                threads, scratch);
+    else if (s->kv_kind == 2)
+        wf_paged_rows_with_q8(q, (const wf_q8 *)k_pool + shift, (const wf_q8 *)v_pool + shift,
+                              tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
+                              s->head_dim, s->scale, att, threads, scratch);
     else
         wf_paged_rows_with(q, (const float *)k_pool + shift, (const float *)v_pool + shift,
                            tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
@@ -150,7 +168,7 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */
             for (int64_t j = 0; j < s->kv_heads; j++) {
-                int64_t at = i * s->layer_floats + kv_rows[r * s->kv_heads + j] * d;
+                int64_t at = i * s->layer_items + kv_rows[r * s->kv_heads + j] * row_items(s, d);
                 put_kv(s, k_pool, at, k + (r * s->kv_heads + j) * d, d);
                 put_kv(s, v_pool, at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, d);
             }

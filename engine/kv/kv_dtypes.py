@@ -1,0 +1,96 @@
+"""The KV pool's dtypes: float32, float16 and q8_0, by name and by what an array holds.
+
+q8_0 is llama.cpp's block of 32 values (its `--cache-type-k q8_0`): one float16 scale d and
+32 int8 codes q, 34 bytes, 8.5 bits a value; a value is d * q. Here it is a NumPy structured
+dtype, so a pool of it is an array like any other (blocks copied, gathered, spilled and
+read back whole), its last axis head_dim / 32 such blocks. A value is quantized from its
+own block of 32 only: the same bytes however the step that wrote it was batched.
+
+Quantizing, the same arithmetic in C (layers.c) and NumPy (`quantize`), in float32: amax
+the block's largest magnitude, d = amax / 127, codes rint(x * (1 / d)) (ties to even; 0
+where d is 0), d stored rounded to float16 (to nearest even). Dequantized, float(d) * q is
+exact in float32 (11 significant bits by 8), which is what the attention kernels compute
+as they load a block: their results are the float32 kernel's on `dequantize`'s values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Q8_VALUES = 32  # values a q8_0 block holds
+Q8_0 = np.dtype([("d", "<f2"), ("q", "i1", (Q8_VALUES,))])  # 34 bytes, unaligned
+assert Q8_0.itemsize == 34
+NAMES: dict[str, np.dtype[Any]] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "q8_0": Q8_0,
+}
+
+
+def kv_name(dtype: Any) -> str:
+    """The dtype's name as --kv-dtype, files and the heartbeat say it."""
+    dtype = np.dtype(dtype)
+    return "q8_0" if dtype == Q8_0 else dtype.name
+
+
+def kv_str(dtype: Any) -> str:
+    """What a KV file's header says of its dtype: NumPy's string for it ("<f4", "<f2"),
+    "q8_0" for q8_0."""
+    dtype = np.dtype(dtype)
+    return "q8_0" if dtype == Q8_0 else dtype.str
+
+
+def kv_dtype_named(name: Any) -> np.dtype[Any]:
+    """The dtype of a name kv_name or kv_str gives; TypeError for what names none."""
+    if not isinstance(name, str):
+        raise TypeError(f"not a dtype name: {name!r}")
+    found = NAMES.get(name)
+    return found if found is not None else np.dtype(name)
+
+
+def values_per_item(dtype: Any) -> int:
+    """Values of the model's keys or values one array element holds."""
+    return Q8_VALUES if np.dtype(dtype) == Q8_0 else 1
+
+
+def row_items(head_dim: int, dtype: Any) -> int:
+    """Elements of one head's keys (or values) at one position."""
+    return head_dim // values_per_item(dtype)
+
+
+def value_bytes(dtype: Any) -> float:
+    """Bytes a value takes: 4, 2, or 34 / 32 for q8_0."""
+    dtype = np.dtype(dtype)
+    return dtype.itemsize / values_per_item(dtype)
+
+
+def fits(head_dim: int, dtype: Any) -> bool:
+    """Whether a head's values split into whole elements of `dtype`."""
+    return head_dim % values_per_item(dtype) == 0
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32 values [..., D] as q8_0 blocks [..., D / 32]."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // Q8_VALUES, Q8_VALUES)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    out = np.empty(blocks.shape[:-1], dtype=Q8_0)
+    out["q"] = np.rint(blocks * inverse).astype(np.int8)
+    out["d"] = d[..., 0].astype(np.float16)
+    return out
+
+
+def dequantize(q: np.ndarray) -> np.ndarray:
+    """q8_0 blocks [..., D / 32] as float32 values [..., D]."""
+    values = q["d"].astype(np.float32)[..., None] * q["q"].astype(np.float32)
+    return values.reshape(*q.shape[:-1], q.shape[-1] * Q8_VALUES)
+
+
+def widened(a: np.ndarray) -> np.ndarray:
+    """A pool's or file's keys or values as float32 (float32: as they are)."""
+    return dequantize(a) if a.dtype == Q8_0 else a.astype(np.float32, copy=False)
