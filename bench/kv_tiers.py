@@ -47,8 +47,8 @@ from bench.kv_tiers_session import (
     turn,
 )
 from bench.table import print_table
-from engine.kv.kv_dtypes import kv_dtype_named
-from engine.kv.kv_pool import BLOCK_TOKENS, kv_bytes_per_token
+from engine.kv.kv_pool import BLOCK_TOKENS
+from engine.kv_files.kv_dtypes import kv_dtype_named, token_bytes
 from engine.text.chat import render_chat
 from engine.text.gguf_file import open_gguf, read_metadata
 from engine.text.model_config import ModelConfig
@@ -62,7 +62,7 @@ SOURCE_KINDS = ("warm", "disk", "recompute")
 Results = list[dict[str, Turn]]  # one per repeat: the "warm", "disk" and "recompute" turns
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", metavar="PATH")
     parser.add_argument("--context", type=int, default=2000, help="tokens of the resumed prompt")
@@ -80,7 +80,11 @@ def main() -> None:
         default=["float32", "float16", "q8_0"],
         help="the workers' KV dtypes, each measured in turn",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     path = resolve_model(args.model)
     meta = read_metadata(open_gguf(path))
     config, tokenizer = ModelConfig.from_metadata(meta), Tokenizer.from_metadata(meta)
@@ -144,7 +148,8 @@ def print_dtype_table(by_dtype: dict[str, Results], repeats: int) -> None:
 
 def warm_budget(config: ModelConfig, context: int, dtype: np.dtype[Any]) -> int:
     """A warm budget that holds one session of `context` tokens (plus the reply) but not two."""
-    per_token = kv_bytes_per_token(config, dtype)
+    c = config
+    per_token = token_bytes(c.num_layers, c.num_kv_heads, c.head_dim, dtype)
     capacity = -(-(context + MAX_TOKENS) // BLOCK_TOKENS) * BLOCK_TOKENS
     session_bytes = capacity * per_token
     budget = 3 * session_bytes // 2  # one session fits, two do not

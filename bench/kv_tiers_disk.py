@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.kv.kv_dtypes import Q8_0, quantize
+from engine.kv_files.kv_dtypes import Q8_0, quantize
 from engine.kv_files.spill_file import SpilledKV, SpillStore
 from engine.text.model_config import ModelConfig
 

@@ -16,8 +16,8 @@ import numpy as np
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.device import array_module, compute_dtype, on_mlx, to_host
 from engine.forward import forward
-from engine.kv.kv_dtypes import fits, kv_dtype_named, values_per_item
-from engine.kv.kv_pool import KVPool, kv_bytes_per_token
+from engine.kv.kv_pool import KVPool
+from engine.kv_files.kv_dtypes import fits, kv_dtype_named, token_bytes, values_per_item
 from engine.loader.experts import refuse_unbuilt
 from engine.loader.rope import frequency_divisors
 from engine.loader.weights import Weights, fingerprint, load_weights, release_copied
@@ -68,11 +68,7 @@ class Model:
         family = family_for(meta.get("general.architecture"))
         refuse_unbuilt(meta, [t.name for t in reader.tensors], family.tensors.experts)
         config = ModelConfig.from_metadata(meta)
-        if not fits(config.head_dim, pool_dtype):
-            raise UnsupportedModelError(
-                f"--kv-dtype {kv_dtype}: heads of {config.head_dim} values do not split into "
-                f"its blocks of {values_per_item(pool_dtype)}"
-            )
+        refuse_unfit_kv(config.head_dim, pool_dtype, kv_dtype)
         tokenizer = Tokenizer.from_metadata(meta)
         divisors = frequency_divisors(reader, config)
         if on_mlx(xp):
@@ -149,7 +145,8 @@ class Model:
     @property
     def bytes_per_token(self) -> int:
         """KV bytes of one position (keys and values of every layer)."""
-        return kv_bytes_per_token(self.config, self.kv_dtype)
+        c = self.config
+        return token_bytes(c.num_layers, c.num_kv_heads, c.head_dim, self.kv_dtype)
 
 
 KV_DTYPES = ("auto", "float32", "float16", "q8_0")
@@ -173,3 +170,13 @@ def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[
             f"use --kv-dtype auto"
         )
     return wanted
+
+
+def refuse_unfit_kv(head_dim: int, dtype: np.dtype[Any], name: str) -> None:
+    """UnsupportedModelError where heads of head_dim values do not fill whole elements of
+    the KV dtype (q8_0's blocks of 32)."""
+    if not fits(head_dim, dtype):
+        raise UnsupportedModelError(
+            f"--kv-dtype {name}: heads of {head_dim} values do not split into "
+            f"its blocks of {values_per_item(dtype)}"
+        )

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from engine.kv.kv_dtypes import kv_dtype_named, value_bytes
 from engine.kv.kv_pool import BLOCK_TOKENS
+from engine.kv_files.kv_dtypes import kv_dtype_named, value_bytes
 from tests.cluster_helpers import records, settle, worker_status
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 from warmfleet.client import Client, KVStoreClient

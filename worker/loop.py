@@ -17,7 +17,7 @@ from broker.messages import JobError, TokenChunk
 from broker.worker_broker import LostState, Outbox, WorkerBroker, is_lost_group
 from engine import sequence
 from engine.engine import Engine
-from engine.kv.kv_dtypes import kv_name
+from engine.kv_files.kv_dtypes import kv_name
 from worker import results
 from worker.admission import Admission
 from worker.config import WorkerConfig

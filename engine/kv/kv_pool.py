@@ -16,8 +16,8 @@ import numpy as np
 
 from engine.device import to_host
 from engine.kv.blocks import BlockAllocator
-from engine.kv.kv_dtypes import Q8_0, Q8_VALUES, quantize, row_items
 from engine.kv_files.chain import chain_hash, kv_root, scope_hash
+from engine.kv_files.kv_dtypes import Q8_0, quantize, row_items, token_bytes
 from engine.kv_files.spill_file import SpilledKV
 from engine.text.model_config import ModelConfig
 
@@ -25,16 +25,9 @@ Array = Any
 BLOCK_TOKENS = 16  # positions per block (see bench/RESULTS.md for the choice)
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: Any) -> int:
-    """KV bytes of one position, keys and values of every layer, in `dtype`."""
-    per_head = row_items(config.head_dim, dtype) * np.dtype(dtype).itemsize
-    return 2 * config.num_layers * config.num_kv_heads * per_head
-
-
 class KVPool:
-    """k, v: [layers, num_blocks, kv_heads, block, head_dim] (q8_0: head_dim / 32 blocks of
-    32 values, kv_dtypes.py); positions of a block are its slots. The allocator says who
-    holds which block."""
+    """k, v: [layers, num_blocks, kv_heads, block, head_dim] (q8_0: head_dim / 32 blocks,
+    kv_dtypes.py); a block's positions are its slots. The allocator says who holds which."""
 
     def __init__(
         self,
@@ -107,11 +100,9 @@ class KVPool:
         flat_rows, as an array of the pool's module): one indexed assignment on a flat view,
         30x faster than indexing blocks, heads and slots at once (about 1 us against 30);
         quantized first for a q8_0 pool."""
-        d = self.config.head_dim
-        at = rows + self.row_shift(layer)
+        at, d = rows + self.row_shift(layer), row_items(self.config.head_dim, self.dtype)
         if self.dtype == Q8_0:
             k, v = quantize(k), quantize(v)
-            d //= Q8_VALUES
         self.k.reshape(-1, d)[at] = k.reshape(-1, d)
         self.v.reshape(-1, d)[at] = v.reshape(-1, d)
 
@@ -137,12 +128,14 @@ class KVPool:
         fingerprint: str = "", block_size: int = BLOCK_TOKENS,
     ) -> KVPool:  # fmt: skip
         """A pool of as many blocks as fit `pool_bytes` (at least one)."""
-        per_block = kv_bytes_per_token(config, dtype) * block_size
+        c = config
+        per_block = token_bytes(c.num_layers, c.num_kv_heads, c.head_dim, dtype) * block_size
         return cls(config, max(1, pool_bytes // per_block), dtype, xp, fingerprint, block_size)
 
     @property
     def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.config, self.dtype)
+        c = self.config
+        return token_bytes(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
 
     @property
     def block_bytes(self) -> int:
@@ -153,8 +146,7 @@ class KVPool:
         return PagedKV(self, scope)
 
     def load(self, scope: str, k: Array, v: Array, token_ids: list[int]) -> PagedKV:
-        """A block table holding these keys and values ([layers, kv_heads, n, head_dim],
-        e.g. read back from disk) for these tokens."""
+        """A block table of these tokens holding keys and values [layers, kv_heads, n, D]."""
         kv = self.new_kv(scope)
         n = len(token_ids)
         start = kv.extend_prefix(token_ids, n)  # blocks the pool holds already are taken
@@ -179,8 +171,7 @@ class PagedKV:
     def __init__(self, pool: KVPool, scope: str) -> None:
         self.pool = pool
         self.scope = scope
-        # the first block's "previous"
-        self.root = scope_hash(kv_root(pool.fingerprint, pool.dtype), scope)
+        self.root = scope_hash(kv_root(pool.fingerprint, pool.dtype), scope)  # block 0's previous
         self.blocks: list[int] = []
         self.hashes: list[bytes] = []  # of the full blocks among the first, in order
         self.offset = 0
@@ -276,8 +267,7 @@ class PagedKV:
         del self.hashes[num_tokens // self.pool.block_size :]
 
     def compact(self) -> None:
-        """Release the blocks beyond the valid positions (an idle session holds exactly
-        what its tokens need)."""
+        """Release the blocks past the valid positions (an idle session holds what it needs)."""
         keep = -(-self.offset // self.pool.block_size)
         self.pool.alloc.unref(self.blocks[keep:])
         del self.blocks[keep:]
@@ -298,14 +288,12 @@ class PagedKV:
         self.blocks, self.hashes, self.token_ids, self.offset = [], [], [], 0
 
     def state(self) -> tuple[Array, Array, list[int]]:
-        """The valid keys and values as [layers, kv_heads, offset, head_dim] (copies) and the
-        token ids, for spilling or forking."""
+        """The valid keys and values [layers, kv_heads, offset, D] (copies), and the tokens."""
         return (*self.pool.take(*self.slots(0, self.offset)), list(self.token_ids))
 
 
 def detach(kv: PagedKV) -> SpilledKV:
-    """The table's keys, values and tokens copied out of the pool into host memory (what
-    the spill files are written from), its blocks released."""
+    """The table's KV and tokens copied to host memory (for a spill file), its blocks freed."""
     k, v, token_ids = kv.state()
     copy = SpilledKV(to_host(k), to_host(v), token_ids, scope=kv.scope)
     kv.release()

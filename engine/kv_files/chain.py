@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from engine.kv.kv_dtypes import kv_name
+from engine.kv_files.kv_dtypes import kv_name
 
 
 def chain_hash(previous: bytes, token_ids: Sequence[int]) -> bytes:

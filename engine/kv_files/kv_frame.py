@@ -16,7 +16,7 @@ import numpy as np
 import xxhash
 
 from common.errors import SpillFileError
-from engine.kv.kv_dtypes import kv_str
+from engine.kv_files.kv_dtypes import kv_str
 
 PREFIX = struct.Struct("<4sII")
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from common.errors import SpillFileError
-from engine.kv.kv_dtypes import kv_dtype_named, kv_name, row_items
 from engine.kv_files.block_file import read_block, write_block
 from engine.kv_files.chain import chain_hash, kv_root, scope_hash
+from engine.kv_files.kv_dtypes import kv_dtype_named, kv_name, row_items
 from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
 
 MAGIC = b"WFKV"

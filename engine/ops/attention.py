@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from engine.kv.kv_dtypes import Q8_0, dequantize, widened
+from engine.kv_files.kv_dtypes import Q8_0, dequantize, widened
 from engine.ops import gpu_ops, native
 from engine.ops.kernels import SMALL_ROWS
 from engine.ops.native import address
@@ -162,17 +162,9 @@ def _paged_rows_kernel() -> RowsKernel:
     return run
 
 
-def _widened(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    tables: np.ndarray,
-    lengths: np.ndarray,
-    scale: float,
-    out: np.ndarray,
-) -> None:
+def _widened(q: Array, k: Array, v: Array, *tables_lengths_scale_out: Any) -> None:
     """_paged_rows on a layer of any KV dtype (float32: as it is)."""
-    _paged_rows(q, widened(k), widened(v), tables, lengths, scale, out)
+    _paged_rows(q, widened(k), widened(v), *tables_lengths_scale_out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,17 +254,15 @@ def attend_dense(q: Array, keys: Array, values: Array, start: int, xp: ModuleTyp
     return out.transpose(1, 0, 2, 3).reshape(n, num_heads * d)
 
 
-def gather(pool_layer: Array, blocks: Array, num_keys: int) -> Array:
-    """A sequence's keys (or values) of one layer as [Hkv, num_keys, D] (a copy)."""
+def gather(pool_layer: Array, blocks: Array, num_keys: int, dtype: Any) -> Array:
+    """A sequence's keys (or values) of one layer as [Hkv, num_keys, D] in `dtype` (a copy;
+    q8_0 blocks dequantized)."""
     held = pool_layer[blocks]  # [nb, Hkv, B, D]
+    held = dequantize(held) if held.dtype == Q8_0 else held
     nb, hkv, bs, d = held.shape
-    return held.transpose(1, 0, 2, 3).reshape(hkv, nb * bs, d)[:, :num_keys]
-
-
-def _as(gathered: Array, dtype: Any) -> Array:
-    """Gathered keys or values in the compute dtype (q8_0 dequantized first)."""
-    values = dequantize(gathered) if gathered.dtype == Q8_0 else gathered
-    return values.astype(dtype, copy=False)
+    return (
+        held.transpose(1, 0, 2, 3).reshape(hkv, nb * bs, d)[:, :num_keys].astype(dtype, copy=False)
+    )
 
 
 def paged_attention(
@@ -297,7 +287,7 @@ def paged_attention(
         out[rows] = got
     for row, n, start, blocks in plan.chunks:
         b = xp.asarray(blocks)
-        keys, values = (_as(gather(a, b, start + n), q.dtype) for a in (k_layer, v_layer))
+        keys, values = (gather(a, b, start + n, q.dtype) for a in (k_layer, v_layer))
         out[row : row + n] = attend_dense(q[row : row + n], keys, values, start, xp).reshape(
             n, num_heads, d
         )

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.kv.kv_dtypes import Q8_0, kv_name, quantize
+from engine.kv_files.kv_dtypes import Q8_0, kv_name, quantize
 from engine.ops import native
 from engine.ops.attention import KERNEL_KV_DTYPES, _paged_rows_kernel
 from engine.ops.quant.native import NativeKernels

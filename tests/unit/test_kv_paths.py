@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.kv.kv_dtypes import kv_name
 from engine.kv.kv_pool import PagedKV, detach
+from engine.kv_files.kv_dtypes import kv_name
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
 from tests.paged import new_kv, pool_of, run_segments

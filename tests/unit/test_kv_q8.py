@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from common.errors import UnsupportedModelError
-from engine.kv.kv_dtypes import Q8_0, dequantize, kv_name, quantize
 from engine.kv.kv_pool import detach
+from engine.kv_files.kv_dtypes import Q8_0, dequantize, kv_name, quantize
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model, kv_dtype_for
 from engine.ops import native

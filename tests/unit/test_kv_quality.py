@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.kv.kv_dtypes import kv_name
+from engine.kv_files.kv_dtypes import kv_name
 from engine.model import Model
 from tests.paged import new_kv, run_segments
 

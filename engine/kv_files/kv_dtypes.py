@@ -60,6 +60,16 @@ def row_items(head_dim: int, dtype: Any) -> int:
     return head_dim // values_per_item(dtype)
 
 
+def row_bytes(head_dim: int, dtype: Any) -> int:
+    """Bytes of one head's keys (or values) at one position."""
+    return row_items(head_dim, dtype) * np.dtype(dtype).itemsize
+
+
+def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any) -> int:
+    """KV bytes of one position, keys and values of every layer."""
+    return 2 * num_layers * num_kv_heads * row_bytes(head_dim, dtype)
+
+
 def value_bytes(dtype: Any) -> float:
     """Bytes a value takes: 4, 2, or 34 / 32 for q8_0."""
     dtype = np.dtype(dtype)
