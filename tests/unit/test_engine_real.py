@@ -131,11 +131,13 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model: Model) -> 
     assert run_alone(model, other_seed) != alone
 
 
-@pytest.mark.parametrize("kv", ["model", "model_kv_float32"], ids=["float16", "float32"])
+@pytest.mark.parametrize(
+    "kv", ["model", "model_kv_float32", "model_kv_q8"], ids=["float16", "float32", "q8_0"]
+)
 def test_logits_are_bitwise_batch_invariant(request: pytest.FixtureRequest, kv: str) -> None:
     """Every decode row of the real model gives the same bits alone and in batches of 1 to
     32 rows, in any position, beside a short prefill chunk (kernel) or a long one (BLAS),
-    with its KV in float16 (the default) and in float32."""
+    with its KV in float16 (the default), float32 and q8_0."""
     model: Model = request.getfixturevalue(kv)
     prompts = [prompt_ids(model, c)[: 12 + 9 * i] for i, c in enumerate(conversations())] * 4
     sizes = [1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32]

@@ -55,9 +55,13 @@ typedef _Float16 v16h __attribute__((vector_size(32)));
 #define KV_NAME(f) f##_f16
 #define ROW(dim) (dim)
 INLINE v16f KV16(const kv_t *row, int64_t c) {
+#if defined(__AVX512F__) /* one vcvtph2ps: GCC's generic conversion went value by value */
+    return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16 * c)));
+#else
     v16h h;
     memcpy(&h, row + 16 * c, sizeof h);
     return __builtin_convertvector(h, v16f);
+#endif
 }
 #if WF_AVX2
 INLINE __m256 KV8(const kv_t *row, int64_t i) {
@@ -72,9 +76,14 @@ typedef int8_t v16b __attribute__((vector_size(16)));
 #define ROW(dim) ((dim) / WF_Q8_VALUES)
 INLINE v16f KV16(const kv_t *row, int64_t c) {
     const kv_t *b = row + (c >> 1);
+#if defined(__AVX512F__)
+    __m512i wide = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16 * (c & 1))));
+    return (v16f)_mm512_cvtepi32_ps(wide) * splat((float)wf_q8_scale(b));
+#else
     v16b codes;
     memcpy(&codes, b->q + 16 * (c & 1), sizeof codes);
     return __builtin_convertvector(codes, v16f) * splat((float)wf_q8_scale(b));
+#endif
 }
 #if WF_AVX2
 INLINE __m256 KV8(const kv_t *row, int64_t i) {
@@ -219,18 +228,21 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
                         int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
     int64_t row = ROW(16 * nv);
     v16f quarters[MAX_G][4]; /* [head][keys 4 q4 .. 4 q4 + 3] */
-    if (g > 4) { /* too many accumulators for the G heads at once: one head at a time */
-        for (int64_t j = 0; j < g; j++)
-            for (int q4 = 0; q4 < 4; q4++) {
+    if (g > 4) { /* too many accumulators for the G heads at once: one head at a time, on
+                    the quarter's 4 keys widened once for all of them */
+        for (int q4 = 0; q4 < 4; q4++) {
+            v16f keys4[4][MAX_D / 16];
+            for (int s = 0; s < 4; s++)
+                for (int64_t c = 0; c < nv; c++) keys4[s][c] = KV16(kb + (4 * q4 + s) * row, c);
+            for (int64_t j = 0; j < g; j++) {
                 v16f acc[4];
                 for (int s = 0; s < 4; s++) {
-                    const kv_t *key = kb + (4 * q4 + s) * row;
-                    acc[s] = qv[j][0] * KV16(key, 0);
-                    for (int64_t c = 1; c < nv; c++)
-                        acc[s] = fma16(qv[j][c], KV16(key, c), acc[s]);
+                    acc[s] = qv[j][0] * keys4[s][0];
+                    for (int64_t c = 1; c < nv; c++) acc[s] = fma16(qv[j][c], keys4[s][c], acc[s]);
                 }
                 quarters[j][q4] = reduce4(acc);
             }
+        }
     } else {
         for (int q4 = 0; q4 < 4; q4++) {
             v16f acc[MAX_G][4]; /* each key vector loaded once for the G heads */
@@ -278,10 +290,10 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
                         int64_t nv) {
     for (int64_t s = s0; s < keys; s++) {
         const kv_t *vt = vb + s * ROW(16 * nv);
-        for (int64_t j = 0; j < g; j++) {
-            v16f w = splat(p[j * padded + b * BLOCK + s]);
-            for (int64_t c = 0; c < nv; c++)
-                acc_v[j][c] = fma16(w, KV16(vt, c), acc_v[j][c]);
+        for (int64_t c = 0; c < nv; c++) { /* each value vector widened once for the G heads */
+            v16f value = KV16(vt, c);
+            for (int64_t j = 0; j < g; j++)
+                acc_v[j][c] = fma16(splat(p[j * padded + b * BLOCK + s]), value, acc_v[j][c]);
         }
     }
 }
