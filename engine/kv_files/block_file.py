@@ -20,7 +20,7 @@ import numpy as np
 
 from common.errors import SpillFileError
 from engine.kv_files.chain import chain_hash
-from engine.kv_files.kv_frame import read_header, read_payload, write_frame
+from engine.kv_files.kv_frame import read_file, read_header, read_payload, write_frame
 
 MAGIC = b"WFKB"
 VERSION = 1
@@ -54,30 +54,32 @@ def read_block(
     fingerprint: str,
     previous: bytes,
     token_ids: list[int],
-    shape: tuple[int, int, int, int],
-    dtype: np.dtype[Any],
-) -> tuple[np.ndarray, np.ndarray]:
-    """The keys and values of the block holding `token_ids` after `previous`; a missing
-    block or one failing any check raises SpillFileError (a bad file is deleted)."""
+    out: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Copy the keys and values of the block holding `token_ids` after `previous` into
+    `out` (two arrays [layers, kv_heads, block, head_dim] of the expected dtype, views into
+    a session's arrays); a missing block or one failing any check raises SpillFileError
+    (a bad file is deleted)."""
     path = block_path(directory, chain_hash(previous, token_ids))
     try:
-        data = path.read_bytes()
+        data = read_file(path)
     except FileNotFoundError as e:
         raise SpillFileError(str(path), "a block it lists is missing") from e
     try:
-        return _parse(data, fingerprint, previous, token_ids, shape, dtype, str(path))
+        k, v = _parse(data, fingerprint, previous, token_ids, out[0], str(path))
     except SpillFileError:
         path.unlink(missing_ok=True)
         raise
+    out[0][...] = k
+    out[1][...] = v
 
 
 def _parse(
-    data: bytes,
+    data: memoryview,
     fingerprint: str,
     previous: bytes,
     token_ids: list[int],
-    shape: tuple[int, int, int, int],
-    dtype: np.dtype[Any],
+    like: np.ndarray,
     name: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     h, payload = read_header(data, ("block", MAGIC, VERSION), MAX_HEADER_BYTES, name)
@@ -85,7 +87,7 @@ def _parse(
         raise SpillFileError(name, "written by another model (fingerprint differs)")
     if h.get("previous") != previous.hex() or h.get("token_ids") != token_ids:
         raise SpillFileError(name, "holds another prefix (a foreign block)")
-    return read_payload(h, payload, list(shape), dtype, name)
+    return read_payload(h, payload, list(like.shape), like.dtype, name)
 
 
 def sweep(directory: Path, listed: set[str], grace_s: float = GRACE_S) -> int:

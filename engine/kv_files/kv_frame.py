@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,25 @@ from common.errors import SpillFileError
 from engine.kv_files.kv_dtypes import kv_str
 
 PREFIX = struct.Struct("<4sII")
+_buffers = threading.local()  # each thread's buffer for read_file
+
+
+def read_file(path: Path) -> memoryview:
+    """The file's bytes, read into this thread's own buffer: valid until the thread's next
+    read_file. Many small files (a session's blocks) then take no fresh memory each, whose
+    page faults cost more than the copy. Raises FileNotFoundError and other OSErrors."""
+    with path.open("rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf: bytearray | None = getattr(_buffers, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = _buffers.buf = bytearray(size)
+        view, got = memoryview(buf), 0
+        while got < size:
+            n = f.readinto(view[got:size])
+            if not n:  # shorter than its size said: checks will refuse it
+                break
+            got += n
+    return view[:got]
 
 
 def raw(a: np.ndarray) -> memoryview | bytes:
@@ -55,7 +75,7 @@ def write_frame(
 
 
 def read_header(
-    data: bytes, kind: tuple[str, bytes, int], max_header: int, name: str
+    data: bytes | memoryview, kind: tuple[str, bytes, int], max_header: int, name: str
 ) -> tuple[dict[str, Any], memoryview]:
     """The checked header and the payload's bytes (not yet checked) of a frame of `kind`
     (what it is called, its magic, its version)."""
@@ -70,7 +90,7 @@ def read_header(
     if header_len > max_header or PREFIX.size + header_len > len(data):
         raise SpillFileError(name, "truncated header")
     try:
-        h = json.loads(data[PREFIX.size : PREFIX.size + header_len])
+        h = json.loads(bytes(data[PREFIX.size : PREFIX.size + header_len]))
     except ValueError as e:
         raise SpillFileError(name, f"unreadable header ({e})") from e
     if not isinstance(h, dict):

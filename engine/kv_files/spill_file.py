@@ -159,37 +159,29 @@ class SpillStore:
         passed their checks)."""
         size, ids = self.block_size, [int(t) for t in h["token_ids"]]
         layers, kv_heads, head_dim = like
-        row = row_items(head_dim, dtype)
-        shape = (layers, kv_heads, size, row)
+        listed = len(h["blocks"]) * size
+        k, v = (np.empty((layers, kv_heads, len(ids), row_items(head_dim, dtype)), dtype)
+                for _ in range(2))  # fmt: skip
         hashes = [self._root(dtype, h["scope"])]
         hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
 
-        def one(i: int) -> tuple[np.ndarray, np.ndarray]:
-            part = ids[i * size : (i + 1) * size]
-            return read_block(self.blocks, self.fingerprint, hashes[i], part, shape, dtype)
+        def one(i: int) -> None:
+            cols = slice(i * size, (i + 1) * size)
+            read_block(self.blocks, self.fingerprint, hashes[i], ids[cols], (k[:, :, cols],
+                       v[:, :, cols]))  # fmt: skip
 
         # many small files: read a few at once (one at a time is latency-bound on a cold
-        # cache), checked in order; the blocks after a bad one are not used
-        ks, vs, why = [], [], ""
-        for future in [_readers().submit(one, i) for i in range(len(h["blocks"]))]:
+        # cache), each straight into its place; the blocks after a bad one are not used
+        n, why = len(ids), ""
+        k[:, :, listed:], v[:, :, listed:] = k_tail, v_tail
+        for i, future in enumerate([_readers().submit(one, i) for i in range(len(h["blocks"]))]):
             try:
-                k, v = future.result()
+                future.result()
             except SpillFileError as e:
                 if not why:
                     self.num_rejected += 1
-                    why = e.reason
-                continue
-            if not why:
-                ks.append(k)
-                vs.append(v)
-        if not why:
-            ks.append(k_tail)
-            vs.append(v_tail)
-        n = sum(k.shape[2] for k in ks)
-        if not ks:
-            ks = vs = [np.empty((layers, kv_heads, 0, row), dtype=dtype)]
-        return SpilledKV(np.concatenate(ks, axis=2), np.concatenate(vs, axis=2), ids[:n],
-                         str(h["scope"]), why)  # fmt: skip
+                    n, why = i * size, e.reason
+        return SpilledKV(k[:, :, :n], v[:, :, :n], ids[:n], str(h["scope"]), why)
 
     def _parse(
         self, data: bytes, like: tuple[int, int, int], dtype: np.dtype[Any], name: str
