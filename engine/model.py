@@ -123,9 +123,8 @@ class Model:
             from engine.mlx_backend.kv_pool import MLXKVPool
 
             assert isinstance(pool, MLXKVPool)
-            return mlx_forward(
-                self.weights, self.config, self.family, self.rope, pool, tokens, positions, segments
-            )
+            w, c, f = self.weights, self.config, self.family
+            return mlx_forward(w, c, f, self.rope, pool, tokens, positions, segments, self.dtype)
         xp = self.xp
         logits = forward(self.weights, self.config, self.family, self.rope, pool,
                          xp.asarray(tokens, dtype=xp.int64),
@@ -153,17 +152,19 @@ KV_DTYPES = ("auto", "float32", "float16", "q8_0")
 
 
 def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[Any]:
-    """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute, float32,
-    float16 or q8_0 (the C attention kernels read each, widening each value as they load
-    it), and auto is float16; elsewhere (CUDA, MLX, float16 compute) the pool holds the
-    compute dtype only, and auto is that."""
+    """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute and on
+    MLX with either, float32, float16 or q8_0 (the CPU's C kernels read each, widening each
+    value as they load it; MLX widens the rows attention reads), and auto is float16; on
+    CUDA and the CPU with float16 compute the pool holds the compute dtype only, and auto
+    is that."""
     if name not in KV_DTYPES:
         choices = ", ".join(KV_DTYPES)
         raise InvalidRequestError("kv_dtype", f"must be one of {choices}, got {name!r}")
+    any_dtype = on_mlx(xp) or (xp is np and compute == np.float32)
     if name == "auto":
-        return np.dtype(np.float16) if xp is np and compute == np.float32 else compute
+        return np.dtype(np.float16) if any_dtype else compute
     wanted = kv_dtype_named(name)
-    if wanted != compute and (xp is not np or compute != np.float32):
+    if wanted != compute and not any_dtype:
         where = "the CPU with --dtype float32" if xp is np else "this device"
         raise UnsupportedModelError(
             f"--kv-dtype {name}: {where} keeps the KV in the compute dtype ({compute}); "

@@ -66,13 +66,13 @@ def model_float32(default_model_path: Path) -> Model:
 @pytest.fixture(scope="session")
 def model_mlx(default_model_path: Path) -> Model:
     """The default model on MLX (its CPU build here), matrices kept in MLX's quantized form."""
-    return Model.load(default_model_path, device="mlx")
+    return Model.load(default_model_path, device="mlx", kv_dtype="float32")
 
 
 @pytest.fixture(scope="session")
 def model_mlx_float32(default_model_path: Path) -> Model:
     """The default model on MLX with every matrix expanded to float32."""
-    return Model.load(default_model_path, device="mlx", weights="float32")
+    return Model.load(default_model_path, device="mlx", weights="float32", kv_dtype="float32")
 
 
 @pytest.fixture(scope="session")

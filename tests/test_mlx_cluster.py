@@ -78,7 +78,7 @@ def test_the_worker_runs_the_quantized_model_on_mlx(
     status = worker_status(redis, worker_id)
     assert (status["device"], status["weights"]) == ("mlx", "quantized")
     assert status["weight_bytes"] == model_mlx.weight_bytes
-    assert status["kv_dtype"] == "float32"  # auto on MLX: the compute dtype
+    assert status["kv_dtype"] == "float16"  # auto on MLX, as on the CPU
 
 
 def test_sessions_are_sticky_warm_and_exact(cluster: Cluster, client: Client, model: Model) -> None:

@@ -63,12 +63,11 @@ class AttentionCall:
         valid_rows = mx.array(np.asarray(valid, dtype=np.int32))
         return cls(mx.array(queries), mx.array(keys), mx.array(mask), valid_rows)
 
-    def attend(self, q: Any, k_all: Any, v_all: Any, scale: float) -> Any:
-        """q [N, H, D]; k_all, v_all: a layer's pool arrays. Returns [n, H * D]."""
+    def attend(self, q: Any, pool: MLXKVPool, layer: int, scale: float) -> Any:
+        """q [N, H, D] over the layer's keys and values in `pool`. Returns [n, H * D]."""
         s, span = self.queries.shape
         qs = q[self.queries].transpose(0, 2, 1, 3)  # [S, H, L, D]
-        ks = k_all[self.keys].transpose(0, 2, 1, 3)  # [S, Hkv, W, D]
-        vs = v_all[self.keys].transpose(0, 2, 1, 3)
+        ks, vs = (a.transpose(0, 2, 1, 3) for a in pool.read(layer, self.keys, q.dtype))
         out = mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=self.mask)
         heads, dim = out.shape[1], out.shape[3]
         return out.transpose(0, 2, 1, 3).reshape(s * span, heads * dim)[self.valid]
@@ -102,8 +101,8 @@ class StepPlan:
         order = None if identity else mx.array(inverse)
         return cls(mx.array(rows), calls, order, mx.array(np.asarray(last, dtype=np.int32)))
 
-    def attend(self, q: Any, k_all: Any, v_all: Any, scale: float) -> Any:
-        outs = [c.attend(q, k_all, v_all, scale) for c in self.calls]
+    def attend(self, q: Any, pool: MLXKVPool, layer: int, scale: float) -> Any:
+        outs = [c.attend(q, pool, layer, scale) for c in self.calls]
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if self.order is None else out[self.order]
 
@@ -151,8 +150,7 @@ class MLXOps:
         k = _rope(qkv[:, qd : qd + kvd].reshape(n, c.num_kv_heads, hd), *self.rope)
         v = qkv[:, qd + kvd :].reshape(n, c.num_kv_heads, hd)
         self.pool.write(layer, self.plan.rows, k, v)  # this step's keys and values first
-        pool = self.pool
-        return self.plan.attend(q, pool.k_layers[layer], pool.v_layers[layer], hd**-0.5)
+        return self.plan.attend(q, self.pool, layer, hd**-0.5)
 
     def silu_mul(self, gate_up: Any) -> Any:
         gate, up = gate_up[:, : self.config.ffn_dim], gate_up[:, self.config.ffn_dim :]
@@ -171,21 +169,23 @@ def forward(
     tokens: list[int],
     positions: list[int],
     segments: list[Segment],
+    dtype: np.dtype[Any],
 ) -> np.ndarray:
-    """As engine/forward.py's forward: the keys and values written into the pool, and the
-    logits [segments wanting them, vocab] of each such segment's last token (host float32)."""
+    """As engine/forward.py's forward, computing in `dtype`: the keys and values written
+    into the pool, and the logits [segments wanting them, vocab] of each such segment's
+    last token (host float32)."""
     plan = StepPlan.build(pool, segments)
     pos = mx.array(np.asarray(positions, dtype=np.int32))
     tables = (rope.cos[pos][:, None, :], rope.sin[pos][:, None, :])
     x = weights.embed.rows(mx.array(np.asarray(tokens, dtype=np.int32)))
-    x = x.astype(mx_dtype(pool.dtype))
+    x = x.astype(mx_dtype(dtype))
     ops = MLXOps(config, tables, pool, plan)
     for i, lw in enumerate(weights.layers):
         x = family.layer(x, lw, i, ops)
     if not plan.last_rows.size:  # a prompt's first chunks (and MLX's CPU build dies on
-        mx.eval(pool.k_layers, pool.v_layers)  # a quantized product of zero rows)
+        mx.eval(pool.arrays())  # a quantized product of zero rows)
         return np.zeros((0, config.vocab_size), dtype=np.float32)
     h = mx.fast.rms_norm(x[plan.last_rows], weights.out_norm, config.rms_eps)
     logits = weights.output.matmul(h).astype(mx.float32)
-    mx.eval(logits, pool.k_layers, pool.v_layers)
+    mx.eval(logits, pool.arrays())
     return np.array(logits)

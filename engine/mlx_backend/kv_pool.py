@@ -1,11 +1,17 @@
 """The paged KV pool in MLX arrays: the same blocks, block tables and sharing as
 engine/kv/kv_pool.py, with another layout.
 
-Each layer has its own keys array and values array [num_blocks * block, kv_heads, head_dim]
-(a position's keys in one row), so a step's writes are one scatter per layer and array, by
-row number (block * block size + slot). MLX arrays are immutable values, but an update
-whose input nothing else holds reuses the input's memory, which one array per layer
-ensures: a single array for all layers would be copied whole by every layer's write.
+Each layer has its own keys and values, [num_blocks * block, kv_heads, ...] (a position's
+keys in one row), so a step's writes are one scatter per layer and array, by row number
+(block * block size + slot). MLX arrays are immutable values, but an update whose input
+nothing else holds reuses the input's memory, which one array per layer ensures: a single
+array for all layers would be copied whole by every layer's write.
+
+A layer's keys (and values) are its planes: one array [rows, kv_heads, head_dim] in float32
+or float16, or for q8_0 two, the int8 codes [rows, kv_heads, head_dim] and the float16
+scales [rows, kv_heads, head_dim / 32]: llama.cpp's blocks (kv_dtypes.py) split by field,
+quantized with the same float32 arithmetic, so the bytes a spill file holds are those any
+other device's worker writes. Attention reads rows widened to the compute dtype.
 
 MLX fills a new array at once (NumPy's zero pages are taken only as written), so the arrays
 start small and grow, by doubling, to the highest block id in use (the allocator hands out
@@ -20,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.kv.kv_pool import KVPool
+from engine.kv_files.kv_dtypes import Q8_0, Q8_VALUES
 from engine.mlx_backend import mx_dtype
 
 FIRST_BLOCKS = 64  # blocks the arrays hold at first
@@ -27,22 +34,37 @@ FIRST_BLOCKS = 64  # blocks the arrays hold at first
 
 class MLXKVPool(KVPool):
     def _allocate(self) -> None:
-        self.k_layers: list[Any] = []
-        self.v_layers: list[Any] = []
+        self.k_layers: list[list[Any]] = []  # each layer's planes
+        self.v_layers: list[list[Any]] = []
         self.allocated_blocks = 0
         self._grow(min(self.num_blocks, FIRST_BLOCKS))
 
+    def _planes(self) -> list[tuple[int, Any]]:
+        """(values a row of a head holds, dtype) of each plane."""
+        d = self.config.head_dim
+        if self.dtype == Q8_0:
+            return [(d, mx.int8), (d // Q8_VALUES, mx.float16)]
+        return [(d, mx_dtype(self.dtype))]
+
     def _grow(self, blocks: int) -> None:
         """Room for `blocks` blocks in every layer's arrays (zeros appended)."""
-        c, dtype = self.config, mx_dtype(self.dtype)
+        c = self.config
         more = (blocks - self.allocated_blocks) * self.block_size
-        for arrays in (self.k_layers, self.v_layers):
+        for layers in (self.k_layers, self.v_layers):
             for layer in range(c.num_layers):
-                zeros = mx.zeros((more, c.num_kv_heads, c.head_dim), dtype=dtype)
-                grown = mx.concatenate([arrays[layer], zeros]) if arrays[layer:] else zeros
-                arrays[layer : layer + 1] = [grown]
+                if layer == len(layers):
+                    layers.append([mx.zeros((0, c.num_kv_heads, n), dtype=t)
+                                   for n, t in self._planes()])  # fmt: skip
+                planes = layers[layer]
+                for i, (n, t) in enumerate(self._planes()):
+                    zeros = mx.zeros((more, c.num_kv_heads, n), dtype=t)
+                    planes[i] = mx.concatenate([planes[i], zeros])
         self.allocated_blocks = blocks
-        mx.eval(self.k_layers, self.v_layers)
+        mx.eval(self.arrays())
+
+    def arrays(self) -> list[Any]:
+        """Every plane of every layer (to evaluate a step's writes)."""
+        return [a for planes in (*self.k_layers, *self.v_layers) for a in planes]
 
     def rows(self, blocks: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """The row of each (block, slot) in a layer's array (grown to hold them)."""
@@ -53,26 +75,67 @@ class MLXKVPool(KVPool):
 
     def write(self, layer: int, rows: Any, k: Any, v: Any) -> None:
         """One layer's keys and values [n, kv_heads, head_dim] into these rows (mx int32)."""
-        self.k_layers[layer][rows] = k
-        self.v_layers[layer][rows] = v
+        for planes, x in ((self.k_layers[layer], k), (self.v_layers[layer], v)):
+            for plane, part in zip(planes, self._encode(x), strict=True):
+                plane[rows] = part
+
+    def read(self, layer: int, rows: Any, dtype: Any) -> tuple[Any, Any]:
+        """One layer's keys and values at these rows (mx int32, any shape [...]) as
+        [..., kv_heads, head_dim] in `dtype`."""
+        k, v = (self._decode([p[rows] for p in planes]).astype(dtype)
+                for planes in (self.k_layers[layer], self.v_layers[layer]))  # fmt: skip
+        return k, v
+
+    def _encode(self, x: Any) -> list[Any]:
+        """Values [..., head_dim] as the planes hold them: q8_0 quantized as
+        kv_dtypes.quantize does, in float32."""
+        if self.dtype != Q8_0:
+            return [x.astype(mx_dtype(self.dtype))]
+        blocks = x.astype(mx.float32).reshape(*x.shape[:-1], -1, Q8_VALUES)
+        d = mx.abs(blocks).max(axis=-1, keepdims=True) / mx.array(127, dtype=mx.float32)
+        inverse = mx.where(d > 0, mx.array(1, dtype=mx.float32) / d, 0)
+        codes = mx.round(blocks * inverse).astype(mx.int8).reshape(x.shape)
+        return [codes, d[..., 0].astype(mx.float16)]
+
+    def _decode(self, planes: list[Any]) -> Any:
+        if self.dtype != Q8_0:
+            return planes[0]
+        codes, scales = planes
+        blocks = codes.astype(mx.float32).reshape(*codes.shape[:-1], -1, Q8_VALUES)
+        return (blocks * scales.astype(mx.float32)[..., None]).reshape(codes.shape)
 
     def copy_block(self, dst: int, src: int) -> None:
         self.rows(np.asarray([dst, src]), np.zeros(2, dtype=np.int64))
         b = self.block_size
-        for a in (*self.k_layers, *self.v_layers):
+        for a in self.arrays():
             a[dst * b : (dst + 1) * b] = a[src * b : (src + 1) * b]
 
     def put(self, blocks: np.ndarray, slots: np.ndarray, k: Any, v: Any) -> None:
         rows = mx.array(self.rows(blocks, slots))
-        dtype = mx_dtype(self.dtype)
         for layer in range(self.config.num_layers):  # [kv_heads, n, D] -> [n, kv_heads, D]
-            keys = mx.array(np.asarray(k[layer]).transpose(1, 0, 2), dtype=dtype)
-            values = mx.array(np.asarray(v[layer]).transpose(1, 0, 2), dtype=dtype)
-            self.write(layer, rows, keys, values)
+            for planes, x in ((self.k_layers[layer], k), (self.v_layers[layer], v)):
+                host = np.asarray(x[layer]).transpose(1, 0, 2)
+                for plane, part in zip(planes, self._split(host), strict=True):
+                    plane[rows] = mx.array(part).astype(plane.dtype)
 
     def take(self, blocks: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [layers, kv_heads, n, head_dim] (what spill files hold)."""
         rows = mx.array(self.rows(blocks, slots))
-        k = mx.stack([a[rows] for a in self.k_layers]).transpose(0, 2, 1, 3)
-        v = mx.stack([a[rows] for a in self.v_layers]).transpose(0, 2, 1, 3)
-        return np.ascontiguousarray(np.array(k)), np.ascontiguousarray(np.array(v))
+        k, v = ([self._join([np.array(p[rows]) for p in planes]).transpose(1, 0, 2)
+                 for planes in layers] for layers in (self.k_layers, self.v_layers))  # fmt: skip
+        return np.ascontiguousarray(np.stack(k)), np.ascontiguousarray(np.stack(v))
+
+    def _split(self, host: np.ndarray) -> list[np.ndarray]:
+        """A host array of the pool's dtype [..., row] as its planes."""
+        if self.dtype != Q8_0:
+            return [host]
+        return [host["q"].reshape(*host.shape[:-1], -1), host["d"]]
+
+    def _join(self, planes: list[np.ndarray]) -> np.ndarray:
+        if self.dtype != Q8_0:
+            return planes[0]
+        codes, scales = planes
+        out = np.empty(scales.shape, dtype=Q8_0)
+        out["q"] = codes.reshape(*scales.shape, Q8_VALUES)
+        out["d"] = scales
+        return out

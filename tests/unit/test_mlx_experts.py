@@ -71,7 +71,7 @@ def quantized_pair(
     qtype: T = request.param
     path = write_tiny(tmp_path_factory.mktemp("moe") / "m.gguf", "qwen3moe", matrix_type=qtype)
     cpu = Model.load(path, device="cpu", kv_dtype="float32")  # MLX's pool holds float32
-    return qtype, Model.load(path, device="mlx"), cpu
+    return qtype, Model.load(path, device="mlx", kv_dtype="float32"), cpu
 
 
 def steps(model: Model) -> list[np.ndarray]:

@@ -47,8 +47,8 @@ def model_pair(
     """The same file on MLX (quantized where MLX can) and on NumPy (float32 weights)."""
     folder = tmp_path_factory.mktemp("fwd")
     path = write_tiny_llama(folder / "m.gguf", **FORWARD_VARIANTS[request.param])
-    cpu = Model.load(path, device="cpu", weights="float32", kv_dtype="float32")  # MLX's KV
-    return Model.load(path, device="mlx"), cpu
+    cpu = Model.load(path, device="cpu", weights="float32", kv_dtype="float32")
+    return Model.load(path, device="mlx", kv_dtype="float32"), cpu
 
 
 def mixed_steps(model: Model) -> tuple[list[np.ndarray], list[PagedKV]]:
@@ -152,7 +152,7 @@ def test_growth_keeps_the_blocks_written_before() -> None:
     pool = new_pool(100)
     assert pool.allocated_blocks == FIRST_BLOCKS
     c = POOL_CONFIG
-    assert pool.k_layers[0].shape == (FIRST_BLOCKS * pool.block_size, c.num_kv_heads, c.head_dim)
+    assert pool.k_layers[0][0].shape == (FIRST_BLOCKS * pool.block_size, c.num_kv_heads, c.head_dim)
     k1, v1 = random_kv(rng, 40), random_kv(rng, 40)
     first = pool.load("", k1, v1, list(range(40)))  # blocks 0..2
     n2 = (FIRST_BLOCKS + 6) * pool.block_size
@@ -160,7 +160,7 @@ def test_growth_keeps_the_blocks_written_before() -> None:
     second = pool.load("", k2, v2, list(range(1000, 1000 + n2)))  # up to block 72
     assert max(second.blocks) >= FIRST_BLOCKS
     assert pool.allocated_blocks == 100  # doubling, capped by the pool's size
-    assert all(a.shape[0] == 100 * pool.block_size for a in (*pool.k_layers, *pool.v_layers))
+    assert all(a.shape[0] == 100 * pool.block_size for a in pool.arrays())
     assert_state(first, k1, v1, list(range(40)))
     assert_state(second, k2, v2, list(range(1000, 1000 + n2)))
 
