@@ -43,7 +43,8 @@ class Residency:
         self.restoring: dict[str, Restore] = {}
         self.held: list[Delivery] = []  # waiting for their session's read
         self.last_used: dict[str, float] = {}  # when each pooled session's last request ended
-        self._drop_at_finish: set[str] = set()  # sessions deleted while a request used them
+        # sessions dropped while a request used them: whether they were deleted
+        self._drop_at_finish: dict[str, bool] = {}
         self._orders: dict[OrderOp, Callable[[ControlOrder], None]] = {
             OrderOp.SPILL: lambda o: self.spill(o.key),
             OrderOp.DROP: lambda o: self.drop(o.key, o.reply_to),
@@ -158,20 +159,21 @@ class Residency:
 
     def drop(self, key: str, reply_to: str) -> None:
         """DeleteSession: forget the KV here and on disk; the event answers the command."""
-        self.forget(key)
-        if self.s.spiller is not None:
-            self.s.spiller.drop(key)
+        self.forget(key, deleted=True)
+        if self.s.spiller is not None:  # its blocks the pool kept when it went to disk
+            self.s.engine.pool.alloc.forget_unheld(self.s.spiller.drop(key))
         self.s.outbox.events.append(
             self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED, reply_to=reply_to)
         )
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: str, deleted: bool = False) -> None:
         """Drop the session's KV from memory (a running request keeps using it and drops it
-        when it ends)."""
-        self._release(key)
+        when it ends); `deleted` (DeleteSession): its blocks that nothing else holds are
+        no longer found by a later prompt."""
+        self._release(key, deleted)
         self.last_used.pop(key, None)
         if self.s.running(key):
-            self._drop_at_finish.add(key)
+            self._drop_at_finish[key] = deleted
 
     def fork(self, key: str, new_key: str, reply_to: str) -> None:
         """Copy a session's KV (from the pool, or back from disk) under a new key; the new
@@ -200,18 +202,17 @@ class Residency:
     def session_ended(self, key: str) -> None:
         """A request of `key` ended: its KV is idle in the pool now (or deleted)."""
         if key in self._drop_at_finish:
-            self._drop_at_finish.discard(key)
-            self._release(key)
+            self._release(key, self._drop_at_finish.pop(key))
             return
         self.last_used[key] = time.time()
         self.s.outbox.events.append(
             self.s.event(EventKind.WARM, key, self.s.engine.sessions.peek(key))
         )
 
-    def _release(self, key: str) -> None:
+    def _release(self, key: str, deleted: bool = False) -> None:
         cache = self.s.engine.sessions.take(key)
         if cache is not None:
-            cache.release()
+            cache.release(forget=deleted)
 
     def inventory(self) -> SessionEvent:
         now = time.time()

@@ -7,7 +7,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from common.errors import SpillFileError
-from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore
+from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore, read_summary
 from engine.model import Model
 
 log = logging.getLogger("warmfleet.worker")
@@ -112,12 +112,18 @@ class Spiller:
         self.stats.num_restored += 1
         return kv, "disk"
 
-    def drop(self, key: str) -> None:
-        """Forget the session everywhere (DeleteSession)."""
+    def drop(self, key: str) -> list[bytes]:
+        """Forget the session everywhere (DeleteSession); the hashes of the blocks its file
+        listed (which the pool may still know)."""
         pending = self._pending.pop(key, None)
         if pending is not None:
             pending[1].exception(timeout=RECLAIM_WAIT_S)
+        summary = read_summary(self.store.path_for(key))
         self.store.delete(key)
+        try:
+            return [bytes.fromhex(h) for h in summary.blocks] if summary else []
+        except (ValueError, TypeError):  # a header not of this program's writing
+            return []
 
     def close(self) -> None:
         self._io.shutdown(wait=True)

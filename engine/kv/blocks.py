@@ -56,11 +56,15 @@ class BlockAllocator:
             self._cached.pop(block)  # only a cached block can be taken back unheld
         self.refs[block] += 1
 
-    def unref(self, blocks: Iterable[int]) -> None:
+    def unref(self, blocks: Iterable[int], forget: bool = False) -> None:
+        """Hold each block once less; one no longer held is cached if known by a hash,
+        unless `forget` (its last holder was deleted: no later prompt may find it)."""
         for block in blocks:
             self.refs[block] -= 1
             assert self.refs[block] >= 0, f"block {block} released more than held"
             if self.refs[block] == 0:
+                if forget:
+                    self.forget(block)
                 if block in self._hash_of:
                     self._cached[block] = None
                 else:
@@ -90,6 +94,16 @@ class BlockAllocator:
         h = self._hash_of.pop(block, None)
         if h is not None:
             del self._by_hash[h]
+
+    def forget_unheld(self, hashes: Iterable[bytes]) -> None:
+        """No later prompt finds the blocks known by these hashes that nothing holds (a
+        deleted session's, released when it went to disk)."""
+        for h in hashes:
+            block = self._by_hash.get(h)
+            if block is not None and self.refs[block] == 0:
+                self._cached.pop(block)
+                self.forget(block)
+                self._free.append(block)
 
     def hash_of(self, block: int) -> bytes | None:
         return self._hash_of.get(block)

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from common.block_hash import chain_hash, scope_hash
 from engine.device import to_host
 from engine.kv.blocks import BlockAllocator
-from engine.kv_files.chain import chain_hash, kv_root, scope_hash
+from engine.kv_files.chain import kv_root
 from engine.kv_files.kv_dtypes import Q8_0, quantize, row_items, token_bytes
 from engine.kv_files.spill_file import SpilledKV
 from engine.text.model_config import ModelConfig
@@ -142,8 +143,7 @@ class KVPool:
         return self.bytes_per_token * self.block_size
 
     def new_kv(self, scope: str = "") -> PagedKV:
-        """An empty block table; `scope` (the tenant) bounds which blocks it may share."""
-        return PagedKV(self, scope)
+        return PagedKV(self, scope)  # empty; `scope` (the tenant) bounds what it may share
 
     def load(self, scope: str, k: Array, v: Array, token_ids: list[int]) -> PagedKV:
         """A block table of these tokens holding keys and values [layers, kv_heads, n, D]."""
@@ -282,9 +282,9 @@ class PagedKV:
         copy.offset, copy.token_ids = self.offset, list(self.token_ids)
         return copy
 
-    def release(self) -> None:
-        """Give every block back (the table is empty afterwards)."""
-        self.pool.alloc.unref(self.blocks)
+    def release(self, forget: bool = False) -> None:
+        """Give every block back (then empty); `forget`: a deleted session's (unref)."""
+        self.pool.alloc.unref(self.blocks, forget)
         self.blocks, self.hashes, self.token_ids, self.offset = [], [], [], 0
 
     def state(self) -> tuple[Array, Array, list[int]]:

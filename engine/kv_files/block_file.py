@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from common.block_hash import chain_hash
 from common.errors import SpillFileError
-from engine.kv_files.chain import chain_hash
 from engine.kv_files.kv_frame import read_file, read_header, read_payload, write_frame
 
 MAGIC = b"WFKB"

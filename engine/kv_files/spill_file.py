@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from common.block_hash import chain_hash, prefix_hashes, scope_hash
 from common.errors import SpillFileError
 from engine.kv_files.block_file import read_block, write_block
-from engine.kv_files.chain import chain_hash, kv_root, scope_hash
+from engine.kv_files.chain import kv_root
 from engine.kv_files.kv_dtypes import kv_dtype_named, kv_name, row_items
 from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
 
@@ -204,11 +205,8 @@ class SpillStore:
         return h, k, v
 
     def _chain(self, scope: str, ids: list[int], num_blocks: int, dtype: Any) -> list[str]:
-        previous, hashes = self._root(dtype, scope), []
-        for i in range(num_blocks):
-            previous = chain_hash(previous, ids[i * self.block_size : (i + 1) * self.block_size])
-            hashes.append(previous.hex())
-        return hashes
+        size, root = self.block_size, self._root(dtype, scope)
+        return [h.hex() for h in prefix_hashes(root, ids[: num_blocks * size], size)]
 
     def _root(self, dtype: Any, scope: str) -> bytes:
         return scope_hash(kv_root(self.fingerprint, dtype), scope)

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.block_hash import scope_hash
 from common.errors import SpillFileError
-from engine.kv_files.chain import kv_root, scope_hash
+from engine.kv_files.chain import kv_root
 from engine.kv_files.spill_file import SpilledKV, SpillStore
 
 SHAPE = (3, 2, 37, 8)  # layers, kv_heads, tokens (two full blocks and a tail), head_dim
