@@ -2,11 +2,15 @@
 same client times warmfleet and llama-server in one run:
 
     .venv/bin/python -m bench.agents --target http://127.0.0.1:8000 [--target URL ...]
+        [--sessions header none]
 
 8 agents, each with its own system prompt of about 600 tokens, user turns of about 50 tokens,
 4 turns of 64 new tokens each (`ignore_eos`, temperature 0), all agents at once; every turn
 resends the whole conversation, and each agent names its session with X-Session-Id (servers
-that do not know the header ignore it). Reports wall time, tokens per second, time to first
+that do not know the header ignore it), or with `--sessions none` names none, as most
+agents do (warmfleet then finds the session by the prompt). With both, each target runs the
+workload once in each way, with system prompts of their own (a run does not find the
+other's). Reports wall time, tokens per second, time to first
 token on turn 1 and on later turns, and the fraction of prompt tokens the server reports as
 cached; with several targets, each one's wall time against the first's. Start each server
 fresh: a server that ran it before holds its prompts (llama-server's slots, warmfleet's
@@ -41,13 +45,14 @@ class Turn:
 async def one_turn(
     client: httpx.AsyncClient, sid: str, messages: list[dict[str, str]], tokens: int
 ) -> tuple[Turn, str]:
+    """One turn streamed (`sid` "": no X-Session-Id)."""
     body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     start = time.perf_counter()
     first, pieces = 0.0, []
     usage: dict[str, Any] = {}
     async with client.stream("POST", "/v1/chat/completions", json=body,
-                             headers={"X-Session-Id": sid}) as r:  # fmt: skip
+                             headers={"X-Session-Id": sid} if sid else {}) as r:  # fmt: skip
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -65,10 +70,10 @@ async def one_turn(
 
 
 async def agent(
-    client: httpx.AsyncClient, n: int, system: str, turns: int, tokens: int
+    client: httpx.AsyncClient, n: int, system: str, turns: int, tokens: int, named: bool
 ) -> list[Turn]:
     messages = [{"role": "system", "content": system}]
-    sid = f"agent-{n}-{time.time_ns()}"  # one session for all the agent's turns
+    sid = f"agent-{n}-{time.time_ns()}" if named else ""  # one session for all its turns
     done = []
     for t in range(turns):
         messages.append({"role": "user", "content": user_turn(n, t)})
@@ -78,13 +83,15 @@ async def agent(
     return done
 
 
-async def workload(url: str, args: argparse.Namespace, systems: list[str]) -> dict[str, float]:
+async def workload(
+    url: str, args: argparse.Namespace, systems: list[str], named: bool
+) -> dict[str, float]:
     # a connection per request: a kept-alive one the server closes meanwhile fails the turn
     limits = httpx.Limits(max_connections=args.agents * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
         t0 = time.perf_counter()
         runs = await asyncio.gather(
-            *(agent(client, i, systems[i], args.turns, args.tokens) for i in range(args.agents))
+            *(agent(client, i, s, args.turns, args.tokens, named) for i, s in enumerate(systems))
         )
         wall = time.perf_counter() - t0
     turns = [t for run in runs for t in run]
@@ -108,17 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--system-tokens", type=int, default=600)
+    p.add_argument("--sessions", nargs="+", choices=["header", "none"], default=["header"],
+                   help="how agents name their sessions: X-Session-Id, or not at all")  # fmt: skip
     args = p.parse_args(argv)
     systems = system_prompts(args.agents, args.system_tokens)
     results = {}
     for url in args.target:
-        print(f"agents: {url}", file=sys.stderr, flush=True)
-        results[url] = asyncio.run(workload(url, args, systems))
-    first = results[args.target[0]]["wall_s"]
-    rows = [[url, f"{r['wall_s']:.1f}", f"{r['tok_s']:.1f}", str(int(r["tokens"])),
+        for mode in args.sessions:
+            print(f"agents: {url}, sessions: {mode}", file=sys.stderr, flush=True)
+            own = [f"[{mode}]\n{s}" for s in systems] if len(args.sessions) > 1 else systems
+            results[url, mode] = asyncio.run(workload(url, args, own, mode == "header"))
+    first = next(iter(results.values()))["wall_s"]
+    rows = [[url, mode, f"{r['wall_s']:.1f}", f"{r['tok_s']:.1f}", str(int(r["tokens"])),
              f"{r['ttft1_s']:.2f}", f"{r['ttft_later_s']:.2f}", f"{r['cached']:.0%}",
-             f"{r['wall_s'] / first:.2f}x"] for url, r in results.items()]  # fmt: skip
-    print_table(["target", "wall (s)", "tok/s", "tokens", "TTFT turn 1 (s)",
+             f"{r['wall_s'] / first:.2f}x"] for (url, mode), r in results.items()]  # fmt: skip
+    print_table(["target", "sessions", "wall (s)", "tok/s", "tokens", "TTFT turn 1 (s)",
                  "TTFT later (s)", "cached", "wall / first"], rows)  # fmt: skip
     return 0
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
 
-from broker import codec, fair_queue, keys, kv_commands
+from broker import codec, fair_queue, keys, kv_commands, prompt_heads
 from broker.fair_queue import Admission
 from broker.messages import (
     CommandAnswer,
@@ -43,12 +43,16 @@ class GatewayBroker:
         self._enqueue = r.register_script(fair_queue.ENQUEUE)
         self._unqueue = r.register_script(fair_queue.UNQUEUE)
         self._live = r.register_script(fair_queue.LIVE_WORKERS)
+        self._remember_head = r.register_script(prompt_heads.REMEMBER)
+        self._forget_head = r.register_script(prompt_heads.FORGET)
+        self._find = r.register_script(prompt_heads.FIND)
 
-    async def enqueue(self, job: Job, bounds: Bounds) -> Admission:
+    async def enqueue(self, job: Job, bounds: Bounds, holder: str = "") -> Admission:
         """Route and enqueue in one step (see broker/fair_queue.py): onto the pinned stream
-        of the live worker that holds the session, else into the tenant's fair queue of its
-        class (the least loaded live worker takes it from there), unless no worker is
-        alive or the tenant's queue or all queues are full."""
+        of the live worker that holds the session, else of the one holding session
+        `holder` (the longest prefix of its prompt) while it has room, else into the
+        tenant's fair queue of its class (the least loaded live worker takes it from
+        there), unless no worker is alive or the tenant's queue or all queues are full."""
         sid, tenant, rid = job.session_id, job.tenant, job.request_id
         cost = len(job.prompt_ids) + job.sampling.max_tokens
         ttl_s = max(1, int(job.deadline_at - time.time()) + 1)
@@ -65,6 +69,7 @@ class GatewayBroker:
                 keys.RUNNING,
                 keys.affinity_key(tenant, sid) if sid else keys.NO_KEY,
                 keys.STATS,
+                keys.session_key(tenant, holder) if holder else keys.NO_KEY,
             ],
             args=[
                 codec.encode(job), keys.heartbeat_key(""), keys.pinned_stream(""), keys.WORKERS,
@@ -97,6 +102,41 @@ class GatewayBroker:
         """The workers that take requests now: registered, heartbeat fresh, not draining."""
         return sorted(await self._live(args=fair_queue.live_workers_args()))
 
+    async def find_by_prompt(
+        self, tenant: str, hashes: list[bytes], marks: list[bytes]
+    ) -> tuple[list[tuple[int, str, str]], str]:
+        """Every session head among a prompt's whole blocks (`hashes`, the chain hash after
+        each, in order), as (whole blocks, session, the head's "length:hex"); and the
+        session that last sent the latest of its prefix `marks`, or ""
+        (broker/prompt_heads.py)."""
+        names = [prompt_heads.head_key(tenant, h) for h in hashes]
+        names += [prompt_heads.mark_key(tenant, m) for m in marks]
+        if not names:
+            return [], ""
+        holder, flat = await self._find(keys=names, args=[len(hashes)])
+        heads = [(int(flat[i]), str(flat[i + 1]), str(flat[i + 2])) for i in range(0, len(flat), 3)]
+        return heads, str(holder)
+
+    async def remember_head(
+        self, tenant: str, session_id: str, blocks: bytes, rest: str, marks: list[bytes]
+    ) -> None:
+        """Name the session by its head from now on, in place of its last one: the hash of
+        its whole `blocks` and the `rest` ("length:hex"); and by its prompt's prefix
+        `marks` up to the head."""
+        await self._remember_head(
+            keys=[prompt_heads.head_key(tenant, blocks),
+                  prompt_heads.head_of_key(tenant, session_id)],
+            args=[blocks.hex(), session_id, prompt_heads.head_prefix(tenant),
+                  prompt_heads.HEAD_TTL_S, prompt_heads.mark_prefix(tenant), rest,
+                  prompt_heads.MARK_TTL_S, *(m.hex() for m in marks)],
+        )  # fmt: skip
+
+    async def forget_head(self, tenant: str, session_id: str) -> None:
+        await self._forget_head(
+            keys=[prompt_heads.head_of_key(tenant, session_id)],
+            args=[session_id, prompt_heads.head_prefix(tenant)],
+        )
+
     async def get_session(self, tenant: str, session_id: str) -> SessionRecord | None:
         fields = await self.r.hgetall(keys.session_key(tenant, session_id))
         return await self._alive(SessionRecord.from_fields(fields)) if fields else None
@@ -121,6 +161,7 @@ class GatewayBroker:
         was no such session. The kvstore carries it out; raises ServiceError when it does
         not answer in time."""
         key = keys.cache_key(tenant, session_id)
+        await self.forget_head(tenant, session_id)  # no prompt finds it any more
         answer = await kv_commands.call_async(self.r, CommandOp.DELETE, key)
         return answer.status != answer.status.NOT_FOUND
 

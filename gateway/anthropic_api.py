@@ -58,6 +58,13 @@ def thinking(text: str) -> dict[str, Any]:
     return {"type": "thinking", "thinking": text, "signature": SIGNATURE}
 
 
+def _user_id(body: Body) -> Any:
+    """metadata.user_id: Claude Code sends one per conversation (its user, account and
+    session), which names the session where no X-Session-Id does."""
+    metadata = body.get("metadata")
+    return metadata.get("user_id") if isinstance(metadata, dict) else None
+
+
 def tool_use(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": f"toolu_{call.id}", "name": call.name, "input": {}}
 
@@ -75,7 +82,7 @@ def usage(c: Completion) -> dict[str, int]:
 async def messages(ctx: HttpContext, request: Request) -> Response:
     body = await ctx.body(request)
     ctx.check_model(get(body, "model", str))
-    inp = input_of(body, session_of(request))
+    inp = input_of(body, session_of(request, _user_id(body), "metadata.user_id"))
     started = await start(ctx, request, inp)
     message: dict[str, Any] = {"id": f"msg_{started.job.request_id}", "type": "message",
                                "role": "assistant", "model": ctx.model_id}  # fmt: skip

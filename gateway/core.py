@@ -35,6 +35,7 @@ from common.errors import (
 )
 from gateway.auth import Tenant
 from gateway.metrics import GatewayMetrics
+from gateway.session_find import Found, session_for
 from gateway.worker_watch import WorkerWatch
 
 log = logging.getLogger("warmfleet.gateway")
@@ -79,10 +80,11 @@ class GatewayCore:
         self.watch = watch
         self.metrics = metrics or GatewayMetrics()
 
-    async def admit(self, job: Job, tenant: Tenant) -> Admission:
-        """Route and enqueue; while no worker takes requests, wait for one (up to the
-        deadline and worker_wait_s). Raises PermissionDeniedError, QueueFullError,
-        UnavailableError."""
+    async def admit(self, job: Job, tenant: Tenant, holder: str = "") -> Admission:
+        """Route and enqueue (a new session to the worker holding session `holder` where it
+        has room: the longest prefix of its prompt); while no worker takes requests, wait
+        for one (up to the deadline and worker_wait_s). Raises PermissionDeniedError,
+        QueueFullError, UnavailableError."""
         if not tenant.allows(job.priority):
             raise PermissionDeniedError(
                 f"priority {job.priority} is above this key's ceiling ({tenant.max_priority})"
@@ -92,7 +94,7 @@ class GatewayCore:
         t0 = time.time()
         give_up = min(job.deadline_at, t0 + self.config.worker_wait_s)
         while True:
-            admission = await self._redis(self.broker.enqueue(job, bounds))
+            admission = await self._redis(self.broker.enqueue(job, bounds, holder))
             if admission.kind in ("tenant_full", "full"):
                 raise self._queue_full(admission, tenant)
             if admission.kind != "no_worker":
@@ -203,6 +205,15 @@ class GatewayCore:
         records = await self._redis(self.broker.list_sessions(tenant, offset, size + 1))
         more = len(records) > size
         return records[:size], str(offset + size) if more else ""
+
+    async def session_for(self, tenant: str, session_id: str, prompt_ids: tuple[int, ...]) -> Found:
+        """The session an HTTP request runs in: the one it names, else the one its prompt
+        continues, else a new one; and the holder of its prompt's prefix
+        (gateway/session_find.py)."""
+        found = await self._redis(session_for(self.broker, tenant, session_id, prompt_ids))
+        placed = "prefix" if found.holder else "none"
+        self.metrics.sessions.labels(tenant, found.how, placed).inc()
+        return found
 
     async def delete_session(self, tenant: str, session_id: str) -> bool:
         return await self._redis(self.broker.delete_session(tenant, session_id))

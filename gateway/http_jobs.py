@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 
@@ -65,9 +65,11 @@ async def start(ctx: HttpContext, request: Request, inp: GenerateInput) -> Start
     """Authenticate, build and admit the job; its results are yet to be read."""
     tenant = tenant_of(request, ctx.keys)
     job = await ctx.jobs.build(inp, tenant.name, time_left_of(request))
-    await ctx.core.admit(job, tenant)
+    found = await ctx.core.session_for(tenant.name, job.session_id, job.prompt_ids)
+    job = replace(job, session_id=found.session_id)
+    await ctx.core.admit(job, tenant, found.holder)
     splitter = ctx.jobs.splitter(job)
-    return Started(job, inp.session_id, int(time.time()), ctx.core.results(job), splitter)
+    return Started(job, job.session_id, int(time.time()), ctx.core.results(job), splitter)
 
 
 class ReplyReader:

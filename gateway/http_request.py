@@ -4,14 +4,14 @@ the headers."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import uuid
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
 from common.errors import InvalidRequestError, PayloadTooLargeError
-from common.ids import check_session_id
+from common.ids import MAX_SESSION_ID_BYTES, check_session_id
 from gateway.auth import KeyRing, Tenant
 from gateway.json_checks import DEEP, problem
 
@@ -111,12 +111,23 @@ def tenant_of(request: Request, keys: KeyRing) -> Tenant:
     return keys.tenant_of(h.get("authorization"), h.get("x-api-key"))
 
 
-def session_of(request: Request) -> str:
-    """The X-Session-Id header's session, or a fresh one of its own."""
+def session_of(request: Request, named: Any = None, field: str = "") -> str:
+    """The X-Session-Id header's session; else the one `named` names (a body's `field` an
+    agent fills once per conversation: Codex's prompt_cache_key, Claude Code's
+    metadata.user_id); else "", none (the prompt may yet find one: gateway/session_find.py).
+
+    A name is used as it is where it can be a session id that the X-Session-Id header
+    echoing it can carry: printable ASCII of up to 128 bytes. A longer one of printable
+    ASCII is named by its digest ("n-" and 40 hex digits of its SHA-256: Claude Code's
+    user ids with an account run to ~160). Any other names none."""
     given = request.headers.get(SESSION_HEADER)
-    if given is None or not given:
-        return f"s-{uuid.uuid4().hex}"
-    return check_session_id(given, "X-Session-Id")
+    if given:
+        return check_session_id(given, "X-Session-Id")
+    if not isinstance(named, str) or not named.isascii() or not named.isprintable():
+        return ""
+    if len(named) > MAX_SESSION_ID_BYTES:
+        return f"n-{hashlib.sha256(named.encode()).hexdigest()[:40]}"
+    return check_session_id(named, field)
 
 
 def time_left_of(request: Request) -> float | None:

@@ -62,6 +62,10 @@ class GatewayMetrics:
             "warmfleet_responses", "Calls answered, by face and status", ["api", "code"],
             registry=r,
         )  # fmt: skip
+        self.sessions = Counter(
+            "warmfleet_http_sessions", "HTTP requests by how their session was found",
+            ["tenant", "found", "placed"], registry=r,
+        )  # fmt: skip
         r.register(FleetCollector(fleet))
         self.unflushed: Tally[str] = Tally()  # responses not yet added to the counts in Redis
 

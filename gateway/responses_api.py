@@ -18,10 +18,9 @@ from starlette.responses import JSONResponse, Response
 from broker.messages import Completion
 from common.enums import FinishReason
 from common.errors import WarmfleetError
-from common.ids import check_session_id
 from gateway.http_errors import describe
 from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
-from gateway.http_request import SESSION_HEADER, Body, get, number, session_of
+from gateway.http_request import Body, get, number, session_of
 from gateway.responses_input import chat_of, check_format, template_kwargs_of, tools_of
 from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
@@ -32,7 +31,7 @@ from gateway.validate import GenerateInput
 def input_of(body: Body, request: Request) -> GenerateInput:
     check_format(body)
     return GenerateInput(
-        session_id=_session(body, request),
+        session_id=session_of(request, body.get("prompt_cache_key"), "prompt_cache_key"),
         messages=chat_of(body),
         tools=tools_of(body),
         max_tokens=get(body, "max_output_tokens", int),
@@ -42,19 +41,6 @@ def input_of(body: Body, request: Request) -> GenerateInput:
         template_kwargs=template_kwargs_of(body),
         defaults=Defaults.API,  # temperature 1, or the model family's recommendation
     )
-
-
-def _session(body: Body, request: Request) -> str:
-    """X-Session-Id, else `prompt_cache_key` (Codex sends its session's id there) when it
-    can name one: printable ASCII, as the X-Session-Id header that echoes it must be."""
-    key = body.get("prompt_cache_key")
-    if request.headers.get(SESSION_HEADER) or not isinstance(key, str) or not _header_safe(key):
-        return session_of(request)
-    return check_session_id(key, "prompt_cache_key")
-
-
-def _header_safe(text: str) -> bool:
-    return bool(text) and text.isascii() and text.isprintable()
 
 
 def usage(c: Completion, reasoning_tokens: int) -> dict[str, Any]:

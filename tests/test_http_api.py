@@ -4,6 +4,7 @@ sessions by X-Session-Id, tenants by key, errors in each API's shape."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,48 @@ def test_ignore_eos_and_min_tokens_fix_the_length_on_both_faces(
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 30
     assert reply.choices[0].finish_reason == "length"
+
+
+CLAUDE_CODE_USER_ID = (  # its shape: user, account and session; ~160 characters
+    f"user_{'5e' * 32}_account_0c1d2e3f-4a5b-4c6d-8e9f-a0b1c2d3e4f5"
+    "_session_7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d"
+)
+
+
+def test_claude_codes_user_id_continues_one_session_without_a_header(
+    cluster: Cluster, keys: tuple[Path, dict[str, str]], model_id: str
+) -> None:
+    """Claude Code sends no X-Session-Id but one metadata.user_id per conversation: each
+    names one session (longer ones than a session id by their digest), warm on turn 2."""
+    key = keys[1]["bob"]
+    client = anthropic.Anthropic(base_url=cluster.http_url, api_key=key, timeout=120)
+    with Client(cluster.target, api_key=key, timeout_s=120) as grpc:
+        before = {s.session_id for s in grpc.list_sessions()}
+        named = {}
+        for user_id in (CLAUDE_CODE_USER_ID, "plain-user-7"):
+            metadata: Any = {"user_id": user_id}
+            first = client.messages.with_raw_response.create(
+                model=model_id, max_tokens=8, messages=any_(CHAT), metadata=metadata
+            )
+            reply = first.parse()
+            text = "".join(b.text for b in reply.content if b.type == "text")
+            chat2 = [*CHAT, {"role": "assistant", "content": text},
+                     {"role": "user", "content": "Where does it live?"}]  # fmt: skip
+            second = client.messages.with_raw_response.create(
+                model=model_id, max_tokens=8, messages=any_(chat2), metadata=metadata
+            )
+            sid = first.headers["x-session-id"]
+            assert second.headers["x-session-id"] == sid
+            cached = second.parse().usage.cache_read_input_tokens or 0
+            assert cached >= reply.usage.input_tokens  # turn 1's prompt, warm
+            named[user_id] = sid
+        digest = hashlib.sha256(CLAUDE_CODE_USER_ID.encode()).hexdigest()[:40]
+        assert named == {CLAUDE_CODE_USER_ID: f"n-{digest}", "plain-user-7": "plain-user-7"}
+        added = {s.session_id for s in grpc.list_sessions()} - before
+        assert added == set(named.values())  # one session a conversation, not one a turn
+        # a user id no header could echo names none: a session of its own each time
+        odd: Any = {"user_id": "usér\n"}
+        got = client.messages.with_raw_response.create(
+            model=model_id, max_tokens=1, messages=any_(CHAT), metadata=odd
+        )
+        assert got.headers["x-session-id"].startswith("s-")

@@ -14,36 +14,18 @@ import grpc
 import httpx
 import pytest
 import redis as redis_lib
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker import keys
 from common.v1 import inference_pb2 as pb
 from tests.cluster_helpers import settle, wait_for
+from tests.metrics_scrape import Samples, scrape, total
 from warmfleet.client import Client, KVStoreClient
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 PARTS = ["gateway", "kvstore", "w0", "w1"]
 LATENCIES = ["warmfleet_time_to_first_token_seconds", "warmfleet_e2e_request_latency_seconds",
              "warmfleet_request_queue_time_seconds"]  # fmt: skip
-
-
-def scrape(cluster: Cluster, part: str) -> Samples:
-    response = httpx.get(cluster.metrics_url(part), timeout=30)
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(response.text)
-        for s in family.samples
-    }
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of `name`'s samples whose labels include `labels`."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
 @dataclass

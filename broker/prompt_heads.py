@@ -1,0 +1,106 @@
+"""Sessions found by their prompts, in Redis (gateway/session_find.py says how they are
+used). Keys are tenant-scoped, as the hashes (common/block_hash.py) are.
+
+- A session's head is its latest prompt but the last few tokens: the chain hash of its
+  whole blocks keys a hash whose field is the session and whose value the head's length and
+  the hash of its tokens past those blocks ("length:hex"). A request naming no session
+  whose prompt starts with a head continues that session. One head a session: a new one
+  replaces the last.
+- A prompt's prefix marks: the chain hash after some of its whole blocks up to the head
+  (mark_blocks) names the session that last sent that prefix, so that a new session goes
+  to the worker holding the longest run of its leading blocks (which then shares them all,
+  marked or not).
+
+Heads expire HEAD_TTL_S after the last request that wrote them, marks MARK_TTL_S (a marked
+prefix places a request only while its session is in a worker's memory). A prompt writes
+at most MAX_MARKS marks: a tenant sending many long prompts costs Redis ~15 KB each."""
+
+from __future__ import annotations
+
+HEAD_TTL_S = 24 * 3600
+MARK_TTL_S = 3600
+MAX_MARKS = 128
+
+
+def mark_blocks(num_blocks: int) -> list[int]:
+    """Which whole blocks of a prompt of `num_blocks` are marked (counts from its start):
+    every 4th up to 64 (a system prompt's end within 64 tokens of 16), then every 32nd,
+    at most MAX_MARKS (up to ~58k tokens)."""
+    fine = range(4, min(num_blocks, 64) + 1, 4)
+    coarse = range(96, num_blocks + 1, 32)
+    return [*fine, *coarse][:MAX_MARKS]
+
+
+def head_key(tenant: str, blocks: bytes) -> str:
+    """Hash: each session whose head's whole blocks hash to `blocks`, and its head's rest."""
+    return f"wf:head:{tenant}:{blocks.hex()}"
+
+
+def head_of_key(tenant: str, session_id: str) -> str:
+    """String: the hash (hex) of the whole blocks of the session's head, so that its next
+    head replaces it."""
+    return f"wf:headof:{tenant}:{session_id}"
+
+
+def head_prefix(tenant: str) -> str:
+    return f"wf:head:{tenant}:"
+
+
+def mark_key(tenant: str, mark: bytes) -> str:
+    """String: the session that last sent a prompt starting with the blocks of `mark`."""
+    return f"wf:prefix:{tenant}:{mark.hex()}"
+
+
+def mark_prefix(tenant: str) -> str:
+    return f"wf:prefix:{tenant}:"
+
+
+# KEYS: the new head's key, the session's head-of key
+# ARGV: the new head's blocks (hex), the session id, the tenant's head-key prefix, the
+#       heads' ttl (s), the tenant's prefix-mark key prefix, the head's "length:hex", the
+#       marks' ttl (s), then the prompt's prefix marks (hex)
+REMEMBER = """
+local old = redis.call('GET', KEYS[2])
+if old and old ~= ARGV[1] then
+  redis.call('HDEL', ARGV[3] .. old, ARGV[2])
+end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[4])
+for i = 8, #ARGV do
+  redis.call('SET', ARGV[5] .. ARGV[i], ARGV[2], 'EX', ARGV[7])
+end
+"""
+
+# KEYS: the session's head-of key; ARGV: the session id, the tenant's head-key prefix
+FORGET = """
+local old = redis.call('GET', KEYS[1])
+if old then
+  redis.call('HDEL', ARGV[2] .. old, ARGV[1])
+end
+redis.call('DEL', KEYS[1])
+"""
+
+# KEYS: the head keys of a prompt's whole blocks in order, then its prefix marks' keys
+# ARGV: how many head keys
+# Returns {the session that last sent the latest mark or '', {block count, session, head's
+# rest, ...} of every head among the blocks}
+FIND = """
+local n = tonumber(ARGV[1])
+local heads = {}
+for i = 1, n do
+  local all = redis.call('HGETALL', KEYS[i])
+  for j = 1, #all, 2 do
+    table.insert(heads, tostring(i))
+    table.insert(heads, all[j])
+    table.insert(heads, all[j + 1])
+  end
+end
+for i = #KEYS, n + 1, -1 do
+  local holder = redis.call('GET', KEYS[i])
+  if holder then
+    return {holder, heads}
+  end
+end
+return {'', heads}
+"""

@@ -1,0 +1,77 @@
+"""A new session goes to the worker that holds its prompt's leading blocks (real Redis, two
+workers, the real model, the HTTP face): a new agent whose system prompt another agent's
+session holds warm gets those blocks from that session's worker, not by recompute; another
+tenant's identical prompt gets nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from bench.agent_prompts import system_prompts
+from engine.model import Model
+from engine.text.chat import render_chat
+from tests.conftest import KeyedCluster
+from warmfleet.client import Client
+
+pytestmark = pytest.mark.slow
+BLOCK = 16
+
+
+def ask(kc: KeyedCluster, tenant: str, messages: list[dict[str, str]], sid: str = "") -> Any:
+    headers = {"Authorization": f"Bearer {kc.keys[tenant]}"}
+    if sid:
+        headers["X-Session-Id"] = sid
+    with httpx.Client(base_url=kc.cluster.http_url, headers=headers, timeout=300) as http:
+        r = http.post("/v1/chat/completions",
+                      json={"messages": messages, "max_tokens": 4, "temperature": 0})  # fmt: skip
+    assert r.status_code == 200, r.text
+    details = r.json()["usage"].get("prompt_tokens_details") or {}
+    return r.headers["x-session-id"], details.get("cached_tokens") or 0
+
+
+def worker_of(kc: KeyedCluster, tenant: str, session_id: str) -> str:
+    """The worker holding the session, once the kvstore has its worker's event (10 s)."""
+    deadline = time.monotonic() + 10
+    with Client(kc.cluster.target, api_key=kc.keys[tenant], timeout_s=60) as client:
+        while True:
+            try:
+                worker = str(client.get_session(session_id).worker_id)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                worker = ""
+            if worker or time.monotonic() > deadline:
+                return worker
+            time.sleep(0.05)
+
+
+def shared_tokens(model: Model, a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
+    """How many leading tokens the two conversations' prompts share."""
+    template = model.tokenizer.chat_template
+    assert template is not None
+    x, y = (model.tokenizer.encode(render_chat(template, m)) for m in (a, b))
+    return next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), len(x))
+
+
+def test_a_new_agent_gets_its_system_prompt_from_the_worker_that_holds_it(
+    keyed_cluster: KeyedCluster, model: Model
+) -> None:
+    system = "[placement]\n" + system_prompts(1, 600)[0]
+    first = [{"role": "system", "content": system}, {"role": "user", "content": "Begin."}]
+    holder, _ = ask(keyed_cluster, "alice", first, sid="placement-holder")
+    where = worker_of(keyed_cluster, "alice", holder)
+    second = [first[0], {"role": "user", "content": "Start with the tests, please."}]
+    shared = shared_tokens(model, first, second)
+    assert shared > 500
+    newcomer, cached = ask(keyed_cluster, "alice", second)  # no header: a new session
+    assert newcomer != holder
+    assert worker_of(keyed_cluster, "alice", newcomer) == where
+    assert cached >= BLOCK * (shared // BLOCK) - BLOCK  # the system prompt's blocks, shared
+    # the same prompt under another tenant: none of alice's blocks
+    _, elsewhere = ask(keyed_cluster, "bob", second)
+    assert elsewhere == 0

@@ -1,0 +1,110 @@
+"""The session a request naming none continues, found by its prompt's head
+(gateway/session_find.py, broker/prompt_heads.py), against a real Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis as redis_lib
+
+from broker.prompt_heads import MAX_MARKS, mark_blocks
+from common.block_hash import chain_hash, prefix_hashes, scope_hash
+from gateway.session_find import (
+    BLOCK_TOKENS,
+    MARGIN_TOKENS,
+    ROOT,
+    Found,
+    head_length,
+    prompt_hashes,
+)
+from gateway.session_find import session_for as find_async
+from tests.cluster_fixtures import decoded_client, redis_client, redis_server, sync_gateway  # noqa: F401
+
+SYSTEM = tuple(range(1000, 1100))  # 100 tokens: six whole blocks and 4 more
+
+
+def found(gateway: Any, tenant: str, named: str, ids: tuple[int, ...]) -> Found:
+    return gateway.loop.run_until_complete(find_async(gateway.broker, tenant, named, ids))
+
+
+def session_for(gateway: Any, tenant: str, named: str, ids: tuple[int, ...]) -> str:
+    return found(gateway, tenant, named, ids).session_id
+
+
+def test_prefix_marks_are_dense_at_a_prompts_start_and_sparse_later() -> None:
+    assert mark_blocks(3) == [] and mark_blocks(9) == [4, 8]
+    assert mark_blocks(200) == [*range(4, 65, 4), 96, 128, 160, 192]
+    assert len(mark_blocks(10**6)) == MAX_MARKS
+
+
+def test_a_prompt_s_hashes_chain_its_whole_blocks_rooted_in_the_tenant() -> None:
+    ids = tuple(range(50))
+    hashes = prompt_hashes("acme", ids)
+    assert len(hashes) == 50 // BLOCK_TOKENS == 3
+    first = chain_hash(scope_hash(ROOT, "acme"), ids[:16])
+    assert hashes[0] == first and hashes[1] == chain_hash(first, ids[16:32])
+    assert prompt_hashes("other", ids)[0] != first  # tenants never share a chain
+    assert prefix_hashes(b"r", ids[:15], 16) == []
+    assert head_length(50) == 50 - MARGIN_TOKENS and head_length(3) == 0
+
+
+def test_a_turn_continues_the_session_whose_prompt_it_extends(
+    gateway: Any, decoded: redis_lib.Redis
+) -> None:
+    turn1 = (*SYSTEM, 1, 2, 3, 4, 5)
+    first = session_for(gateway, "acme", "", turn1)
+    assert first.startswith("s-") and len(first) == 34
+    turn2 = (*turn1, 6, 7, 8, *range(20, 60))  # the reply and a new question after it
+    assert session_for(gateway, "acme", "", turn2) == first
+    # the head moved to turn 2's prompt: one key a session, the old head gone
+    heads = sorted(decoded.scan_iter("wf:head:acme:*"))
+    assert len(heads) == 1 and list(decoded.hgetall(heads[0])) == [first]
+    assert decoded.get(f"wf:headof:acme:{first}") == heads[0].rsplit(":", 1)[1]
+    assert 0 < decoded.ttl(heads[0]) <= 24 * 3600
+    # another conversation with the same system prompt, and another tenant's same prompt
+    other = session_for(gateway, "acme", "", (*SYSTEM, 9, 9, 9, 9, 9))
+    elsewhere = session_for(gateway, "globex", "", turn2)
+    assert len({first, other, elsewhere}) == 3
+    # a turn of the first conversation after the other began still finds its own
+    turn3 = (*turn2, *range(60, 90))
+    assert session_for(gateway, "acme", "", turn3) == first
+
+
+def test_a_named_session_is_found_by_its_prompt_and_forgotten_on_delete(
+    gateway: Any, decoded: redis_lib.Redis
+) -> None:
+    prompt = (*SYSTEM, 7, 7, 7, 7)
+    assert session_for(gateway, "acme", "agent-1", prompt) == "agent-1"
+    assert session_for(gateway, "acme", "", (*prompt, 8, 8)) == "agent-1"
+    gateway.loop.run_until_complete(gateway.broker.forget_head("acme", "agent-1"))
+    assert not list(decoded.scan_iter("wf:head*"))
+    again = session_for(gateway, "acme", "", (*prompt, 8, 8))
+    assert again.startswith("s-")
+
+
+def test_a_short_prompt_has_no_head_and_gets_a_session_each_time(
+    gateway: Any, decoded: redis_lib.Redis
+) -> None:
+    short = tuple(range(BLOCK_TOKENS + MARGIN_TOKENS - 1))
+    a, b = (session_for(gateway, "acme", "", short) for _ in range(2))
+    assert a != b and not list(decoded.scan_iter("wf:head*"))
+
+
+def test_a_new_conversation_is_pointed_at_the_session_holding_its_prefix(
+    gateway: Any, decoded: redis_lib.Redis
+) -> None:
+    a = found(gateway, "acme", "", (*SYSTEM, 1, 2, 3, 4, 5))
+    assert a.holder == ""
+    # 105 tokens: a head of 6 whole blocks, marked after the 4th
+    marks = list(decoded.scan_iter("wf:prefix:acme:*"))
+    assert len(marks) == 1 and decoded.get(marks[0]) == a.session_id
+    assert marks[0].endswith(prompt_hashes("acme", SYSTEM)[3].hex())
+    b = found(gateway, "acme", "", (*SYSTEM, 9, 9, 9, 9, 9))
+    assert b.session_id != a.session_id and b.holder == a.session_id
+    # both heads end past the same whole blocks (inside the system prompt): one hash holds
+    # both, told apart by their last tokens
+    [head] = decoded.scan_iter("wf:head:acme:*")
+    assert set(decoded.hgetall(head)) == {a.session_id, b.session_id}
+    assert decoded.get(marks[0]) == b.session_id  # the session that sent it last
+    assert found(gateway, "globex", "", (*SYSTEM, 9, 9, 9, 9, 9)).holder == ""
+    assert found(gateway, "acme", "", tuple(range(5000, 5100))).holder == ""
