@@ -27,16 +27,8 @@ that worker (an entry on its own wake stream) and stops. The order in which requ
 the queues is untouched, so the fairness above holds; and the worker first in that order
 always takes, so an idle worker never watches work wait (the exception: a worker that died
 idle is deferred to until its heartbeat lapses). Loads are read inside the script, so two
-workers never both see themselves first.
-
-PREFIX PLACEMENT: a request whose session no live worker holds, but whose prompt starts with
-blocks another session of its tenant sent last (the gateway finds that session by the
-prompt's prefix marks, broker/prompt_heads.py), goes straight to the worker holding that
-session in memory, whose pool then shares those blocks, if that worker has a free batch
-slot (load under `max_running`). A holder without one loses to the queue: the least loaded
-worker takes the request and recomputes the prefix, which costs less than waiting for a
-slot to free (a whole reply: seconds), unless the prefix is longer than a few thousand
-tokens on a CPU.
+workers never both see themselves first. Prefix placement (a new session to the worker
+holding its prompt's prefix): see broker/placement.py.
 """
 
 from __future__ import annotations
@@ -46,14 +38,14 @@ from string import Template
 
 from broker import keys
 from broker.codec import FIELD
-from broker.placement import STANDING
+from broker.placement import PREFIX_HOLDER, STANDING
 from common.enums import PRIORITIES
 
 
 def _stream_field(script: str) -> str:
     """A script with the stream field that holds a message (codec.FIELD) and placement's
     ranking of workers filled in."""
-    return Template(script).substitute(field=FIELD, standing=STANDING)
+    return Template(script).substitute(field=FIELD, standing=STANDING, prefix_holder=PREFIX_HOLDER)
 
 
 # A worker takes requests while its heartbeat key exists and its draining key does not.
@@ -63,11 +55,11 @@ def _stream_field(script: str) -> str:
 #       of the prompt's longest known prefix (gateway/session_find.py)
 # ARGV: the job (encoded), heartbeat prefix, pinned-stream prefix, workers set, request id, tenant,
 #       cost, weight, tenant's queue bound, total bound, ttl (s), tenant's running bound,
-#       draining prefix
+#       draining prefix, PREFIX_SLACK
 # The session goes to the worker the index names, else to the one that last started it
 # (the index lags the worker by the kvstore's reaction time; an agent's next turn does not),
 # else to the worker holding the session that last sent the longest prefix of its prompt in
-# memory, while that worker has a free batch slot (see PREFIX PLACEMENT above).
+# memory, while that worker has room (broker/placement.py).
 ENQUEUE = _stream_field("""
 local hb, draining, pinned = ARGV[2], ARGV[13], ARGV[3]
 $standing
@@ -75,16 +67,13 @@ local function takes(w)
   return w and w ~= '' and redis.call('EXISTS', ARGV[2] .. w) == 1
     and redis.call('EXISTS', ARGV[13] .. w) == 0
 end
+$prefix_holder
 local worker = redis.call('HGET', KEYS[1], 'worker')
 if not takes(worker) then
   worker = redis.call('GET', KEYS[10])
 end
 if not takes(worker) then
-  local holder = redis.call('HGET', KEYS[12], 'worker')
-  local s = takes(holder) and standing(holder)
-  if s and (s[4] == nil or s[1] < s[4]) then
-    worker = holder
-  end
+  worker = prefix_holder(KEYS[12], ARGV[4], tonumber(ARGV[14]))
 end
 if takes(worker) then
   redis.call('XADD', ARGV[3] .. worker, '*', '$field', ARGV[1])

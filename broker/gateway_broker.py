@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
 
-from broker import codec, fair_queue, keys, kv_commands, prompt_heads
+from broker import codec, fair_queue, keys, kv_commands, placement, prompt_heads
 from broker.fair_queue import Admission
 from broker.messages import (
     CommandAnswer,
@@ -74,7 +74,7 @@ class GatewayBroker:
             args=[
                 codec.encode(job), keys.heartbeat_key(""), keys.pinned_stream(""), keys.WORKERS,
                 rid, tenant, cost, bounds.weight, bounds.max_queued, bounds.max_total, ttl_s,
-                bounds.max_running, keys.draining_key(""),
+                bounds.max_running, keys.draining_key(""), placement.PREFIX_SLACK,
             ],
         )  # fmt: skip
         if kind == "pinned":

@@ -3,7 +3,21 @@
 by (load, idle sessions held, id), the least first. Its load is the entries on its pinned
 stream (running, paused, waiting for a restore or not yet read: an entry leaves at the
 request's end) plus the requests it runs from a dead worker's stream (`num_adopted` in its
-heartbeat)."""
+heartbeat).
+
+Prefix placement: a request whose session no live worker holds, but whose prompt starts
+with blocks another session of its tenant sent last (the gateway finds that session by the
+prompt's prefix marks, broker/prompt_heads.py), goes straight to the worker holding that
+session in memory, whose pool then shares those blocks, if that worker has a free batch
+slot (load under `max_running`) and runs at most PREFIX_SLACK requests more than the least
+loaded live worker. Otherwise the queue places it as any new session, on the least loaded
+worker, which recomputes the prefix: that costs less than waiting for a slot to free (a
+whole reply: seconds), or than slowing every step of a busier batch while another worker
+idles, unless the prefix runs to thousands of tokens on a CPU. So agents sharing a system
+prompt fill the holder up to the slack, then spread, and the next ones follow whichever
+session sent the prefix last."""
+
+PREFIX_SLACK = 2  # requests a prefix's holder may run beyond the least loaded worker
 
 # Needs the locals hb, draining and pinned (the heartbeat, draining and pinned-stream key
 # prefixes). standing(w): {load, idle sessions, id, batch slots (nil if unknown)}, or nil
@@ -25,5 +39,25 @@ local function before(a, b)
   if a[1] ~= b[1] then return a[1] < b[1] end
   if a[2] ~= b[2] then return a[2] < b[2] end
   return a[3] < b[3]
+end
+"""
+
+# Needs standing() above and takes(w) (the worker takes requests). prefix_holder(record,
+# workers, slack): the worker holding the session of hash `record` in memory, if it has
+# room for one more request (see above), else nil.
+PREFIX_HOLDER = """
+local function prefix_holder(record, workers, slack)
+  local holder = redis.call('HGET', record, 'worker')
+  local s = takes(holder) and standing(holder)
+  if not s or (s[4] ~= nil and s[1] >= s[4]) then
+    return nil
+  end
+  for _, w in ipairs(redis.call('SMEMBERS', workers)) do
+    local o = standing(w)
+    if o and o[1] + slack < s[1] then
+      return nil
+    end
+  end
+  return holder
 end
 """

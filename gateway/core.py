@@ -206,13 +206,16 @@ class GatewayCore:
         more = len(records) > size
         return records[:size], str(offset + size) if more else ""
 
-    async def session_for(self, tenant: str, session_id: str, prompt_ids: tuple[int, ...]) -> Found:
-        """The session an HTTP request runs in: the one it names, else the one its prompt
-        continues, else a new one; and the holder of its prompt's prefix
-        (gateway/session_find.py)."""
-        found = await self._redis(session_for(self.broker, tenant, session_id, prompt_ids))
+    async def session_for(
+        self, tenant: str, session_id: str, prompt_ids: tuple[int, ...], api: str = "http"
+    ) -> Found:
+        """The session a request runs in: the one it names, else (HTTP) the one its prompt
+        continues, else a new one; and the holder of its prompt's prefix, to place it by
+        (gateway/session_find.py). A gRPC request naming none stays without a session."""
+        find = api == "http"
+        found = await self._redis(session_for(self.broker, tenant, session_id, prompt_ids, find))
         placed = "prefix" if found.holder else "none"
-        self.metrics.sessions.labels(tenant, found.how, placed).inc()
+        self.metrics.sessions.labels(tenant, api, found.how, placed).inc()
         return found
 
     async def delete_session(self, tenant: str, session_id: str) -> bool:

@@ -119,7 +119,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             session_id = request.session_id or str(metadata.get(SESSION_METADATA_KEY, ""))
             inp = input_of(request, session_id, self.jobs.bounds)
             job = await self.jobs.build(inp, tenant.name, context.time_remaining())
-            await self.core.admit(job, tenant)
+            found = await self.core.session_for(tenant.name, job.session_id, job.prompt_ids, "grpc")
+            await self.core.admit(job, tenant, found.holder)
             splitter = self.jobs.splitter(job)
             async with aclosing(self.core.results(job)) as results:
                 async for message in results:

@@ -63,8 +63,8 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
         self.sessions = Counter(
-            "warmfleet_http_sessions", "HTTP requests by how their session was found",
-            ["tenant", "found", "placed"], registry=r,
+            "warmfleet_request_sessions", "Requests by how their session was found",
+            ["tenant", "api", "found", "placed"], registry=r,
         )  # fmt: skip
         r.register(FleetCollector(fleet))
         self.unflushed: Tally[str] = Tally()  # responses not yet added to the counts in Redis

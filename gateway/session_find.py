@@ -32,7 +32,7 @@ ROOT = "session-head"  # what the chains are rooted in besides the tenant (not K
 class Found:
     session_id: str  # the request's session
     holder: str  # the session that last sent the longest marked prefix of its prompt, or ""
-    how: str  # named (by the client), prompt (continued), or new
+    how: str  # named (by the client), prompt (continued), new, or none (sessionless)
 
 
 def prompt_hashes(tenant: str, ids: tuple[int, ...]) -> list[bytes]:
@@ -74,14 +74,17 @@ def marks_of(hashes: list[bytes]) -> list[bytes]:
 
 
 async def session_for(
-    broker: GatewayBroker, tenant: str, session_id: str, ids: tuple[int, ...]
+    broker: GatewayBroker, tenant: str, session_id: str, ids: tuple[int, ...], find: bool = True
 ) -> Found:
     """The request's session: `session_id` when it names one, else the session its prompt
     continues, else a new one ("s-" and 32 hex digits); named by this prompt's head from
-    now on. And the holder of its prompt's longest marked prefix."""
+    now on. And the holder of its prompt's longest marked prefix. Without `find` (gRPC,
+    where naming none asks for no session) a request naming none stays without one."""
     hashes = await asyncio.to_thread(prompt_hashes, tenant, ids)  # ~5 us a block
     heads, holder = await broker.find_by_prompt(tenant, hashes, marks_of(hashes))
     how = "named"
+    if not (session_id or find):
+        return Found("", holder, "none")
     if not session_id:
         session_id = continued(heads, hashes, ids) or ""
         how = "prompt" if session_id else "new"

@@ -72,7 +72,8 @@ def assert_warm_later_turns(runs: list[list[Turn]]) -> None:
 
 def found(cluster: Cluster, how: str) -> float:
     """The gateway's count of HTTP requests whose session was found `how`."""
-    return total(scrape(cluster, "gateway"), "warmfleet_http_sessions_total", found=how)
+    samples = scrape(cluster, "gateway")
+    return total(samples, "warmfleet_request_sessions_total", api="http", found=how)
 
 
 def test_agents_without_a_session_header_reuse_their_kv_as_those_with_one(

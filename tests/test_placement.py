@@ -41,17 +41,18 @@ def placed(r: redis_lib.Redis, worker_id: str, **status: int) -> WorkerBroker:
     return registered_worker(r, worker_id, **{"max_running": 8, "num_sessions": 0, **status})
 
 
-def send(gateway: Any, rid: str, session: str, tenant: str = "t") -> str:
+def send(gateway: Any, rid: str, session: str, tenant: str = "t", holder: str = "") -> str:
     now = time.time()
     job = Job(rid, tenant, session, (1, 2), SamplingParams(seed=0), Priority.NORMAL, now, now + 60)
-    return str(gateway.enqueue(job, Bounds(1, BIG, BIG, BIG)).kind)
+    admission = gateway.enqueue(job, Bounds(1, BIG, BIG, BIG), holder)
+    return f"{admission.kind} {admission.worker_id}".strip()
 
 
 def load(r: redis_lib.Redis, gateway: Any, worker_id: str, n: int) -> None:
     """n requests of a session warm on the worker: on its pinned stream."""
     r.hset(keys.session_key("t", f"held-{worker_id}"), mapping={"worker": worker_id})
     for i in range(n):
-        assert send(gateway, f"{worker_id}-{i}", f"held-{worker_id}") == "pinned"
+        assert send(gateway, f"{worker_id}-{i}", f"held-{worker_id}") == f"pinned {worker_id}"
 
 
 def taken(broker: WorkerBroker, rooms: tuple[int, int, int] = ROOMS) -> list[str]:
@@ -131,6 +132,24 @@ def test_requests_leave_the_queues_in_fair_order_spread_over_the_workers(
         f"flood-{i}" for i in range(2, 6)
     ]
     assert by_worker == {"w0": 4, "w1": 4}
+
+
+def test_a_new_session_goes_to_its_prefix_s_holder_while_it_has_room(
+    decoded: redis_lib.Redis, gateway: Any
+) -> None:
+    """The holder (the worker holding the session that last sent the prompt's prefix) takes
+    it while it has a free slot and runs at most PREFIX_SLACK more than the least loaded."""
+    placed(decoded, "w0")
+    placed(decoded, "w1", max_running=3)
+    load(decoded, gateway, "w1", 1)  # w1 holds "held-w1" and runs one request of it
+    assert send(gateway, "a", "new-a", holder="held-w1") == "pinned w1"  # 2 against 0
+    assert send(gateway, "b", "new-b", holder="held-w1") == "pinned w1"  # 3: its last slot
+    assert send(gateway, "c", "new-c", holder="held-w1") == "queued"  # full
+    placed(decoded, "w1", max_running=8)  # room again, but 3 running against none
+    assert send(gateway, "d", "new-d", holder="held-w1") == "queued"  # 3 > 0 + 2
+    assert send(gateway, "e", "new-e", holder="gone") == "queued"  # held nowhere
+    decoded.delete(keys.session_key("t", "held-w1"))
+    assert send(gateway, "f", "new-f", holder="held-w1") == "queued"
 
 
 def test_a_worker_that_ends_its_requests_takes_the_next_one(
