@@ -58,13 +58,12 @@ def continued(
     its whole blocks."""
     best: tuple[int, str] | None = None
     for blocks, session_id, rest in heads:
-        length = rest.partition(":")[0]
-        if not length.isdigit() or int(length) > len(ids) or blocks > len(hashes):
+        digits = rest.partition(":")[0]
+        length = int(digits) if digits.isdigit() else len(ids) + 1
+        if length > len(ids) or not 0 < blocks <= len(hashes) or (best and best[0] >= length):
             continue
-        if head_rest(hashes, ids, blocks, int(length)) == rest and (
-            best is None or int(length) > best[0]
-        ):
-            best = (int(length), session_id)
+        if head_rest(hashes, ids, blocks, length) == rest:
+            best = (length, session_id)
     return best[1] if best else None
 
 
