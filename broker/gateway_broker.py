@@ -107,13 +107,15 @@ class GatewayBroker:
     ) -> tuple[list[tuple[int, str, str]], str]:
         """Every session head among a prompt's whole blocks (`hashes`, the chain hash after
         each, in order), as (whole blocks, session, the head's "length:hex"); and the
-        session that last sent the latest of its prefix `marks`, or ""
+        session that last sent the latest of its prefix `marks` and is in a worker's memory,
+        or ""
         (broker/prompt_heads.py)."""
         names = [prompt_heads.head_key(tenant, h) for h in hashes]
         names += [prompt_heads.mark_key(tenant, m) for m in marks]
         if not names:
             return [], ""
-        holder, flat = await self._find(keys=names, args=[len(hashes)])
+        records = keys.session_key(tenant, "")
+        holder, flat = await self._find(keys=names, args=[len(hashes), records])
         heads = [(int(flat[i]), str(flat[i + 1]), str(flat[i + 2])) for i in range(0, len(flat), 3)]
         return heads, str(holder)
 

@@ -82,9 +82,10 @@ redis.call('DEL', KEYS[1])
 """
 
 # KEYS: the head keys of a prompt's whole blocks in order, then its prefix marks' keys
-# ARGV: how many head keys
-# Returns {the session that last sent the latest mark or '', {block count, session, head's
-# rest, ...} of every head among the blocks}
+# ARGV: how many head keys, the tenant's session-record key prefix
+# Returns {the session that last sent the latest mark whose session a worker holds in
+# memory (its record names one), or '', {block count, session, head's rest, ...} of every
+# head among the blocks}
 FIND = """
 local n = tonumber(ARGV[1])
 local heads = {}
@@ -98,7 +99,8 @@ for i = 1, n do
 end
 for i = #KEYS, n + 1, -1 do
   local holder = redis.call('GET', KEYS[i])
-  if holder then
+  local worker = holder and redis.call('HGET', ARGV[2] .. holder, 'worker')
+  if worker and worker ~= '' then
     return {holder, heads}
   end
 end

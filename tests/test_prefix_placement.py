@@ -75,3 +75,29 @@ def test_a_new_agent_gets_its_system_prompt_from_the_worker_that_holds_it(
     # the same prompt under another tenant: none of alice's blocks
     _, elsewhere = ask(keyed_cluster, "bob", second)
     assert elsewhere == 0
+
+
+def test_a_deleted_sessions_history_is_recomputed_but_for_blocks_others_hold(
+    keyed_cluster: KeyedCluster, model: Model
+) -> None:
+    """DeleteSession forgets the session's blocks on its worker except those another live
+    session holds: the same history again reuses only the shared system prompt."""
+    kc, system = keyed_cluster, "[deletion]\n" + system_prompts(2, 600)[1]
+    holder = [{"role": "system", "content": system}, {"role": "user", "content": "Begin."}]
+    ask(kc, "alice", holder, sid="deletion-holder")
+    where = worker_of(kc, "alice", "deletion-holder")
+    task = " ".join(f"Step {i}: read file {i} and list what it exports." for i in range(12))
+    deleted = [holder[0], {"role": "user", "content": task}]
+    shared = shared_tokens(model, holder, deleted)
+    low, high = BLOCK * (shared // BLOCK) - BLOCK, BLOCK * (shared // BLOCK) + BLOCK
+    _, first = ask(kc, "alice", deleted, sid="deletion-x")  # placed by the holder's prefix
+    assert worker_of(kc, "alice", "deletion-x") == where and low <= first < high
+    again_holder = [*holder, {"role": "assistant", "content": "OK."},
+                    {"role": "user", "content": "Go on."}]  # fmt: skip
+    ask(kc, "alice", again_holder, sid="deletion-holder")  # its prefix marks are its own again
+    with Client(kc.cluster.target, api_key=kc.keys["alice"], timeout_s=60) as client:
+        client.delete_session("deletion-x")
+    _, cached = ask(kc, "alice", deleted, sid="deletion-y")
+    assert worker_of(kc, "alice", "deletion-y") == where
+    assert low <= cached < high  # not the deleted session's own blocks
+    assert len(model.tokenizer.encode(task)) > 100  # which were many

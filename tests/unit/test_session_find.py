@@ -7,6 +7,7 @@ from typing import Any
 
 import redis as redis_lib
 
+from broker import keys
 from broker.prompt_heads import MAX_MARKS, mark_blocks
 from common.block_hash import chain_hash, prefix_hashes, scope_hash
 from gateway.session_find import (
@@ -99,6 +100,8 @@ def test_a_new_conversation_is_pointed_at_the_session_holding_its_prefix(
     marks = list(decoded.scan_iter("wf:prefix:acme:*"))
     assert len(marks) == 1 and decoded.get(marks[0]) == a.session_id
     assert marks[0].endswith(prompt_hashes("acme", SYSTEM)[3].hex())
+    # a holder counts while a worker holds its session in memory (its record names one)
+    decoded.hset(keys.session_key("acme", a.session_id), mapping={"worker": "w0"})
     b = found(gateway, "acme", "", (*SYSTEM, 9, 9, 9, 9, 9))
     assert b.session_id != a.session_id and b.holder == a.session_id
     # both heads end past the same whole blocks (inside the system prompt): one hash holds
@@ -106,5 +109,6 @@ def test_a_new_conversation_is_pointed_at_the_session_holding_its_prefix(
     [head] = decoded.scan_iter("wf:head:acme:*")
     assert set(decoded.hgetall(head)) == {a.session_id, b.session_id}
     assert decoded.get(marks[0]) == b.session_id  # the session that sent it last
+    assert found(gateway, "acme", "", (*SYSTEM, 7, 7, 7, 7, 7)).holder == ""  # b: nowhere
     assert found(gateway, "globex", "", (*SYSTEM, 9, 9, 9, 9, 9)).holder == ""
     assert found(gateway, "acme", "", tuple(range(5000, 5100))).holder == ""
