@@ -51,8 +51,9 @@ async def one_turn(
     start = time.perf_counter()
     first, pieces = 0.0, []
     usage: dict[str, Any] = {}
-    async with client.stream("POST", "/v1/chat/completions", json=body,
-                             headers={"X-Session-Id": sid} if sid else {}) as r:  # fmt: skip
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": sid} if sid else {}
+    ) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -115,8 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--system-tokens", type=int, default=600)
-    p.add_argument("--sessions", nargs="+", choices=["header", "none"], default=["header"],
-                   help="how agents name their sessions: X-Session-Id, or not at all")  # fmt: skip
+    p.add_argument(
+        "--sessions",
+        nargs="+",
+        choices=["header", "none"],
+        default=["header"],
+        help="how agents name their sessions: X-Session-Id, or not at all",
+    )
     args = p.parse_args(argv)
     systems = system_prompts(args.agents, args.system_tokens)
     results = {}
@@ -126,9 +132,20 @@ def main(argv: list[str] | None = None) -> int:
             own = [f"[{mode}]\n{s}" for s in systems] if len(args.sessions) > 1 else systems
             results[url, mode] = asyncio.run(workload(url, args, own, mode == "header"))
     first = next(iter(results.values()))["wall_s"]
-    rows = [[url, mode, f"{r['wall_s']:.1f}", f"{r['tok_s']:.1f}", str(int(r["tokens"])),
-             f"{r['ttft1_s']:.2f}", f"{r['ttft_later_s']:.2f}", f"{r['cached']:.0%}",
-             f"{r['wall_s'] / first:.2f}x"] for (url, mode), r in results.items()]  # fmt: skip
+    rows = [
+        [
+            url,
+            mode,
+            f"{r['wall_s']:.1f}",
+            f"{r['tok_s']:.1f}",
+            str(int(r["tokens"])),
+            f"{r['ttft1_s']:.2f}",
+            f"{r['ttft_later_s']:.2f}",
+            f"{r['cached']:.0%}",
+            f"{r['wall_s'] / first:.2f}x",
+        ]
+        for (url, mode), r in results.items()
+    ]
     print_table(["target", "sessions", "wall (s)", "tok/s", "tokens", "TTFT turn 1 (s)",
                  "TTFT later (s)", "cached", "wall / first"], rows)  # fmt: skip
     return 0

@@ -108,8 +108,7 @@ class GatewayBroker:
         """Every session head among a prompt's whole blocks (`hashes`, the chain hash after
         each, in order), as (whole blocks, session, the head's "length:hex"); and the
         session that last sent the latest of its prefix `marks` and is in a worker's memory,
-        or ""
-        (broker/prompt_heads.py)."""
+        or "" (broker/prompt_heads.py)."""
         names = [prompt_heads.head_key(tenant, h) for h in hashes]
         names += [prompt_heads.mark_key(tenant, m) for m in marks]
         if not names:
@@ -125,13 +124,13 @@ class GatewayBroker:
         """Name the session by its head from now on, in place of its last one: the hash of
         its whole `blocks` and the `rest` ("length:hex"); and by its prompt's prefix
         `marks` up to the head."""
-        await self._remember_head(
-            keys=[prompt_heads.head_key(tenant, blocks),
-                  prompt_heads.head_of_key(tenant, session_id)],
-            args=[blocks.hex(), session_id, prompt_heads.head_prefix(tenant),
-                  prompt_heads.HEAD_TTL_S, prompt_heads.mark_prefix(tenant), rest,
-                  prompt_heads.MARK_TTL_S, *(m.hex() for m in marks)],
-        )  # fmt: skip
+        names = [
+            prompt_heads.head_key(tenant, blocks),
+            prompt_heads.head_of_key(tenant, session_id),
+        ]
+        head = [blocks.hex(), session_id, prompt_heads.head_prefix(tenant), prompt_heads.HEAD_TTL_S]
+        mark = [prompt_heads.mark_prefix(tenant), rest, prompt_heads.MARK_TTL_S]
+        await self._remember_head(keys=names, args=[*head, *mark, *(m.hex() for m in marks)])
 
     async def forget_head(self, tenant: str, session_id: str) -> None:
         await self._forget_head(

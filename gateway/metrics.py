@@ -62,10 +62,10 @@ class GatewayMetrics:
             "warmfleet_responses", "Calls answered, by face and status", ["api", "code"],
             registry=r,
         )  # fmt: skip
+        how = ["tenant", "api", "found", "placed"]
         self.sessions = Counter(
-            "warmfleet_request_sessions", "Requests by how their session was found",
-            ["tenant", "api", "found", "placed"], registry=r,
-        )  # fmt: skip
+            "warmfleet_request_sessions", "Requests by how they found a session", how, registry=r
+        )
         r.register(FleetCollector(fleet))
         self.unflushed: Tally[str] = Tally()  # responses not yet added to the counts in Redis
 

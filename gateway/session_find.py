@@ -80,18 +80,20 @@ async def session_for(
     now on. And the holder of its prompt's longest marked prefix. Without `find` (gRPC,
     where naming none asks for no session) a request naming none stays without one."""
     hashes = await asyncio.to_thread(prompt_hashes, tenant, ids)  # ~5 us a block
-    heads, holder = await broker.find_by_prompt(tenant, hashes, marks_of(hashes))
+    looking = find and not session_id  # for the session it continues, beside the holder
+    heads, holder = await broker.find_by_prompt(tenant, hashes if looking else [], marks_of(hashes))
     how = "named"
     if not (session_id or find):
         return Found("", holder, "none")
-    if not session_id:
-        session_id = continued(heads, hashes, ids) or ""
-        how = "prompt" if session_id else "new"
-        session_id = session_id or f"s-{uuid.uuid4().hex}"
+    if looking:
+        earlier = continued(heads, hashes, ids)
+        how = "prompt" if earlier else "new"
+        session_id = earlier or f"s-{uuid.uuid4().hex}"
     length = head_length(len(ids))
     blocks = length // BLOCK_TOKENS
     if blocks:
         rest = head_rest(hashes, ids, blocks, length)
-        await broker.remember_head(tenant, session_id, hashes[blocks - 1], rest,
-                                   marks_of(hashes[:blocks]))  # fmt: skip
+        await broker.remember_head(
+            tenant, session_id, hashes[blocks - 1], rest, marks_of(hashes[:blocks])
+        )
     return Found(session_id, holder, how)

@@ -59,8 +59,10 @@ def run_all(url: str, named: bool, salt: str) -> list[list[Turn]]:
     """Every agent at once; `salt` keeps each run's system prompts its own."""
     systems = [f"[{salt}]\n{s}" for s in system_prompts(AGENTS, SYSTEM_TOKENS)]
     with ThreadPoolExecutor(AGENTS) as pool:
-        runs = [pool.submit(run_agent, url, systems[i], i, f"{salt}-{i}" if named else "")
-                for i in range(AGENTS)]  # fmt: skip
+        runs = [
+            pool.submit(run_agent, url, systems[i], i, f"{salt}-{i}" if named else "")
+            for i in range(AGENTS)
+        ]
         return [r.result() for r in runs]
 
 

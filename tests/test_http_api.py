@@ -186,8 +186,11 @@ def test_claude_codes_user_id_continues_one_session_without_a_header(
             )
             reply = first.parse()
             text = "".join(b.text for b in reply.content if b.type == "text")
-            chat2 = [*CHAT, {"role": "assistant", "content": text},
-                     {"role": "user", "content": "Where does it live?"}]  # fmt: skip
+            chat2 = [
+                *CHAT,
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": "Where does it live?"},
+            ]
             second = client.messages.with_raw_response.create(
                 model=model_id, max_tokens=8, messages=any_(chat2), metadata=metadata
             )

@@ -27,8 +27,9 @@ def ask(kc: KeyedCluster, tenant: str, messages: list[dict[str, str]], sid: str 
     if sid:
         headers["X-Session-Id"] = sid
     with httpx.Client(base_url=kc.cluster.http_url, headers=headers, timeout=300) as http:
-        r = http.post("/v1/chat/completions",
-                      json={"messages": messages, "max_tokens": 4, "temperature": 0})  # fmt: skip
+        r = http.post(
+            "/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0}
+        )
     assert r.status_code == 200, r.text
     details = r.json()["usage"].get("prompt_tokens_details") or {}
     return r.headers["x-session-id"], details.get("cached_tokens") or 0
@@ -92,8 +93,11 @@ def test_a_deleted_sessions_history_is_recomputed_but_for_blocks_others_hold(
     low, high = BLOCK * (shared // BLOCK) - BLOCK, BLOCK * (shared // BLOCK) + BLOCK
     _, first = ask(kc, "alice", deleted, sid="deletion-x")  # placed by the holder's prefix
     assert worker_of(kc, "alice", "deletion-x") == where and low <= first < high
-    again_holder = [*holder, {"role": "assistant", "content": "OK."},
-                    {"role": "user", "content": "Go on."}]  # fmt: skip
+    again_holder = [
+        *holder,
+        {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": "Go on."},
+    ]
     ask(kc, "alice", again_holder, sid="deletion-holder")  # its prefix marks are its own again
     with Client(kc.cluster.target, api_key=kc.keys["alice"], timeout_s=60) as client:
         client.delete_session("deletion-x")

@@ -161,15 +161,18 @@ class SpillStore:
         size, ids = self.block_size, [int(t) for t in h["token_ids"]]
         layers, kv_heads, head_dim = like
         listed = len(h["blocks"]) * size
-        k, v = (np.empty((layers, kv_heads, len(ids), row_items(head_dim, dtype)), dtype)
-                for _ in range(2))  # fmt: skip
+        k, v = (
+            np.empty((layers, kv_heads, len(ids), row_items(head_dim, dtype)), dtype)
+            for _ in range(2)
+        )
         hashes = [self._root(dtype, h["scope"])]
         hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
 
         def one(i: int) -> None:
             cols = slice(i * size, (i + 1) * size)
-            read_block(self.blocks, self.fingerprint, hashes[i], ids[cols], (k[:, :, cols],
-                       v[:, :, cols]))  # fmt: skip
+            read_block(
+                self.blocks, self.fingerprint, hashes[i], ids[cols], (k[:, :, cols], v[:, :, cols])
+            )
 
         # many small files: read a few at once (one at a time is latency-bound on a cold
         # cache), each straight into its place; the blocks after a bad one are not used

@@ -53,8 +53,9 @@ class MLXKVPool(KVPool):
         for layers in (self.k_layers, self.v_layers):
             for layer in range(c.num_layers):
                 if layer == len(layers):
-                    layers.append([mx.zeros((0, c.num_kv_heads, n), dtype=t)
-                                   for n, t in self._planes()])  # fmt: skip
+                    layers.append(
+                        [mx.zeros((0, c.num_kv_heads, n), dtype=t) for n, t in self._planes()]
+                    )
                 planes = layers[layer]
                 for i, (n, t) in enumerate(self._planes()):
                     zeros = mx.zeros((more, c.num_kv_heads, n), dtype=t)
@@ -82,8 +83,10 @@ class MLXKVPool(KVPool):
     def read(self, layer: int, rows: Any, dtype: Any) -> tuple[Any, Any]:
         """One layer's keys and values at these rows (mx int32, any shape [...]) as
         [..., kv_heads, head_dim] in `dtype`."""
-        k, v = (self._decode([p[rows] for p in planes]).astype(dtype)
-                for planes in (self.k_layers[layer], self.v_layers[layer]))  # fmt: skip
+        k, v = (
+            self._decode([p[rows] for p in planes]).astype(dtype)
+            for planes in (self.k_layers[layer], self.v_layers[layer])
+        )
         return k, v
 
     def _encode(self, x: Any) -> list[Any]:
@@ -121,8 +124,13 @@ class MLXKVPool(KVPool):
     def take(self, blocks: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [layers, kv_heads, n, head_dim] (what spill files hold)."""
         rows = mx.array(self.rows(blocks, slots))
-        k, v = ([self._join([np.array(p[rows]) for p in planes]).transpose(1, 0, 2)
-                 for planes in layers] for layers in (self.k_layers, self.v_layers))  # fmt: skip
+        k, v = (
+            [
+                self._join([np.array(p[rows]) for p in planes]).transpose(1, 0, 2)
+                for planes in layers
+            ]
+            for layers in (self.k_layers, self.v_layers)
+        )
         return np.ascontiguousarray(np.stack(k)), np.ascontiguousarray(np.stack(v))
 
     def _split(self, host: np.ndarray) -> list[np.ndarray]:

@@ -9,9 +9,19 @@ import numpy as np
 from engine.kv.kv_pool import KVPool, PagedKV
 from engine.text.model_config import ModelConfig
 
-CONFIG = ModelConfig(architecture="llama", num_layers=2, dim=32, ffn_dim=64, num_heads=4,
-                     num_kv_heads=2, head_dim=8, rms_eps=1e-5, rope_base=1e4,
-                     context_length=4096, vocab_size=64)  # fmt: skip
+CONFIG = ModelConfig(
+    architecture="llama",
+    num_layers=2,
+    dim=32,
+    ffn_dim=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_eps=1e-5,
+    rope_base=1e4,
+    context_length=4096,
+    vocab_size=64,
+)
 SHARED = list(range(100, 132))  # two whole blocks both sessions start with
 
 

@@ -20,9 +20,19 @@ from tests.paged import new_kv, run_segments
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 
 KV_DTYPES = ["float16", "q8_0"]
-CONFIG = ModelConfig(architecture="llama", num_layers=2, dim=128, ffn_dim=64, num_heads=2,
-                     num_kv_heads=2, head_dim=64, rms_eps=1e-5, rope_base=1e4,
-                     context_length=4096, vocab_size=VOCAB_SIZE)  # fmt: skip
+CONFIG = ModelConfig(
+    architecture="llama",
+    num_layers=2,
+    dim=128,
+    ffn_dim=64,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=64,
+    rms_eps=1e-5,
+    rope_base=1e4,
+    context_length=4096,
+    vocab_size=VOCAB_SIZE,
+)
 
 
 def values(rng: np.random.Generator, n: int) -> np.ndarray:
