@@ -20,6 +20,7 @@ from broker.messages import (
     OrderOp,
     TokenChunk,
 )
+from broker.prompt_heads import PrefixHolder
 from broker.records import SessionRecord
 from common.enums import Tier
 
@@ -104,19 +105,19 @@ class GatewayBroker:
 
     async def find_by_prompt(
         self, tenant: str, hashes: list[bytes], marks: list[bytes]
-    ) -> tuple[list[tuple[int, str, str]], str]:
+    ) -> tuple[list[tuple[int, str, str]], PrefixHolder]:
         """Every session head among a prompt's whole blocks (`hashes`, the chain hash after
         each, in order), as (whole blocks, session, the head's "length:hex"); and the
-        session that last sent the latest of its prefix `marks` and is in a worker's memory,
-        or "" (broker/prompt_heads.py)."""
+        session that last sent the latest of its prefix `marks` and is in a worker's memory
+        (broker/prompt_heads.py)."""
         names = [prompt_heads.head_key(tenant, h) for h in hashes]
         names += [prompt_heads.mark_key(tenant, m) for m in marks]
         if not names:
-            return [], ""
+            return [], PrefixHolder()
         records = keys.session_key(tenant, "")
-        holder, flat = await self._find(keys=names, args=[len(hashes), records])
+        holder, flat, worker, mark = await self._find(keys=names, args=[len(hashes), records])
         heads = [(int(flat[i]), str(flat[i + 1]), str(flat[i + 2])) for i in range(0, len(flat), 3)]
-        return heads, str(holder)
+        return heads, PrefixHolder(str(holder), str(worker), int(mark))
 
     async def remember_head(
         self, tenant: str, session_id: str, blocks: bytes, rest: str, marks: list[bytes]
@@ -130,6 +131,7 @@ class GatewayBroker:
         ]
         head = [blocks.hex(), session_id, prompt_heads.head_prefix(tenant), prompt_heads.HEAD_TTL_S]
         mark = [prompt_heads.mark_prefix(tenant), rest, prompt_heads.MARK_TTL_S]
+        mark.append(keys.session_key(tenant, ""))
         await self._remember_head(keys=names, args=[*head, *mark, *(m.hex() for m in marks)])
 
     async def forget_head(self, tenant: str, session_id: str) -> None:

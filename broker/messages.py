@@ -29,6 +29,11 @@ class Job:
     priority: Priority
     accepted_at: float  # unix seconds, when the gateway accepted it
     deadline_at: float  # unix seconds; past it the request is dropped
+    # the live worker holding, in memory, the session that last sent the longest marked
+    # prefix of the prompt (gateway/session_find.py), and that prefix's length in tokens: a
+    # worker of the same host placed the request may read those blocks from disk
+    prefix_from: str = ""
+    prefix_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +143,13 @@ class OrderOp(enum.StrEnum):
     FORGET = "forget_session"  # another worker holds a newer copy: drop this one
     REPORT = "report"  # send an inventory
     DRAIN = "drain"  # an operator's: take no new requests, finish the running ones, exit
+    SHARE = "share_prefix"  # another worker's: write the blocks of token_ids held to disk
 
 
 @dataclass(frozen=True, slots=True)
 class ControlOrder:
     """An order to one worker, on its pinned stream (from the kvstore; DRAIN from an
-    operator, through the gateway)."""
+    operator, through the gateway; SHARE from another worker of its host)."""
 
     KIND = "order"
     VERSION = 1
@@ -151,6 +157,8 @@ class ControlOrder:
     key: str = ""
     new_key: str = ""  # FORK
     reply_to: str = ""  # DROP, FORK: the command the worker's event completes
+    tenant: str = ""  # SHARE: whose blocks
+    token_ids: tuple[int, ...] = ()  # SHARE: the prompt prefix (whole blocks)
 
 
 class CommandOp(enum.StrEnum):

@@ -7,15 +7,17 @@ used). Keys are tenant-scoped, as the hashes (common/block_hash.py) are.
   whose prompt starts with a head continues that session. One head a session: a new one
   replaces the last.
 - A prompt's prefix marks: the chain hash after some of its whole blocks up to the head
-  (mark_blocks) names the session that last sent that prefix, so that a new session goes
-  to the worker holding the longest run of its leading blocks (which then shares them all,
-  marked or not).
+  (mark_blocks) names the session that last sent that prefix (but a session no worker
+  holds yet leaves a held one in place), so that a new session goes to the worker holding
+  the longest run of its leading blocks (which then shares them all, marked or not).
 
 Heads expire HEAD_TTL_S after the last request that wrote them, marks MARK_TTL_S (a marked
 prefix places a request only while its session is in a worker's memory). A prompt writes
 at most MAX_MARKS marks: a tenant sending many long prompts costs Redis ~15 KB each."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 HEAD_TTL_S = 24 * 3600
 MARK_TTL_S = 3600
@@ -29,6 +31,16 @@ def mark_blocks(num_blocks: int) -> list[int]:
     fine = range(4, min(num_blocks, 64) + 1, 4)
     coarse = range(96, num_blocks + 1, 32)
     return [*fine, *coarse][:MAX_MARKS]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHolder:
+    """The session that last sent the longest marked prefix of a prompt, held in memory by
+    `worker`; `mark`: which of the prompt's marks (1 = the first), 0 when none is held."""
+
+    session_id: str = ""
+    worker: str = ""
+    mark: int = 0
 
 
 def head_key(tenant: str, blocks: bytes) -> str:
@@ -58,7 +70,10 @@ def mark_prefix(tenant: str) -> str:
 # KEYS: the new head's key, the session's head-of key
 # ARGV: the new head's blocks (hex), the session id, the tenant's head-key prefix, the
 #       heads' ttl (s), the tenant's prefix-mark key prefix, the head's "length:hex", the
-#       marks' ttl (s), then the prompt's prefix marks (hex)
+#       marks' ttl (s), the tenant's session-record key prefix, then the prompt's prefix
+#       marks (hex)
+# A mark whose session a worker holds in memory is not taken by a session no worker holds
+# yet (a new one, queued or starting): the requests that follow it would find no holder.
 REMEMBER = """
 local old = redis.call('GET', KEYS[2])
 if old and old ~= ARGV[1] then
@@ -67,8 +82,18 @@ end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[4])
-for i = 8, #ARGV do
-  redis.call('SET', ARGV[5] .. ARGV[i], ARGV[2], 'EX', ARGV[7])
+local function held(session)
+  local worker = session and redis.call('HGET', ARGV[8] .. session, 'worker')
+  return worker and worker ~= ''
+end
+local mine = held(ARGV[2])
+for i = 9, #ARGV do
+  local mark = ARGV[5] .. ARGV[i]
+  if mine or not held(redis.call('GET', mark)) then
+    redis.call('SET', mark, ARGV[2], 'EX', ARGV[7])
+  else
+    redis.call('EXPIRE', mark, ARGV[7])
+  end
 end
 """
 
@@ -85,7 +110,7 @@ redis.call('DEL', KEYS[1])
 # ARGV: how many head keys, the tenant's session-record key prefix
 # Returns {the session that last sent the latest mark whose session a worker holds in
 # memory (its record names one), or '', {block count, session, head's rest, ...} of every
-# head among the blocks}
+# head among the blocks, that worker or '', that mark's place among the marks or 0}
 FIND = """
 local n = tonumber(ARGV[1])
 local heads = {}
@@ -101,8 +126,8 @@ for i = #KEYS, n + 1, -1 do
   local holder = redis.call('GET', KEYS[i])
   local worker = holder and redis.call('HGET', ARGV[2] .. holder, 'worker')
   if worker and worker ~= '' then
-    return {holder, heads}
+    return {holder, heads, worker, i - n}
   end
 end
-return {'', heads}
+return {'', heads, '', 0}
 """

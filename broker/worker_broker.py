@@ -12,7 +12,7 @@ import redis
 from broker import codec, fair_queue, keys
 from broker.fair_queue import Rooms
 from broker.leases import Delivery, Leases, is_lost_group, parse_entries
-from broker.messages import Completion, EventKind, JobError, SessionEvent, TokenChunk
+from broker.messages import Completion, ControlOrder, EventKind, JobError, SessionEvent, TokenChunk
 from broker.pipeline import Sections
 from broker.streams import ensure_group
 
@@ -77,6 +77,7 @@ class Outbox:
     # none: the fair queues give back the rest of what they charged
     used_tokens: dict[str, int] = field(default_factory=dict)
     events: list[SessionEvent] = field(default_factory=list)  # for the kvstore
+    orders: list[tuple[str, ControlOrder]] = field(default_factory=list)  # to other workers
 
 
 class WorkerBroker(Leases):
@@ -225,6 +226,8 @@ class WorkerBroker(Leases):
             self._queue_results(pipe, out)
         with rt.section("events") as pipe:
             self._queue_events(pipe, out.events)
+            for worker, order in out.orders:
+                pipe.xadd(keys.pinned_stream(worker), codec.fields(order))
         with rt.section("cancelled") as pipe:
             if watch:
                 pipe.mget([keys.cancel_key(rid) for rid in watch])

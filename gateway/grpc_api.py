@@ -120,6 +120,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             inp = input_of(request, session_id, self.jobs.bounds)
             job = await self.jobs.build(inp, tenant.name, context.time_remaining())
             found = await self.core.session_for(tenant.name, job.session_id, job.prompt_ids, "grpc")
+            job = found.placed(job)
             await self.core.admit(job, tenant, found.holder)
             splitter = self.jobs.splitter(job)
             async with aclosing(self.core.results(job)) as results:

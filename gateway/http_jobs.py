@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -66,7 +66,7 @@ async def start(ctx: HttpContext, request: Request, inp: GenerateInput) -> Start
     tenant = tenant_of(request, ctx.keys)
     job = await ctx.jobs.build(inp, tenant.name, time_left_of(request))
     found = await ctx.core.session_for(tenant.name, job.session_id, job.prompt_ids)
-    job = replace(job, session_id=found.session_id)
+    job = found.placed(job)
     await ctx.core.admit(job, tenant, found.holder)
     splitter = ctx.jobs.splitter(job)
     return Started(job, job.session_id, int(time.time()), ctx.core.results(job), splitter)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.gateway_broker import GatewayBroker
+from broker.messages import Job
 from broker.prompt_heads import mark_blocks
 from common.block_hash import chain_hash, prefix_hashes, scope_hash
 
@@ -33,6 +34,19 @@ class Found:
     session_id: str  # the request's session
     holder: str  # the session that last sent the longest marked prefix of its prompt, or ""
     how: str  # named (by the client), prompt (continued), new, or none (sessionless)
+    holder_worker: str = ""  # the worker holding `holder` in memory
+    holder_tokens: int = 0  # how many leading tokens of the prompt `holder` sent
+
+    def placed(self, job: Job) -> Job:
+        """The job in its session, naming the worker that holds its prompt's prefix (a
+        worker of the same host placed it may read those blocks from disk:
+        worker/shared_prefix.py)."""
+        return replace(
+            job,
+            session_id=self.session_id,
+            prefix_from=self.holder_worker,
+            prefix_tokens=self.holder_tokens,
+        )
 
 
 def prompt_hashes(tenant: str, ids: tuple[int, ...]) -> list[bytes]:
@@ -82,9 +96,10 @@ async def session_for(
     hashes = await asyncio.to_thread(prompt_hashes, tenant, ids)  # ~5 us a block
     looking = find and not session_id  # for the session it continues, beside the holder
     heads, holder = await broker.find_by_prompt(tenant, hashes if looking else [], marks_of(hashes))
+    held = mark_blocks(len(hashes))[holder.mark - 1] * BLOCK_TOKENS if holder.mark else 0
     how = "named"
     if not (session_id or find):
-        return Found("", holder, "none")
+        return Found("", holder.session_id, "none", holder.worker, held)
     if looking:
         earlier = continued(heads, hashes, ids)
         how = "prompt" if earlier else "new"
@@ -96,4 +111,4 @@ async def session_for(
         await broker.remember_head(
             tenant, session_id, hashes[blocks - 1], rest, marks_of(hashes[:blocks])
         )
-    return Found(session_id, holder, how)
+    return Found(session_id, holder.session_id, how, holder.worker, held)

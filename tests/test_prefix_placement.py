@@ -5,14 +5,13 @@ tenant's identical prompt gets nothing."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 
 from bench.agent_prompts import system_prompts
+from bench.shared_prefix import worker_of as session_worker
 from engine.model import Model
 from engine.text.chat import render_chat
 from tests.conftest import KeyedCluster
@@ -37,18 +36,11 @@ def ask(kc: KeyedCluster, tenant: str, messages: list[dict[str, str]], sid: str 
 
 def worker_of(kc: KeyedCluster, tenant: str, session_id: str) -> str:
     """The worker holding the session, once the kvstore has its worker's event (10 s)."""
-    deadline = time.monotonic() + 10
     with Client(kc.cluster.target, api_key=kc.keys[tenant], timeout_s=60) as client:
-        while True:
-            try:
-                worker = str(client.get_session(session_id).worker_id)
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-                worker = ""
-            if worker or time.monotonic() > deadline:
-                return worker
-            time.sleep(0.05)
+        try:
+            return session_worker(client, session_id)
+        except TimeoutError:
+            return ""
 
 
 def shared_tokens(model: Model, a: list[dict[str, str]], b: list[dict[str, str]]) -> int:

@@ -74,7 +74,8 @@ class Admission:
             out.acks.append(d)
             return
         key = keys.cache_key(job.tenant, job.session_id) if job.session_id else None
-        if key is None or not self.residency.hold_for_restore(d, key):
+        r = self.residency
+        if key is None or not (r.hold_for_restore(d, key) or r.hold_for_prefix(d, key)):
             self.admit(d, key)
 
     def _concerns_me(self, d: Delivery) -> bool:
@@ -87,7 +88,7 @@ class Admission:
 
     def admit_ready(self, ready: list[Ready]) -> None:
         for r in ready:
-            self.admit(r.delivery, r.key, r.kv_from, r.cache)
+            self.admit(r.delivery, r.key, r.kv_from or None, r.cache)
 
     def admit(
         self,
@@ -96,8 +97,9 @@ class Admission:
         kv_from: str | None = None,
         restored: PagedKV | None = None,
     ) -> None:
-        """Start the job in the engine, on `restored` (its session's KV read back) if given,
-        else on what the pool or a write in flight holds."""
+        """Start the job in the engine, on `restored` (its session's KV, or its prompt's
+        shared prefix, read back) if given, else on what the pool or a write in flight
+        holds (`kv_from` None: looked for here)."""
         job = d.job
         assert job is not None
         if job.priority == Priority.INTERACTIVE:

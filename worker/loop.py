@@ -135,8 +135,7 @@ class Worker:
 
     def teardown(self) -> None:
         self.liveness.stop()
-        if self.state.spiller is not None:
-            self.state.spiller.close()
+        self.residency.close()
         try:
             self.state.broker.unregister()
         except redis.RedisError as e:
@@ -159,7 +158,7 @@ class Worker:
         for rid in dropped:
             s.engine.abort(rid)
         s.inflight.clear()
-        self.residency.held.clear()
+        self.residency.drop_held()
         self.admission.prefetched.clear()
         self.handover.waiting.clear()
         s.outbox = Outbox()
@@ -185,7 +184,7 @@ class Worker:
             self.residency.wait_a_little()  # a read may finish and admit a job
             self.admission.admit_ready(self.residency.finish_restores())
             if not s.engine.has_work:
-                pending = s.outbox.results or s.outbox.acks or self.residency.restoring
+                pending = s.outbox.results or s.outbox.acks or self.residency.reading
                 block = None if pending else s.config.idle_block_ms
                 deliveries = s.broker.read(self.admission.rooms(), block)
         for d in deliveries:
@@ -193,7 +192,7 @@ class Worker:
         self.admission.resume_paused()
         if s.engine.has_work:
             self._step()
-        elif s.stopping and not self.residency.restoring:
+        elif s.stopping and not self.residency.reading:
             time.sleep(DRAIN_POLL_S)  # draining, nothing to step: do not spin
         self._flush()
         running = [f.delivery for f in s.inflight.values()]

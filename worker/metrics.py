@@ -24,6 +24,8 @@ SPILL_COUNTERS = {  # SpillStats field: metric name
     "num_rejected": "warmfleet_worker_rejected_files",
     "num_failed": "warmfleet_worker_failed_writes",
     "num_converted": "warmfleet_worker_converted_files",
+    "num_shared": "warmfleet_worker_shared_prefixes_written",
+    "num_shared_read": "warmfleet_worker_shared_prefixes_read",
 }
 
 

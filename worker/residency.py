@@ -8,11 +8,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
+from typing import Any
 
 from broker.leases import Delivery
 from broker.messages import ControlOrder, EventKind, GoneReason, Held, OrderOp, SessionEvent
 from engine.kv.kv_pool import PagedKV, detach
 from engine.kv_files.spill_file import SpilledKV
+from worker.shared_prefix import SharedPrefixes
 from worker.state import WorkerState, cache_key
 
 log = logging.getLogger("warmfleet.worker")
@@ -41,7 +43,8 @@ class Residency:
     def __init__(self, state: WorkerState) -> None:
         self.s = state
         self.restoring: dict[str, Restore] = {}
-        self.held: list[Delivery] = []  # waiting for their session's read
+        self.held: list[Delivery] = []  # waiting for their session's (or prefix's) read
+        self.shared = SharedPrefixes(state)
         self.last_used: dict[str, float] = {}  # when each pooled session's last request ended
         # sessions dropped while a request used them: whether they were deleted
         self._drop_at_finish: dict[str, bool] = {}
@@ -51,6 +54,7 @@ class Residency:
             OrderOp.FORK: lambda o: self.fork(o.key, o.new_key, o.reply_to),
             OrderOp.FORGET: lambda o: self.forget(o.key),
             OrderOp.REPORT: lambda o: self.s.outbox.events.append(self.inventory()),
+            OrderOp.SHARE: self.shared.write_for,
         }
 
     def carry_out(self, order: ControlOrder) -> None:
@@ -58,6 +62,12 @@ class Residency:
         if order.key in self.restoring:
             self.finish_restores(only=order.key)
         self._orders[order.op](order)
+
+    def close(self) -> None:
+        """At exit: the spill directory's workers/ no longer names this one; writes end."""
+        self.shared.close()
+        if self.s.spiller is not None:
+            self.s.spiller.close()
 
     # ---- reading back ------------------------------------------------------------------
 
@@ -72,10 +82,32 @@ class Residency:
         self.held.append(d)
         return True
 
+    def hold_for_prefix(self, d: Delivery, key: str) -> bool:
+        """Hold `d` (a new session's) while its prompt's prefix, held by another worker of
+        the host, is written and read back (worker/shared_prefix.py); False if not."""
+        if self.shared.hold(d, key):
+            self.held.append(d)
+            return True
+        return False
+
+    def drop_held(self) -> None:
+        """Forget the held requests (Redis no longer knows them)."""
+        self.held.clear()
+        self.shared.waiting.clear()
+
+    @property
+    def reading(self) -> bool:
+        """Whether requests wait for reads (a session's, or a shared prefix's)."""
+        return bool(self.restoring or self.shared.waiting)
+
     def wait_a_little(self) -> None:
         """Nothing to step: give the reads in flight a moment instead of spinning."""
-        if self.restoring:
-            wait([r.future for r in self.restoring.values()], RESTORE_POLL_S, FIRST_COMPLETED)
+        reads: list[Future[Any]] = [r.future for r in self.restoring.values()]
+        reads += self.shared.reads()
+        if reads:
+            wait(reads, RESTORE_POLL_S, FIRST_COMPLETED)
+        elif self.shared.waiting:
+            time.sleep(RESTORE_POLL_S)  # for the holder's blocks to reach the disk
 
     def finish_restores(self, only: str | None = None) -> list[Ready]:
         """The held requests whose reads are done (waiting for `only`'s read if given)."""
@@ -92,6 +124,10 @@ class Residency:
                 self.s.engine.adopt_session(key, cache)
             for i, d in enumerate(held):  # the first one runs on the KV read back
                 ready.append(Ready(d, key, found if i == 0 else "pool", cache if i == 0 else None))
+        if only is None:
+            for d, key, cache in self.shared.ready():
+                self.held.remove(d)
+                ready.append(Ready(d, key, "shared" if cache is not None else "", cache))
         return ready
 
     def _read_result(self, key: str, restore: Restore) -> tuple[SpilledKV | None, str]:

@@ -18,7 +18,7 @@ def completion(f: InFlight, c: sequence.Completion, worker_id: str) -> Completio
     elif c.prefix_tokens == c.cached_tokens:  # all from blocks other sessions computed
         source = KVSource.PREFIX
     else:
-        source = KVSource.DISK if f.kv_from == "disk" else KVSource.WARM
+        source = KVSource.DISK if f.kv_from in ("disk", "shared") else KVSource.WARM
     return Completion(
         request_id=f.job.request_id,
         finish_reason=c.finish_reason,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.errors import SpillFileError
 from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore, read_summary
@@ -28,6 +29,8 @@ class SpillStats:
     num_rejected: int = 0  # files that failed a check: deleted, session recomputed
     num_failed: int = 0  # writes that failed (e.g. disk full): session recomputed later
     num_converted: int = 0  # files read back from another KV dtype (spill_file.CONVERTIBLE)
+    num_shared: int = 0  # prefixes written for another worker of the host (SHARE orders)
+    num_shared_read: int = 0  # prefixes another worker held, read from its block files
 
 
 class Spiller:
@@ -111,6 +114,29 @@ class Spiller:
                 return None, "rejected"
         self.stats.num_restored += 1
         return kv, "disk"
+
+    def share(self, kv: SpilledKV | None, answer: Path) -> None:
+        """Write a prefix's block files for another worker of the host (those there already
+        are only touched), then `answer`, in the background."""
+        self._io.submit(self._share, kv, answer)
+
+    def _share(self, kv: SpilledKV | None, answer: Path) -> None:
+        try:
+            hashes, added = self.store.write_blocks(kv) if kv is not None else ([], 0)
+        except OSError as e:
+            log.warning("could not write a shared prefix's blocks (%s)", e)
+        else:
+            self.stats.num_shared += 1
+            log.info("wrote a shared prefix of %d blocks (%d bytes new)", len(hashes), added)
+        try:
+            answer.touch()
+        except OSError as e:  # the asking worker waits out its deadline
+            log.warning("could not answer a shared prefix's request (%s)", e)
+
+    def read_prefix_async(self, scope: str, ids: list[int]) -> Future[SpilledKV]:
+        """The longest run of `ids`'s whole blocks on disk, read on the I/O thread."""
+        read = self.store.read_prefix
+        return self._io.submit(read, scope, ids, like=self._shape(), dtype=self.model.kv_dtype)
 
     def drop(self, key: str) -> list[bytes]:
         """Forget the session everywhere (DeleteSession); the hashes of the blocks its file

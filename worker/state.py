@@ -26,7 +26,9 @@ class InFlight:
     admitted_at: float  # unix seconds
     next_index: int = 0  # index of the next generated token to publish
     cache_key: str | None = None
-    kv_from: str = "none"  # where the session's KV was found: none, pool, pending, disk
+    # where the session's KV was found: none, pool, pending, disk; shared: its prompt's
+    # prefix, from the block files another worker of the host wrote
+    kv_from: str = "none"
     # taken over with tokens an earlier worker sent: (how many, the engine's step count at
     # admission), until the first token past them is published
     resumed: tuple[int, int] | None = None

@@ -77,6 +77,10 @@ class BlockAllocator:
             self.ref(block)
         return block
 
+    def knows(self, h: bytes) -> bool:
+        """Whether a block is known by `h` (held or cached), without taking it."""
+        return h in self._by_hash
+
     def publish(self, block: int, h: bytes) -> int:
         """Make a full block known by its hash; the block the caller should hold: `block`,
         or the one already known by `h` (same content: the caller's copy is released)."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from common.block_hash import chain_hash, prefix_hashes, scope_hash
 from common.errors import SpillFileError
-from engine.kv_files.block_file import read_block, write_block
+from engine.kv_files.block_file import block_path, read_block, write_block
 from engine.kv_files.chain import kv_root
 from engine.kv_files.kv_dtypes import kv_dtype_named, kv_name, row_items
 from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
@@ -104,22 +104,28 @@ class SpillStore:
     def path_for(self, key: str) -> Path:
         return spill_path(self.directory, key)
 
-    def write(self, key: str, kv: SpilledKV) -> FileSummary:
-        """Write the blocks not on disk yet, then the session's file, atomically. Raises
-        OSError (e.g. disk full), leaving no partial file behind."""
+    def write_blocks(self, kv: SpilledKV) -> tuple[list[str], int]:
+        """Write the block files of the KV's whole blocks that are not on disk yet; their
+        hashes (hex) in order, and the bytes newly written."""
         size, ids = self.block_size, list(kv.token_ids)
         previous, hashes, added = self._root(kv.k.dtype, kv.scope), [], 0
         for i in range(len(ids) // size):
             part, cols = ids[i * size : (i + 1) * size], slice(i * size, (i + 1) * size)
-            added += write_block(self.blocks, self.fingerprint, previous, part,
-                                 kv.k[:, :, cols], kv.v[:, :, cols])  # fmt: skip
+            k, v = kv.k[:, :, cols], kv.v[:, :, cols]
+            added += write_block(self.blocks, self.fingerprint, previous, part, k, v)
             previous = chain_hash(previous, part)
             hashes.append(previous.hex())
+        return hashes, added
+
+    def write(self, key: str, kv: SpilledKV) -> FileSummary:
+        """Write the blocks not on disk yet, then the session's file, atomically. Raises
+        OSError (e.g. disk full), leaving no partial file behind."""
+        hashes, added = self.write_blocks(kv)
+        size, ids = self.block_size, list(kv.token_ids)
         start, path = len(hashes) * size, self.path_for(key)
-        write_frame(path, MAGIC, VERSION, {
-            "key": key, "scope": kv.scope, "fingerprint": self.fingerprint, "layout": LAYOUT,
-            "block_size": size, "token_ids": ids, "blocks": hashes,
-        }, kv.k[:, :, start:], kv.v[:, :, start:])  # fmt: skip
+        header: dict[str, Any] = {"key": key, "scope": kv.scope, "fingerprint": self.fingerprint}
+        header |= {"layout": LAYOUT, "block_size": size, "token_ids": ids, "blocks": hashes}
+        write_frame(path, MAGIC, VERSION, header, kv.k[:, :, start:], kv.v[:, :, start:])
         st = path.stat()
         return FileSummary(key, st.st_size + added, st.st_mtime_ns, len(ids), tuple(hashes))
 
@@ -152,40 +158,68 @@ class SpillStore:
         k, v = kv.k.astype(dtype), kv.v.astype(dtype)
         return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, kv_name(kv.k.dtype))
 
+    def read_prefix(
+        self, scope: str, ids: list[int], *, like: tuple[int, int, int], dtype: np.dtype[Any]
+    ) -> SpilledKV:
+        """The KV of the longest run of `ids`'s whole blocks from the start whose block files
+        are on disk in `dtype` (a prefix another worker of this host wrote: no conversion),
+        read straight into place. A block missing or failing a check (deleted) ends it."""
+        n = len(ids) // self.block_size * self.block_size
+        k, v = self._arrays(like, n, dtype)
+        hashes = [self._root(dtype, scope), *self.chain(scope, ids[:n], dtype)]
+        got, _ = self._read_blocks(hashes, ids[:n], k, v)
+        return SpilledKV(k[:, :, :got], v[:, :, :got], ids[:got], scope)
+
     def _assemble(
         self, h: dict[str, Any], k_tail: np.ndarray, v_tail: np.ndarray,
         like: tuple[int, int, int], dtype: np.dtype[Any],
     ) -> SpilledKV:  # fmt: skip
         """The listed blocks read back and followed by the tail (or as many blocks as
         passed their checks)."""
-        size, ids = self.block_size, [int(t) for t in h["token_ids"]]
-        layers, kv_heads, head_dim = like
-        listed = len(h["blocks"]) * size
-        k, v = (
-            np.empty((layers, kv_heads, len(ids), row_items(head_dim, dtype)), dtype)
-            for _ in range(2)
-        )
+        ids = [int(t) for t in h["token_ids"]]
+        listed = len(h["blocks"]) * self.block_size
+        k, v = self._arrays(like, len(ids), dtype)
+        k[:, :, listed:], v[:, :, listed:] = k_tail, v_tail
         hashes = [self._root(dtype, h["scope"])]
         hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
+        got, why = self._read_blocks(hashes, ids[:listed], k, v)
+        if why:
+            self.num_rejected += 1
+        n = len(ids) if not why else got
+        return SpilledKV(k[:, :, :n], v[:, :, :n], ids[:n], str(h["scope"]), why)
+
+    @staticmethod
+    def _arrays(
+        like: tuple[int, int, int], num_tokens: int, dtype: np.dtype[Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        layers, kv_heads, head_dim = like
+        shape = (layers, kv_heads, num_tokens, row_items(head_dim, dtype))
+        return np.empty(shape, dtype), np.empty(shape, dtype)
+
+    def _read_blocks(
+        self, hashes: list[bytes], ids: list[int], k: np.ndarray, v: np.ndarray
+    ) -> tuple[int, str]:
+        """Read the blocks of `ids` (whole blocks; `hashes`: the root, then the chain hash
+        after each) into their places in k and v; the tokens read before the first block
+        that failed, and why it failed ("" when none did)."""
+        size = self.block_size
 
         def one(i: int) -> None:
             cols = slice(i * size, (i + 1) * size)
-            read_block(
-                self.blocks, self.fingerprint, hashes[i], ids[cols], (k[:, :, cols], v[:, :, cols])
-            )
+            out = (k[:, :, cols], v[:, :, cols])
+            read_block(self.blocks, self.fingerprint, hashes[i], ids[cols], out)
 
         # many small files: read a few at once (one at a time is latency-bound on a cold
         # cache), each straight into its place; the blocks after a bad one are not used
-        n, why = len(ids), ""
-        k[:, :, listed:], v[:, :, listed:] = k_tail, v_tail
-        for i, future in enumerate([_readers().submit(one, i) for i in range(len(h["blocks"]))]):
+        futures = [_readers().submit(one, i) for i in range(len(ids) // size)]
+        for i, future in enumerate(futures):
             try:
                 future.result()
             except SpillFileError as e:
-                if not why:
-                    self.num_rejected += 1
-                    n, why = i * size, e.reason
-        return SpilledKV(k[:, :, :n], v[:, :, :n], ids[:n], str(h["scope"]), why)
+                for rest in futures[i + 1 :]:
+                    rest.exception()  # each read has landed (or failed) before the arrays go
+                return i * size, e.reason
+        return len(ids), ""
 
     def _parse(
         self, data: bytes, like: tuple[int, int, int], dtype: np.dtype[Any], name: str
@@ -208,8 +242,14 @@ class SpillStore:
         return h, k, v
 
     def _chain(self, scope: str, ids: list[int], num_blocks: int, dtype: Any) -> list[str]:
-        size, root = self.block_size, self._root(dtype, scope)
-        return [h.hex() for h in prefix_hashes(root, ids[: num_blocks * size], size)]
+        return [h.hex() for h in self.chain(scope, ids[: num_blocks * self.block_size], dtype)]
+
+    def chain(self, scope: str, ids: list[int], dtype: Any) -> list[bytes]:
+        """The hash after each whole block of `ids` (their block files' names)."""
+        return prefix_hashes(self._root(dtype, scope), ids, self.block_size)
+
+    def has_block(self, h: bytes) -> bool:
+        return block_path(self.blocks, h).exists()
 
     def _root(self, dtype: Any, scope: str) -> bytes:
         return scope_hash(kv_root(self.fingerprint, dtype), scope)

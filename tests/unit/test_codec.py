@@ -24,6 +24,7 @@ MESSAGES: list[m.Message] = [
         10.0,
         20.0,
     ),
+    m.Job("r2", "acme", "s2", (4, 5), SamplingParams(seed=1), Priority.NORMAL, 1.0, 2.0, "w1", 32),
     m.TokenChunk(3, (504, 17), " The"),
     m.Completion(
         "r1",
@@ -41,6 +42,7 @@ MESSAGES: list[m.Message] = [
         m.EventKind.INVENTORY, "w0", last_used=6.0, held=(m.Held("acme/s1", "warm", 40, 1840, 5.0),)
     ),
     m.ControlOrder(m.OrderOp.FORK, "acme/s1", "acme/s3", "wf:reply:1"),
+    m.ControlOrder(m.OrderOp.SHARE, tenant="acme", token_ids=tuple(range(32))),
     m.KVCommand(m.CommandOp.EVICT, "acme/s1", "wf:reply:2", deadline=99.5),
     m.CommandAnswer(m.AnswerStatus.OK, Tier.SPILLING),
 ]

@@ -104,11 +104,18 @@ def test_a_new_conversation_is_pointed_at_the_session_holding_its_prefix(
     decoded.hset(keys.session_key("acme", a.session_id), mapping={"worker": "w0"})
     b = found(gateway, "acme", "", (*SYSTEM, 9, 9, 9, 9, 9))
     assert b.session_id != a.session_id and b.holder == a.session_id
+    assert (b.holder_worker, b.holder_tokens) == ("w0", 4 * BLOCK_TOKENS)  # in the job
     # both heads end past the same whole blocks (inside the system prompt): one hash holds
     # both, told apart by their last tokens
     [head] = decoded.scan_iter("wf:head:acme:*")
     assert set(decoded.hgetall(head)) == {a.session_id, b.session_id}
-    assert decoded.get(marks[0]) == b.session_id  # the session that sent it last
-    assert found(gateway, "acme", "", (*SYSTEM, 7, 7, 7, 7, 7)).holder == ""  # b: nowhere
+    # b, held by no worker yet, leaves the mark to a, which is
+    assert decoded.get(marks[0]) == a.session_id
+    assert found(gateway, "acme", "", (*SYSTEM, 8, 8, 8, 8, 8)).holder == a.session_id
+    # a leaves memory: the session that sends the prefix next takes the mark, held or not
+    decoded.hdel(keys.session_key("acme", a.session_id), "worker")
+    c = found(gateway, "acme", "", (*SYSTEM, 6, 6, 6, 6, 6))
+    assert c.holder == "" and decoded.get(marks[0]) == c.session_id
+    assert found(gateway, "acme", "", (*SYSTEM, 7, 7, 7, 7, 7)).holder == ""  # c: nowhere
     assert found(gateway, "globex", "", (*SYSTEM, 9, 9, 9, 9, 9)).holder == ""
     assert found(gateway, "acme", "", tuple(range(5000, 5100))).holder == ""
