@@ -3,14 +3,21 @@ cached: the quantized-weight products and the paged attention of decode rows.
 
 Compiled with -march=native, so the same source becomes AVX2, AVX-512 or NEON code; the
 cache key holds the sources, the flags, the compiler and the CPU's feature flags, so a
-cached library is never loaded on a machine it was not built for. Where no C compiler (or
-no OpenMP) is found, or WARMFLEET_KERNELS=numba, `library()` is None and the Numba kernels
-serve.
+cached library is never loaded on a machine it was not built for. One process compiles,
+under a lock file beside the library; the others (a cluster's workers starting together)
+wait for it, each showing the progress, and load the same file. A slow compile (a busy
+machine: ~25 s on 2 idle cores) is waited for up to BUILD_DEADLINE_S, not given up; a
+compile killed half way leaves its lock free and its leftovers to the next, which removes
+them and compiles again. Where no C compiler (or no OpenMP) is found, or
+WARMFLEET_KERNELS=numba, `library()` is None and the Numba kernels serve (said once, with
+what it costs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -19,7 +26,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +38,9 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("*.c")))
 HEADERS = tuple(sorted(CSRC.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
-COMPILE_TIMEOUT_S = 120.0
+BUILD_DEADLINE_S = 1800.0  # the longest a compile, or the wait for another's, may take
+PROGRESS_S = 10.0  # how often a wait for another process's compile says so
+LOCK_POLL_S = 0.2
 
 
 def kernel_dir() -> Path:
@@ -62,27 +73,73 @@ def _library_path(cc: str) -> Path:
     return kernel_dir() / f"warmfleet-kernels-{key.hexdigest()}.so"
 
 
-def _compile(cc: str, target: Path) -> None:
-    """Each source to an object at once (as many compilers as cores: the build's wall time
-    is its slowest source's, not the sum), then one link."""
+def built(cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str, ...]) -> Path:
+    """`target` compiled from `sources` unless it is there: one process compiles, under the
+    lock file beside it, and the others wait for it; a killed compile's leftovers are
+    removed first. TimeoutError past BUILD_DEADLINE_S, OSError when the compiler fails."""
+    if target.exists():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.info("compiling the engine's C kernels for this machine (once): %s", target)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = [str(Path(tmp) / f"{source.stem}.o") for source in SOURCES]
-        jobs = [[cc, *FLAGS, "-c", "-o", o, str(s)] for s, o in zip(SOURCES, objects, strict=True)]
+    with _locked(target.with_suffix(".lock")):
+        if not target.exists():  # else another process built it while this one waited
+            for leftover in target.parent.glob(f"{target.stem}.build-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            _compile(cc, target, sources, flags)
+    return target
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (the OS frees it if this process dies), waiting for
+    another holder up to BUILD_DEADLINE_S and saying so every PROGRESS_S."""
+    with path.open("a") as f:
+        start = said = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > BUILD_DEADLINE_S:
+                    raise TimeoutError(f"another process held {path} for {waited:.0f} s") from None
+                if time.monotonic() - said >= PROGRESS_S:
+                    said = time.monotonic()
+                    log.info("waiting for another process compiling the C kernels (%.0f s)", waited)
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str, ...]) -> None:
+    """Each source to an object at once (as many compilers as cores: the build's wall time
+    is its slowest source's, not the sum), then one link, renamed into place."""
+    what = f"{len(sources)} sources"
+    log.info("compiling the engine's C kernels for this machine (once, %s): %s", what, target)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"{target.stem}.build-", dir=target.parent) as tmp:
+        objects = [str(Path(tmp) / f"{source.stem}.o") for source in sources]
+        jobs = [[cc, *flags, "-c", "-o", o, str(s)] for s, o in zip(sources, objects, strict=True)]
         with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
-            for done in pool.map(_run_compiler, jobs):
-                if done.returncode:
-                    raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
+            futures = [pool.submit(_run_compiler, job) for job in jobs]
+            for n, future in enumerate(as_completed(futures), 1):
+                _check(cc, future.result())
+                took = time.monotonic() - start
+                log.info("compiled %d/%d kernel sources (%.0f s)", n, len(sources), took)
         out = Path(tmp) / target.name
-        done = _run_compiler([cc, *FLAGS, "-o", str(out), *objects])
-        if done.returncode:
-            raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(out, target)  # atomic: workers compiling at once each rename a whole file
+        _check(cc, _run_compiler([cc, *flags, "-o", str(out), *objects]))
+        os.replace(out, target)  # atomic: a reader sees no file or the whole file
+    log.info("C kernels compiled in %.0f s", time.monotonic() - start)
+
+
+def _check(cc: str, done: subprocess.CompletedProcess[str]) -> None:
+    if done.returncode:
+        raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
 
 
 def _run_compiler(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_DEADLINE_S)
 
 
 def address(a: np.ndarray) -> int:
@@ -112,13 +169,13 @@ def library() -> ctypes.CDLL | None:
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.warning("no C compiler found: the engine uses its slower Numba kernels")
+        log.warning(
+            "no C compiler found (install gcc, or set CC): the engine runs its Numba kernels, "
+            "several times slower at decode and prefill than the C kernels (docs/engine.md)"
+        )
         return None
     try:
-        path = _library_path(cc)
-        if not path.exists():
-            _compile(cc, path)
-        return ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("the C kernels could not be built (%s): using the Numba kernels", e)
+        return ctypes.CDLL(str(built(cc, _library_path(cc), SOURCES, FLAGS)))
+    except (OSError, subprocess.SubprocessError) as e:  # TimeoutError is an OSError
+        log.warning("the C kernels could not be built (%s): using the slower Numba kernels", e)
         return None
