@@ -14,7 +14,7 @@ from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.loader.tensors import LayerTensors, Tensors
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
-from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from engine.ops.quant.experts_native import expert_kernels_read
 from engine.ops.quant.formats import SUPPORTED
 from engine.ops.quant.matrix import QuantMatrix, concat
@@ -160,6 +160,14 @@ class _Placer:
             return self.matrix(name)
         return ExpertMatrix(t.tensor_type, np.asarray(t.data).view(np.uint8).reshape(1, n, -1), k)
 
+    def in_place_rows(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
+        """The matrices side by side, each read in the file's blocks (InPlaceRows) where
+        the expert kernels read them all unpermuted, else as `stacked` joins them."""
+        parts = [self.in_place(n) for n in names] if orders == [None] * len(names) else []
+        if parts and all(isinstance(m, ExpertMatrix) for m in parts):
+            return InPlaceRows(tuple(parts))
+        return self.stacked(names, orders)
+
     def placed(self, m: QuantMatrix | np.ndarray) -> Matrix:
         """A quantized matrix kept as it is (uploaded as it is to a GPU), an array put on
         the device in the compute dtype."""
@@ -203,11 +211,14 @@ def load_weights(
         bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
         moe = tensors.experts(p, config.num_experts_used, moe_stats) if spec.experts else None
         dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
+        # an MoE model's attention matrices too are read in the file's blocks: its products
+        # quantize activations anyway (the expert kernels), and the blocks are narrower
+        stack = put.in_place_rows if moe else put.stacked
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
-                wqkv=put.stacked(qkv, [q_order, k_order, None]),
-                wo=put.matrix(p + "attn_output.weight"),
+                wqkv=stack(qkv, [q_order, k_order, None]),
+                wo=(put.in_place if moe else put.matrix)(p + "attn_output.weight"),
                 ffn_norm=put.vector(p + "ffn_norm.weight"),
                 w_gate_up=None if moe else put.stacked(list(dense), [None, None]),
                 w_down=None if moe else put.matrix(p + "ffn_down.weight"),
@@ -231,9 +242,10 @@ def release_copied(reader: GGUFFile, weights: Weights) -> None:
     weights hold a copy of (all but those read in place), where the map stays open for
     those read in place."""
     in_place = [weights.embed, weights.output]
-    in_place += [
-        m for lw in weights.layers if lw.moe for m in (lw.moe.gate, lw.moe.up, lw.moe.down)
-    ]
+    for lw in weights.layers:
+        qkv = lw.wqkv.parts if isinstance(lw.wqkv, InPlaceRows) else (lw.wqkv,)
+        in_place += [*qkv, lw.wo]
+        in_place += (lw.moe.gate, lw.moe.up, lw.moe.down) if lw.moe else ()
     kept = {int(m.data.ctypes.data) for m in in_place if isinstance(m, ExpertMatrix)}
     if not kept:
         return

@@ -24,7 +24,7 @@ from numba import config, get_num_threads, njit, prange, set_num_threads
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix
 from engine.ops.quant.cuda import matmul_t as gpu_matmul_t
-from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from engine.ops.quant.experts_native import expert_matmul
 from engine.ops.quant.matrix import QuantMatrix
 
@@ -97,13 +97,15 @@ def plan_rows(lengths: Sequence[int]) -> RowRuns:
 
 
 def matmul_t(
-    x: Array, w: Array | QuantMatrix | GpuQuantMatrix | ExpertMatrix, runs: RowRuns | None = None
+    x: Array,
+    w: Array | QuantMatrix | GpuQuantMatrix | ExpertMatrix | InPlaceRows,
+    runs: RowRuns | None = None,
 ) -> Array:
     """x @ w.T for x [M, K] and w [N, K]. On NumPy float32 the rows go as `runs` says (None:
-    all through the kernel); a matrix in the file's blocks (one expert) through the grouped
-    kernel, every row; quantized weights on a GPU through its kernel; anything else is one
-    matmul of the array module."""
-    if isinstance(w, ExpertMatrix):
+    all through the kernel); a matrix in the file's blocks (one expert, or several side by
+    side) through the grouped kernel, every row; quantized weights on a GPU through its
+    kernel; anything else is one matmul of the array module."""
+    if isinstance(w, (ExpertMatrix, InPlaceRows)):
         return _in_place_matmul(np.ascontiguousarray(x, dtype=np.float32), w)
     if isinstance(w, QuantMatrix):
         return _quant_matmul(np.ascontiguousarray(x, dtype=np.float32), w, runs)
@@ -149,13 +151,17 @@ def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.nda
     return out
 
 
-def _in_place_matmul(x: np.ndarray, w: ExpertMatrix) -> np.ndarray:
-    """x [M, K] through the one expert w: every row in one bucket, each computed alike."""
+def _in_place_matmul(x: np.ndarray, w: ExpertMatrix | InPlaceRows) -> np.ndarray:
+    """x [M, K] through the one expert w (or each of w's, into its columns): every row in
+    one bucket, each computed alike."""
     out = np.empty((x.shape[0], w.n), dtype=np.float32)
     if not len(x):  # a step whose chunks want no logits
         return out
-    rows = np.arange(x.shape[0], dtype=np.int64)
-    expert_matmul(w, x, rows, np.array([0, x.shape[0]], dtype=np.int64), out, get_num_threads())
+    rows, starts = np.arange(x.shape[0], dtype=np.int64), np.array([0, len(x)], dtype=np.int64)
+    col = 0
+    for part in w.parts if isinstance(w, InPlaceRows) else (w,):
+        expert_matmul(part, x, rows, starts, out[:, col : col + part.n], get_num_threads())
+        col += part.n
     return out
 
 

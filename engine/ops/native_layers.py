@@ -18,7 +18,8 @@ from engine.ops import native
 from engine.ops.attention import KERNEL_KV_DTYPES, c_kernel_fits
 from engine.ops.native import address
 from engine.ops.quant import kernels as quant_kernels
-from engine.ops.quant.experts_native import WfMoE
+from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
+from engine.ops.quant.experts_native import WfExperts, WfMoE, expert_products, experts_struct
 from engine.ops.quant.matrix import QuantMatrix
 from engine.text.model_config import ModelConfig
 
@@ -48,6 +49,9 @@ class _Layer(ctypes.Structure):
         ("q_norm", _ptr),
         ("k_norm", _ptr),
         ("moe", ctypes.POINTER(WfMoE)),  # NULL: a dense FFN
+        ("attn", WfExperts * 4),  # q, k, v, o read in the file's blocks, where attn_in_place
+        ("attn_in_place", ctypes.c_int),
+        ("attn_products", ctypes.c_int),
     ]
 
 
@@ -76,24 +80,39 @@ def _vector(a: Array) -> int | None:
     return int(a.ctypes.data) if ok else None
 
 
+def _in_place(lw: LayerWeights) -> list[ExpertMatrix] | None:
+    """q, k, v and the output matrix where the layer reads them in the file's blocks."""
+    if isinstance(lw.wqkv, InPlaceRows) and isinstance(lw.wo, ExpertMatrix):
+        return [*lw.wqkv.parts, lw.wo] if len(lw.wqkv.parts) == 3 else None
+    return None
+
+
 def _descriptor(lw: LayerWeights) -> _Layer | None:
     """The layer's descriptor for wf_layers; None where some part of it would not run in
     the C kernels."""
     experts = None if lw.moe is None else lw.moe.native
+    attn = _in_place(lw)
+    decoded = (lw.wqkv, lw.wo) if attn is None else ()
     ffn = (lw.w_gate_up, lw.w_down) if lw.moe is None else ()
     norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
     optional = (lw.bqkv, lw.q_norm, lw.k_norm)  # None: the layer has none
     extras = tuple(None if a is None else _vector(a) for a in optional)
     if (
-        not all(isinstance(m, QuantMatrix) for m in (lw.wqkv, lw.wo, *ffn))
+        not all(isinstance(m, QuantMatrix) for m in (*decoded, *ffn))
         or None in norms
         or any(a is not None and e is None for a, e in zip(optional, extras, strict=True))
         or (lw.moe is not None and experts is None)
     ):
         return None
-    matrices = [_matrix(m) for m in (lw.wqkv, lw.wo, *ffn)] + [_Matrix()] * (4 - 2 - len(ffn))
+    matrices = [_matrix(m) if m is not None else _Matrix() for m in (*decoded, *ffn)]
+    matrices = [_Matrix()] * (2 - len(decoded)) + matrices
+    matrices += [_Matrix()] * (4 - len(matrices))
     moe = None if experts is None else ctypes.pointer(experts.struct)
-    return _Layer(*norms, *matrices, *extras, moe)
+    layer = _Layer(*norms, *matrices, *extras, moe)
+    if attn is not None:
+        layer.attn = (WfExperts * 4)(*(experts_struct(m) for m in attn))
+        layer.attn_in_place, layer.attn_products = 1, int(expert_products())
+    return layer
 
 
 @dataclass(frozen=True, slots=True)

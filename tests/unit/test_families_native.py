@@ -14,6 +14,7 @@ import pytest
 from engine.model import Model
 from engine.ops import native
 from engine.ops.kernels import SMALL_ROWS
+from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from tests.batch_invariance import check, compositions
 from tests.native_checks import assert_one_call_equals_per_op, recorded
 from tests.tiny_families import write_tiny
@@ -32,6 +33,8 @@ def model(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     if request.param == "qwen3moe":  # the experts in the file's Q8_0 blocks, in the kernels
         assert layer.moe is not None and layer.moe.native is not None
         assert layer.moe.gate.qtype == q8 and layer.w_gate_up is None
+        # and its attention matrices, read in place by the same kernels
+        assert isinstance(layer.wqkv, InPlaceRows) and isinstance(layer.wo, ExpertMatrix)
     return loaded
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.model import Model
-from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from engine.ops.quant.experts_native import load
 from engine.text.gguf_file import open_gguf, release_pages
 from tests.tiny_families import write_tiny
@@ -45,8 +45,11 @@ def test_experts_are_views_of_the_file_and_copies_leave_its_pages(tmp_path: Path
     in_place = [w.embed] + [
         m for lw in w.layers if lw.moe for m in (lw.moe.gate, lw.moe.up, lw.moe.down)
     ]
-    assert all(isinstance(m, ExpertMatrix) and not m.data.flags.owndata for m in in_place)
     in_place_gate = in_place[1 + 3]  # layer 1's
+    # an MoE model's attention matrices are read in place too: q, k, v side by side
+    assert all(isinstance(lw.wqkv, InPlaceRows) for lw in w.layers)
+    in_place += [m for lw in w.layers for m in (*lw.wqkv.parts, lw.wo)]
+    assert all(isinstance(m, ExpertMatrix) and not m.data.flags.owndata for m in in_place)
     assert np.array_equal(in_place_gate.data.reshape(-1), gate_bytes.reshape(-1))
     in_place_bytes = sum(m.nbytes for m in in_place)
     copied_bytes = path.stat().st_size - in_place_bytes  # the header (vocabulary) included

@@ -31,6 +31,10 @@ typedef struct {
     const float *qkv_bias; /* [q_dim + 2 * kv_dim] added to the qkv product (Qwen 2), or NULL */
     const float *q_norm, *k_norm; /* [head_dim] per-head q and k norms (Qwen 3), or NULL */
     const WfMoE *moe; /* the experts in place of gate_up and down (unread then), or NULL */
+    /* q, k, v and the output matrix read in the file's blocks by the expert kernels (one
+       expert each; qkv and wo unread then), products as WF_PRODUCTS_*, where in_place */
+    WfExperts attn[4];
+    int attn_in_place, attn_products;
 } WfLayer;
 
 typedef struct {
@@ -115,6 +119,32 @@ static void product(const WfMatrix *m, const float *x, int64_t rows, float *out,
                    m->n, threads, scratch);
 }
 
+/* out [rows, m->n] (rows out_stride apart) = x [rows, m->k] @ m.T, every row one pair of the
+   one expert (ids: 0, 1, ..., rows - 1; starts: 0, rows) */
+static void in_place(const WfExperts *m, int products, const float *x, int64_t rows,
+                     const int64_t *ids, float *out, int64_t out_stride, int threads,
+                     float *scratch) {
+    int64_t starts[2] = {0, rows};
+    wf_expert_matmul_with(products, m->qtype, m->data, m->expert_bytes, m->n, m->k, x, m->k,
+                          ids, starts, 1, out, out_stride, threads, scratch);
+}
+
+/* The layer's qkv [rows, qkv_cols] and wo products, in place or decoded as it holds them */
+static void attn_product(const WfLayer *l, int which, const float *x, int64_t rows,
+                         const int64_t *ids, float *out, int64_t out_cols, int threads,
+                         float *scratch) {
+    if (!l->attn_in_place) {
+        product(which ? &l->wo : &l->qkv, x, rows, out, threads, scratch);
+        return;
+    }
+    int64_t col = 0;
+    for (int j = which ? 3 : 0; j < (which ? 4 : 3); j++) {
+        in_place(l->attn + j, l->attn_products, x, rows, ids, out + col, out_cols, threads,
+                 scratch);
+        col += l->attn[j].n;
+    }
+}
+
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
@@ -134,8 +164,12 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
     for (int64_t i = 0; i < num_layers; i++) {
         const WfLayer *l = layers + i;
         const WfMatrix *ms[4] = {&l->qkv, &l->wo, &l->gate_up, &l->down};
-        for (int j = 0; j < (l->moe ? 2 : 4); j++) {
+        for (int j = l->attn_in_place ? 2 : 0; j < (l->moe ? 2 : 4); j++) {
             int64_t need = wf_matmul_scratch(ms[j]->kind, ms[j]->gshift, ms[j]->k, rows, threads);
+            kernels = need > kernels ? need : kernels;
+        }
+        for (int j = 0; l->attn_in_place && j < 4; j++) {
+            int64_t need = wf_expert_matmul_scratch(1, rows, l->attn[j].k, threads);
             kernels = need > kernels ? need : kernels;
         }
         if (l->moe) {
@@ -145,6 +179,7 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
     }
     int64_t attention = wf_paged_rows_scratch(lengths, rows, s->heads, s->kv_heads, d, threads);
     kernels = kernels > attention ? kernels : attention; /* one at a time */
+    floats += 2 * rows;               /* ids: rows int64 */
     floats = (floats + 15) / 16 * 16; /* the kernels' room starts 64-byte aligned */
     int64_t bytes = sizeof(float) * (floats + (kernels + 15) / 16 * 16);
     float *h = aligned_alloc(64, bytes);
@@ -153,10 +188,12 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
     float *qkv = h + rows * s->dim, *q = qkv + rows * qkv_cols, *att = q + rows * q_dim;
     float *k = att + rows * q_dim, *gate_up = k + rows * kv_dim;
     float *act = gate_up + rows * 2 * s->ffn_dim, *o = act + rows * s->ffn_dim;
+    int64_t *ids = (int64_t *)(o + rows * wide);
+    for (int64_t r = 0; r < rows; r++) ids[r] = r;
     for (int64_t i = 0; i < num_layers; i++) {
         const WfLayer *l = layers + i;
         wf_rms_norm(x, l->attn_norm, s->eps, rows, s->dim, h);
-        product(&l->qkv, h, rows, qkv, threads, scratch);
+        attn_product(l, 0, h, rows, ids, qkv, qkv_cols, threads, scratch);
         if (l->qkv_bias) /* one add per value, as forward.py's qkv += bqkv */
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < qkv_cols; j++) qkv[r * qkv_cols + j] += l->qkv_bias[j];
@@ -173,7 +210,7 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
                 put_kv(s, v_pool, at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, d);
             }
         attend(s, q, k_pool, v_pool, i, tables, max_blocks, lengths, rows, att, threads, scratch);
-        product(&l->wo, att, rows, o, threads, scratch);
+        attn_product(l, 1, att, rows, ids, o, s->dim, threads, scratch);
         add_into(x, o, rows * s->dim);
         wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h);
         if (l->moe) {

@@ -74,6 +74,30 @@ class ExpertMatrix:
         return np.ascontiguousarray(out, dtype=np.float32).reshape(len(raw), self.k)
 
 
+@dataclass(frozen=True, slots=True)
+class InPlaceRows:
+    """Matrices of the same K, each one expert in the file's blocks (their types may
+    differ), whose outputs one product puts side by side: an MoE model's q, k and v."""
+
+    parts: tuple[ExpertMatrix, ...]
+
+    @property
+    def k(self) -> int:
+        return self.parts[0].k
+
+    @property
+    def n(self) -> int:
+        return sum(p.n for p in self.parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.k
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
 def row_bytes(qtype: T, k: int) -> int:
     """Bytes of one row of k weights of `qtype` (k a multiple of the type's block)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
