@@ -19,6 +19,7 @@ from engine.engine import Engine
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
+from warmfleet.doctor_bench import read_bandwidth_gbs
 
 TEXT = (
     "The history of computing is a story of layers: each generation of engineers builds on "
@@ -35,21 +36,6 @@ def _parallel_copy(src: np.ndarray, dst: np.ndarray) -> None:  # pragma: no cove
     chunk = 1 << 16
     for c in prange(src.shape[0] // chunk):
         dst[c * chunk : (c + 1) * chunk] = src[c * chunk : (c + 1) * chunk]
-
-
-def read_bandwidth_gbs(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Best rate of streaming a weights-sized buffer through the cores (bytes read/s): a
-    BLAS matrix-vector product over it, vectorized and on every thread. (A Numba sum loop
-    measured 10 GB/s here, bound by its scalar additions: 30 GB/s on a buffer in cache.
-    BLAS reads 52 GB/s; a hand-written C loop of 512-bit adds, 80.)"""
-    src = np.ones((nbytes // 4 // 4096, 4096), dtype=np.float32)
-    ones = np.ones(4096, dtype=np.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        src @ ones
-        best = min(best, time.perf_counter() - t)
-    return src.nbytes / best / 1e9
 
 
 def copy_bandwidth_gbs(nbytes: int = 512 << 20, repeats: int = 5) -> float:

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.engine_measure import read_bandwidth_gbs
 from bench.moe_reads import StepReads, counts, step_reads
 from bench.table import print_table
 from common.errors import UnsupportedModelError
@@ -43,6 +42,7 @@ from engine.device import set_threads
 from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
+from warmfleet.doctor_bench import read_bandwidth_gbs
 
 BATCHED_BENCH = Path.home() / ".cache/warmfleet/llamacpp/build/bin/llama-batched-bench"
 # a row of llama-batched-bench's table: | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s |

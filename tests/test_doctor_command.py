@@ -211,10 +211,12 @@ def test_every_engine_row_on_a_tiny_model(
     assert checks["reference cpu float32"]["result"] == "ok"
     assert checks["reference cpu float32"]["values"]["num_tokens"] == NUM_TOKENS
     assert checks["decode cpu float32 batch 8"]["values"]["tok_s"] > 0
-    assert [c["check"] for c in report["checks"]][-4:] == [
-        "reference cpu float32", "prefill cpu float32", "decode cpu float32 batch 1",
-        "decode cpu float32 batch 8",
-    ]  # fmt: skip
+    decodes = ["decode cpu float32 batch 1", "decode cpu float32 batch 8"]
+    ends = ["reference cpu float32", "prefill cpu float32", *decodes, "weight reads cpu float32"]
+    assert [c["check"] for c in report["checks"]][-5:] == ends
+    reads = checks["weight reads cpu float32"]["values"]
+    assert reads["gbs"] > 0 and reads["machine_gbs"] > 0
+    assert checks["C kernels"]["values"]["isa"]
 
 
 def test_a_missing_model_file_fails_its_row(

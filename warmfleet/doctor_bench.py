@@ -8,6 +8,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -24,6 +26,21 @@ TEXT = (
     "Warm sessions let many agents share one small model: each keeps its cache, and the "
     "engine batches their steps so the weights are read once for all of them. "
 )
+
+
+def read_bandwidth_gbs(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Best rate of streaming a weights-sized buffer through the cores (bytes read/s): a
+    BLAS matrix-vector product over it, vectorized and on every thread. (A Numba sum loop
+    measured 10 GB/s here, bound by its scalar additions: 30 GB/s on a buffer in cache.
+    BLAS reads 52 GB/s; a hand-written C loop of 512-bit adds, 80.)"""
+    src = np.ones((nbytes // 4 // 4096, 4096), dtype=np.float32)
+    ones = np.ones(4096, dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        src @ ones
+        best = min(best, time.perf_counter() - t)
+    return src.nbytes / best / 1e9
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,8 @@ def kernels_row() -> Check:
     finally:
         logger.removeHandler(collect)
     if lib is not None:
-        return ok("C kernels", f"built for this CPU: {lib._name}", library=str(lib._name))
+        what = f"built for this CPU ({native.isa()}): {lib._name}"
+        return ok("C kernels", what, library=str(lib._name), isa=native.isa())
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"
     else:  # native.py logs why, once per process

@@ -62,6 +62,18 @@ def wide_vectors() -> bool:
     return "avx512f" in _cpu_flags().split()
 
 
+def isa() -> str:
+    """What -march=native makes of the kernels' vectors here, in words."""
+    flags = set(_cpu_flags().split())
+    if "avx512f" in flags:
+        return "AVX-512 with VNNI" if "avx512_vnni" in flags else "AVX-512"
+    if "avx2" in flags:
+        return "AVX2 (16-lane vectors as pairs of 8)"
+    if "asimd" in flags or platform.machine() in ("aarch64", "arm64"):
+        return "NEON with dot products" if "asimddp" in flags else "NEON"
+    return "no vector extension known to the kernels (plain C)"
+
+
 def _library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.blake2b(digest_size=10)

@@ -19,7 +19,7 @@ from engine.device import apple_silicon, set_threads
 from engine.model import Model
 from warmfleet import doctor_report as report
 from warmfleet.commands.common import add_weights
-from warmfleet.doctor_bench import BATCHES, PREFILL_TOKENS, measure
+from warmfleet.doctor_bench import BATCHES, PREFILL_TOKENS, measure, read_bandwidth_gbs
 from warmfleet.doctor_reference import LOGIT_TOL, NUM_TOKENS, check_against
 from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.doctor_system import (
@@ -255,4 +255,17 @@ def bench_rows(model: Model, where: str) -> list[Check]:
         rows.append(info(f"decode {where} batch {b}", f"{rate:.1f} tok/s aggregate "
                          f"(median of {steps} steps: {1e3 * b / rate:.1f} ms)",
                          tok_s=round(rate, 1), steps=steps))  # fmt: skip
+    if where.startswith("cpu") and not model.config.num_experts:
+        rows.append(read_rate_row(model, where, speed.decode_tok_s[1]))
     return rows
+
+
+def read_rate_row(model: Model, where: str, batch1_tok_s: float) -> Check:
+    """A batch-1 decode step reads every weight once: their bytes over the step's time,
+    against what the machine streams (a BLAS product over a weights-sized buffer)."""
+    rate, machine = model.weight_bytes * batch1_tok_s / 1e9, read_bandwidth_gbs()
+    detail = (
+        f"batch 1 reads its {model.weight_bytes / 2**20:.0f} MiB of weights at {rate:.1f} "
+        f"GB/s, {rate / machine:.0%} of this machine's read rate ({machine:.1f} GB/s)"
+    )
+    return info(f"weight reads {where}", detail, gbs=round(rate, 1), machine_gbs=round(machine, 1))
