@@ -1,8 +1,7 @@
 /* int_tiles.h's products in 512-bit registers (AVX-512BW; vpdpbusd and vpdpwssd with VNNI):
    64 weights a step (here a 512-bit integer op costs no more than a 256-bit one). A K-quant
-   block's weights come from the chunk (int_blocks.h's unpacking) or, for a bucket of one
-   tile, straight from the file's block into registers: the same integers either way, no
-   stores between. Each output's sums then reduced 8 outputs at a time, with int_avx2.h's
+   block's weights come straight from the file's block into registers (every bucket; the
+   32-weight types' from the chunk, int_blocks.h's unpacking), no stores between. Each output's sums then reduced 8 outputs at a time, with int_avx2.h's
    float steps. */
 #ifndef WARMFLEET_INT_AVX512_H
 #define WARMFLEET_INT_AVX512_H
