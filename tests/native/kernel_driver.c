@@ -2,6 +2,7 @@
    that a build for another machine (aarch64 under qemu-aarch64) can be checked against the
    native build bit for bit (tests/unit/test_neon_build.py writes the inputs).
 
+     kernel_driver matmul IN OUT   wf_matmul (the decoded quantized matrices, qmatmul.c)
      kernel_driver expert IN OUT   wf_expert_matmul_as
      kernel_driver attention IN OUT   wf_paged_rows (float32), _f16 or _q8 by the pool's kind
 
@@ -30,6 +31,10 @@ int64_t wf_paged_rows_q8(const float *q, const void *k, const void *v, const int
                          int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
                          float *out, int num_threads);
 
+int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
+                  const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
+                  float *out, int64_t ldo, int num_threads);
+
 typedef struct {
     const uint8_t *at, *end;
 } Reader;
@@ -51,6 +56,22 @@ static int write_out(const char *path, const float *out, int64_t count) {
         return 1;
     }
     return 0;
+}
+
+/* header: kind, gshift, n, k, m_rows, threads, and the bytes of codes, scale and offset;
+   then those, and x [m_rows, k] float32 */
+static int matmul(Reader *r, const char *out_path) {
+    const int64_t *h = take(r, 9 * 8);
+    int64_t n = h[2], k = h[3], m = h[4];
+    const uint8_t *codes = take(r, h[6]);
+    const void *scale = take(r, h[7]), *offset = take(r, h[8]);
+    const float *x = take(r, 4 * m * k);
+    float *out = calloc(m * n + 1, sizeof(float));
+    if (wf_matmul((int)h[0], (int)h[1], codes, scale, offset, n, k, x, m, out, n, (int)h[5])) {
+        fprintf(stderr, "kernel_driver: wf_matmul refused its scratch\n");
+        return 1;
+    }
+    return write_out(out_path, out, m * n);
 }
 
 /* header: products, qtype, experts, expert_bytes, n, k, x_rows, pairs, threads; then the
@@ -96,7 +117,7 @@ static int attention(Reader *r, const char *out_path) {
 
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: kernel_driver expert|attention IN OUT\n");
+        fprintf(stderr, "usage: kernel_driver matmul|expert|attention IN OUT\n");
         return 1;
     }
     FILE *f = fopen(argv[2], "rb");
@@ -111,6 +132,7 @@ int main(int argc, char **argv) {
     if (!data || fread(data, 1, size, f) != (size_t)size) return 1;
     fclose(f);
     Reader r = {data, data + size};
+    if (!strcmp(argv[1], "matmul")) return matmul(&r, argv[3]);
     if (!strcmp(argv[1], "expert")) return expert(&r, argv[3]);
     if (!strcmp(argv[1], "attention")) return attention(&r, argv[3]);
     fprintf(stderr, "kernel_driver: unknown kernel %s\n", argv[1]);

@@ -2,8 +2,9 @@
 bits as this machine's native build: each kernel run by tests/native/kernel_driver.c, built
 once against the native library and once with Debian's aarch64 cross compiler (statically,
 OpenMP included), the latter under qemu-aarch64, on the same inputs. Speed cannot be
-measured here; correctness can. The expert products (every type the kernels read, integer
-and float) and the paged attention over float32, float16 and q8_0 pools."""
+measured here; correctness can. The decoded matrices' products and the expert products
+(every type the kernels read; integer and float) and the paged attention over float32,
+float16 and q8_0 pools."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from engine.kv_files.kv_dtypes import Q8_0, quantize
 from engine.ops import native
 from engine.ops.quant.experts_native import Products
 from tests.unit.expert_cases import TYPES, integer, random_experts
+from tests.unit.quant_cases import Stored, write_and_read
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "native" / "kernel_driver.c"
@@ -72,6 +74,29 @@ def run_both(drivers: dict[str, list[str]], kernel: str, data: bytes, tmp: Path)
         assert done.returncode == 0, f"{name}: {done.stderr}"
         outs.append(out.read_bytes())
     return outs
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
+    return write_and_read(Path(tmp_path_factory.mktemp("neon")) / "types.gguf")
+
+
+def test_products_of_decoded_matrices_are_the_same_bits_on_arm(
+    drivers: dict[str, list[str]], tmp_path: Path, stored: Stored
+) -> None:
+    rng = np.random.default_rng(41)
+    for qtype, (matrix, _) in stored.items():
+        parts = [np.ascontiguousarray(a) for a in (matrix.codes, matrix.scale, matrix.offset)]
+        n, k = matrix.shape
+        for rows in (1, 5, 17):  # a fused single row, a tile and a tail, several tiles
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            header = [matrix.c_kind, matrix.gshift, n, k, rows, THREADS]
+            header += [a.nbytes for a in parts]
+            data = np.array(header, np.int64).tobytes() + b"".join(a.tobytes() for a in parts)
+            native_out, arm_out = run_both(drivers, "matmul", data + x.tobytes(), tmp_path)
+            assert len(native_out) == 4 * rows * n
+            assert np.frombuffer(native_out, np.float32).any()
+            assert native_out == arm_out, f"{qtype.name}, {rows} rows: ARM's bits differ"
 
 
 @pytest.mark.parametrize("products", [Products.INTEGER, Products.FLOAT], ids=lambda p: p.name)
