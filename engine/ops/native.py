@@ -3,7 +3,8 @@ cached: the quantized-weight products and the paged attention of decode rows.
 
 Compiled with -march=native, so the same source becomes AVX2, AVX-512 or NEON code; the
 cache key holds the sources, the flags, the compiler and the CPU's feature flags, so a
-cached library is never loaded on a machine it was not built for. One process compiles,
+cached library is never loaded on a machine it was not built for; a compiler without
+OpenMP (Apple's clang) builds them to run on one thread (csrc/omp_shim.h). One process compiles,
 under a lock file beside the library; the others (a cluster's workers starting together)
 wait for it, each showing the progress, and load the same file. A slow compile (a busy
 machine: ~25 s on 2 idle cores) is waited for up to BUILD_DEADLINE_S, not given up; a
@@ -74,11 +75,11 @@ def isa() -> str:
     return "no vector extension known to the kernels (plain C)"
 
 
-def _library_path(cc: str) -> Path:
+def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.blake2b(digest_size=10)
     machine = (version.stdout, platform.machine(), _cpu_flags())
-    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(FLAGS).encode()):
+    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(flags).encode()):
         key.update(part)
     for text in machine:
         key.update(text.encode())
@@ -187,7 +188,15 @@ def library() -> ctypes.CDLL | None:
         )
         return None
     try:
-        return ctypes.CDLL(str(built(cc, _library_path(cc), SOURCES, FLAGS)))
+        try:
+            return ctypes.CDLL(str(built(cc, _library_path(cc, FLAGS), SOURCES, FLAGS)))
+        except OSError as e:
+            if "omp" not in str(e).lower():
+                raise
+            why = str(e).strip().splitlines()[-1][:200]
+            log.warning("%s has no OpenMP (%s): the C kernels run on one thread", cc, why)
+        alone = tuple(f for f in FLAGS if f != "-fopenmp")
+        return ctypes.CDLL(str(built(cc, _library_path(cc, alone), SOURCES, alone)))
     except (OSError, subprocess.SubprocessError) as e:  # TimeoutError is an OSError
         log.warning("the C kernels could not be built (%s): using the slower Numba kernels", e)
         return None

@@ -95,3 +95,29 @@ def test_a_machine_without_a_compiler_says_so_once(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("no C compiler found") == 1
     assert "Numba kernels" in done.stderr
+
+
+def test_a_compiler_without_openmp_builds_kernels_for_one_thread(tmp_path: Path) -> None:
+    """As Apple's clang refuses -fopenmp: the kernels are built without it, not given up."""
+    clang = tmp_path / "clang-like"
+    clang.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && '
+        "{ echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1; }; done\n"
+        f'exec {CC} "$@"\n',
+        encoding="utf-8",
+    )
+    clang.chmod(0o755)
+    source = tmp_path / "answer.c"
+    source.write_text("int answer(void) { return 42; }\n", encoding="utf-8")
+    script = (
+        "import logging, pathlib; logging.basicConfig(level=logging.INFO)\n"
+        "from engine.ops import native\n"
+        f"native.SOURCES, native.HEADERS = (pathlib.Path({str(source)!r}),), ()\n"
+        "print('answer', native.library().answer())\n"
+    )
+    env = {**os.environ, "CC": str(clang), "WARMFLEET_KERNEL_DIR": str(tmp_path / "kernels")}
+    argv = [sys.executable, "-c", script]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "answer 42" in done.stdout, done.stderr
+    assert "has no OpenMP" in done.stderr and "unsupported option '-fopenmp'" in done.stderr
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1

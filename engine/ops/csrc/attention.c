@@ -25,7 +25,7 @@
    is shorter, and within native.py's compile timeout on slow machines too. */
 #pragma GCC optimize("no-gcse", "no-gcse-after-reload")
 #include <math.h>
-#include <omp.h>
+#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -20,7 +20,7 @@
    thread count; keeping an accumulator in memory between chunks changes none of its
    roundings. No -ffast-math, so the compiler may not reassociate. */
 
-#include <omp.h>
+#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -8,7 +8,7 @@
    Shapes: x, out [R, dim]; router [E, dim]; P = R * top_k pairs; g, u [P, ffn]; d [P, dim]. */
 
 #include <math.h>
-#include <omp.h>
+#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

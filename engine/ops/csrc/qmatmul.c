@@ -29,7 +29,7 @@
    Written with GCC/Clang vector extensions: -march=native turns them into AVX2, AVX-512
    or NEON as the machine has. Threads: OpenMP, the pool Numba's kernels use too. */
 
-#include <omp.h>
+#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,125 @@
+"""Builds of tests/native/kernel_driver.c (the engine's C kernels run on inputs from a file)
+for checking other builds of the kernels bit for bit against the native one, and the inputs
+those checks feed them: decoded matrices' products, expert products and paged attention."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.kv_files.kv_dtypes import Q8_0, quantize
+from engine.ops import native
+from engine.ops.quant.experts_native import Products
+from tests.unit.expert_cases import TYPES, integer, random_experts
+from tests.unit.quant_cases import Stored, write_and_read
+
+DRIVER = Path(__file__).with_name("kernel_driver.c")
+THREADS = 2
+RUN_S = 300  # qemu runs the kernels ~20x slower than the machine
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    label: str
+    kernel: str  # the driver's first argument
+    data: bytes
+    outputs: int  # float32 values it writes
+
+
+def _compile(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_S)
+    if done.returncode:
+        raise AssertionError(done.stderr[-3000:])
+
+
+@pytest.fixture(scope="module", name="stored")
+def stored_fixture(tmp_path_factory: pytest.TempPathFactory) -> Stored:
+    """A decoded matrix of each type (tests/unit/quant_cases.py)."""
+    return write_and_read(Path(tmp_path_factory.mktemp("matrices")) / "types.gguf")
+
+
+def native_driver(out: Path) -> list[str]:
+    """The driver linked against the engine's own compiled kernels."""
+    lib = Path(str(native.library()._name))  # type: ignore[union-attr]
+    cc, rpath = os.environ.get("CC") or "cc", f"-Wl,-rpath,{lib.parent}"
+    _compile([cc, "-O2", "-o", str(out), str(DRIVER), str(lib), rpath, "-fopenmp", "-lm"])
+    return [str(out)]
+
+
+def built_driver(out: Path, cc: str, flags: list[str], link: list[str]) -> Path:
+    """The driver and the kernels' sources compiled with `flags` (the sources at once), then
+    linked with `link` added."""
+    sources = [*native.SOURCES, DRIVER]
+    objects = [str(out.parent / f"{out.name}-{s.stem}.o") for s in sources]
+    jobs = [[cc, *flags, "-c", "-o", o, str(s)] for s, o in zip(sources, objects, strict=True)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(_compile, jobs))
+    _compile([cc, *flags, *link, "-o", str(out), *objects, "-lm"])
+    return out
+
+
+def outputs(cmd: list[str], case: Case, tmp: Path) -> bytes:
+    """What the driver `cmd` writes for the case (its length checked, not all zeros)."""
+    (tmp / "in.bin").write_bytes(case.data)
+    out = tmp / "out.bin"
+    argv = [*cmd, case.kernel, str(tmp / "in.bin"), str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_S)
+    assert done.returncode == 0, f"{case.label}: {done.stderr}"
+    got = out.read_bytes()
+    assert len(got) == 4 * case.outputs and np.frombuffer(got, np.float32).any(), case.label
+    return got
+
+
+def matmul_cases(stored: Stored) -> Iterator[Case]:
+    """Each type's decoded matrix against a fused single row, a tile and a tail, tiles."""
+    rng = np.random.default_rng(41)
+    for qtype, (matrix, _) in stored.items():
+        parts = [np.ascontiguousarray(a) for a in (matrix.codes, matrix.scale, matrix.offset)]
+        n, k = matrix.shape
+        for rows in (1, 5, 17):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            header = [matrix.c_kind, matrix.gshift, n, k, rows, THREADS, *(a.nbytes for a in parts)]
+            data = np.array(header, np.int64).tobytes() + b"".join(a.tobytes() for a in parts)
+            yield Case(f"{qtype.name}, {rows} rows", "matmul", data + x.tobytes(), rows * n)
+
+
+def expert_cases(products: Products) -> Iterator[Case]:
+    """Each type's experts (3 of [21, 512]) with an empty, a one-pair and a 6-pair bucket."""
+    rng = np.random.default_rng(31)
+    for qtype in TYPES:
+        if products == Products.FLOAT and not integer(qtype, Products.INTEGER):
+            continue  # float types multiply one way: run once
+        w = random_experts(rng, qtype, e=3, n=21, k=512)
+        counts = [0, 1, 6]
+        rows = np.concatenate([rng.integers(0, 5, c) for c in counts]).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        x = rng.standard_normal((5, w.k)).astype(np.float32)
+        header = [int(products), int(qtype), w.num_experts, w.expert_bytes, w.n, w.k, len(x)]
+        data = np.array([*header, len(rows), THREADS], np.int64).tobytes()
+        data += w.data.tobytes() + x.tobytes() + rows.tobytes() + starts.tobytes()
+        yield Case(f"{qtype.name} {products.name}", "expert", data, len(rows) * w.n)
+
+
+def attention_case(kind: np.dtype, heads: int, kv_heads: int, dim: int) -> Case:
+    """Three rows of 1, 37 and 70 keys over a pool of `kind` (float32, float16, q8_0)."""
+    rng = np.random.default_rng(37)
+    rows, num_blocks, max_blocks = 3, 12, 5
+    lengths = np.array([1, 37, 70], np.int32)  # up to 5 blocks of 16
+    tables = rng.integers(0, num_blocks, (rows, max_blocks), dtype=np.int32)
+    shape = (num_blocks, kv_heads, 16, dim)
+    values = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    k, v = (quantize(a) if kind == Q8_0 else a.astype(kind) for a in values)
+    q = rng.standard_normal((rows, heads * dim)).astype(np.float32)
+    code = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, Q8_0: 2}[kind]
+    scale = np.array([dim**-0.5, 0], np.float32).tobytes()
+    header = np.array([code, rows, heads, kv_heads, dim, max_blocks, k.nbytes, THREADS], np.int64)
+    data = header.tobytes() + scale + q.tobytes() + k.tobytes() + v.tobytes()
+    data += tables.tobytes() + lengths.tobytes()
+    return Case(f"{kind} {heads}/{kv_heads}x{dim}", "attention", data, rows * heads * dim)
