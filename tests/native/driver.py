@@ -53,10 +53,13 @@ def native_driver(out: Path) -> list[str]:
     return [str(out)]
 
 
-def built_driver(out: Path, cc: str, flags: list[str], link: list[str]) -> Path:
+def built_driver(
+    out: Path, cc: str, flags: list[str], link: list[str], sources: list[Path] | None = None
+) -> Path:
     """The driver and the kernels' sources compiled with `flags` (the sources at once), then
-    linked with `link` added."""
-    sources = [*native.SOURCES, DRIVER]
+    linked with `link` added; or, given `sources`, those alone (a library where `flags`
+    says -shared)."""
+    sources = [*native.SOURCES, DRIVER] if sources is None else sources
     objects = [str(out.parent / f"{out.name}-{s.stem}.o") for s in sources]
     jobs = [[cc, *flags, "-c", "-o", o, str(s)] for s, o in zip(sources, objects, strict=True)]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from engine.kv_files.kv_dtypes import Q8_0, kv_name, quantize
 from engine.ops import native
 from engine.ops.attention import KERNEL_KV_DTYPES, _paged_rows_kernel
 from engine.ops.quant.native import NativeKernels
+from tests.native.driver import built_driver
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
 FLAGS = set(native._cpu_flags().split())
@@ -43,9 +43,8 @@ def haswell(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("haswell") / "kernels-haswell.so"
     flags = [f if f != "-march=native" else "-march=haswell" for f in native.FLAGS]
     names = ("qmatmul.c", "attention.c", "attention_f16.c", "attention_q8.c")
-    sources = [str(native.CSRC / name) for name in names]
-    subprocess.run([CC, *flags, "-o", str(out), *sources], check=True, timeout=300)
-    return ctypes.CDLL(str(out))
+    sources = [native.CSRC / name for name in names]
+    return ctypes.CDLL(str(built_driver(out, CC, flags, [], sources)))
 
 
 @pytest.fixture(scope="module")
