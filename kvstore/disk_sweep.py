@@ -1,17 +1,20 @@
 """The spill directory's files as the kvstore reads them: each session's file and the
-blocks it lists, and a sweep that deletes the block files no session's file lists."""
+blocks it lists, and a sweep that deletes the block files no session's file lists (and the
+shared-prefix answers no worker took)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
 
 from engine.kv_files.block_file import block_path, sweep
-from engine.kv_files.spill_file import BLOCKS_DIR, read_summary, spill_path
+from engine.kv_files.spill_file import ANSWERS_DIR, BLOCKS_DIR, read_summary, spill_path
 
 log = logging.getLogger("warmfleet.kvstore")
 SWEEP_S = 30.0  # how often the directory is swept
+ANSWER_GRACE_S = 120.0  # an answer is read within seconds; older ones were given up on
 
 
 class DiskSweep:
@@ -80,3 +83,13 @@ class DiskSweep:
             freed += sweep(self.blocks, listed)
         if freed:
             log.info("deleted %d bytes of blocks no session lists", freed)
+        self._sweep_answers()
+
+    def _sweep_answers(self) -> None:
+        """Delete the shared-prefix answers older than ANSWER_GRACE_S (their asker gave up
+        waiting before the holder answered)."""
+        cutoff = time.time() - ANSWER_GRACE_S
+        for path in (self.spill_dir / ANSWERS_DIR).glob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()

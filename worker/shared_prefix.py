@@ -35,14 +35,13 @@ from pathlib import Path
 from broker.leases import Delivery
 from broker.messages import ControlOrder, OrderOp
 from engine.kv.kv_pool import PagedKV, detach
-from engine.kv_files.spill_file import SpilledKV, SpillStore
+from engine.kv_files.spill_file import ANSWERS_DIR, SpilledKV, SpillStore
 from worker.state import WorkerState
 
 log = logging.getLogger("warmfleet.worker")
 SHARE_WAIT_S = 1.0  # the longest wait before the prefill cost is known
 MAX_WAIT_S = 5.0
 WORKERS_DIR = "workers"
-ANSWERS_DIR = "shared"
 
 
 def _named(store: SpillStore, folder: str, name: str) -> Path:

@@ -45,6 +45,9 @@ def spill_path(directory: Path, key: str) -> Path:
 # to float16 rounds each value as a float16 worker's own writes do
 CONVERTIBLE = {("float32", "float16"), ("float16", "float32")}
 BLOCKS_DIR = "blocks"
+# a worker's answer to another of its host that asked it for a prompt's blocks
+# (worker/shared_prefix.py), one empty file each; the kvstore sweeps those left behind
+ANSWERS_DIR = "shared"
 READ_THREADS = 8  # block files read at once on restore
 
 
