@@ -1,7 +1,7 @@
 """The identity of a run of whole blocks of tokens: a hash of a block's tokens chained
 through every block before it, rooted in a scope (the tenant, and for KV the model and its
 KV dtype: engine/kv_files/chain.py). Workers share and name KV blocks by it; the gateway
-finds the session a prompt continues by it (gateway/session_finder.py). One function, so
+finds the session a prompt continues by it (gateway/session_find.py). One function, so
 both hash a prompt's blocks alike."""
 
 from __future__ import annotations

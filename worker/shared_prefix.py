@@ -64,6 +64,7 @@ class Waiting:
 
     delivery: Delivery
     key: str
+    tenant: str
     ids: list[int]  # the prompt's whole blocks but the last token
     answer: Path | None  # the holder's answer to wait for; None: read at once
     until: float  # monotonic seconds: then prefill instead
@@ -88,6 +89,8 @@ class SharedPrefixes:
         assert job is not None
         if spiller is None or job.prefix_from in ("", self.s.config.worker_id):
             return False
+        if key in self.s.engine.sessions:  # its own KV here: nothing to hash or read
+            return False
         store, pool = spiller.store, self.s.engine.pool
         size = pool.block_size
         ids = list(job.prompt_ids[: (len(job.prompt_ids) - 1) // size * size])  # one computed
@@ -103,7 +106,8 @@ class SharedPrefixes:
                 OrderOp.SHARE, job.request_id, tenant=job.tenant, token_ids=tuple(ids)
             )
             self.s.outbox.orders.append((job.prefix_from, order))
-        self.waiting.append(Waiting(d, key, ids, answer, now + self._wait_s(len(ids)), now))
+        until = now + self._wait_s(len(ids))
+        self.waiting.append(Waiting(d, key, job.tenant, ids, answer, until, now))
         return True
 
     def reads(self) -> list[Future[SpilledKV]]:
@@ -121,8 +125,7 @@ class SharedPrefixes:
         spiller, done = self.s.spiller, []
         for w in list(self.waiting):
             if w.read is None and spiller is not None and self._answered(w):
-                tenant = w.delivery.job.tenant if w.delivery.job else ""
-                w.read = spiller.read_prefix_async(tenant, w.ids)
+                w.read = spiller.read_prefix_async(w.tenant, w.ids)
             if w.read is not None and w.read.done():
                 done.append((w.delivery, w.key, self._loaded(w, w.read)))
             elif w.read is None and time.monotonic() > w.until:
@@ -169,8 +172,7 @@ class SharedPrefixes:
             return
         kv = self.s.engine.pool.new_kv(order.tenant)
         kv.extend_prefix(order.token_ids, len(order.token_ids))  # held while copied out
-        held = detach(kv) if kv.offset else None  # either way, the blocks go back
-        kv.release()
+        held = detach(kv) if kv.offset else None  # detach gives the blocks back; none held
         self.s.spiller.share(held, answer_path(self.s.spiller.store, order.key))
 
     def close(self) -> None:

@@ -122,12 +122,12 @@ class Spiller:
 
     def _share(self, kv: SpilledKV | None, answer: Path) -> None:
         try:
-            hashes, added = self.store.write_blocks(kv) if kv is not None else ([], 0)
+            if kv is not None:
+                hashes, added = self.store.write_blocks(kv)
+                self.stats.num_shared += 1
+                log.info("wrote a shared prefix of %d blocks (%d bytes new)", len(hashes), added)
         except OSError as e:
             log.warning("could not write a shared prefix's blocks (%s)", e)
-        else:
-            self.stats.num_shared += 1
-            log.info("wrote a shared prefix of %d blocks (%d bytes new)", len(hashes), added)
         try:
             answer.touch()
         except OSError as e:  # the asking worker waits out its deadline

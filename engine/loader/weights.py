@@ -163,7 +163,7 @@ class _Placer:
     def in_place_rows(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
         """The matrices side by side, each read in the file's blocks (InPlaceRows) where
         the expert kernels read them all unpermuted, else as `stacked` joins them."""
-        parts = [self.in_place(n) for n in names] if orders == [None] * len(names) else []
+        parts = [self.in_place(n) for n in names] if all(o is None for o in orders) else []
         if parts and all(isinstance(m, ExpertMatrix) for m in parts):
             return InPlaceRows(tuple(parts))
         return self.stacked(names, orders)

@@ -86,10 +86,17 @@ def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
     return kernel_dir() / f"warmfleet-kernels-{key.hexdigest()}.so"
 
 
-def built(cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str, ...]) -> Path:
-    """`target` compiled from `sources` unless it is there: one process compiles, under the
-    lock file beside it, and the others wait for it; a killed compile's leftovers are
-    removed first. TimeoutError past BUILD_DEADLINE_S, OSError when the compiler fails."""
+def built(
+    cc: str,
+    target: Path,
+    sources: tuple[Path, ...],
+    flags: tuple[str, ...],
+    libs: tuple[str, ...] = (),
+) -> Path:
+    """`target` compiled from `sources` with `flags` (and linked with `libs` after the
+    objects) unless it is there: one process compiles, under the lock file beside it, and
+    the others wait for it; a killed compile's leftovers are removed first. TimeoutError
+    past BUILD_DEADLINE_S, OSError when the compiler fails."""
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +104,7 @@ def built(cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str, ..
         if not target.exists():  # else another process built it while this one waited
             for leftover in target.parent.glob(f"{target.stem}.build-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
-            _compile(cc, target, sources, flags)
+            _compile(cc, target, sources, flags, libs)
     return target
 
 
@@ -125,7 +132,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _compile(cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str, ...]) -> None:
+def _compile(
+    cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str, ...], libs: tuple[str, ...]
+) -> None:
     """Each source to an object at once (as many compilers as cores: the build's wall time
     is its slowest source's, not the sum), then one link, renamed into place."""
     what = f"{len(sources)} sources"
@@ -141,7 +150,7 @@ def _compile(cc: str, target: Path, sources: tuple[Path, ...], flags: tuple[str,
                 took = time.monotonic() - start
                 log.info("compiled %d/%d kernel sources (%.0f s)", n, len(sources), took)
         out = Path(tmp) / target.name
-        _check(cc, _run_compiler([cc, *flags, "-o", str(out), *objects]))
+        _check(cc, _run_compiler([cc, *flags, "-o", str(out), *objects, *libs]))
         os.replace(out, target)  # atomic: a reader sees no file or the whole file
     log.info("C kernels compiled in %.0f s", time.monotonic() - start)
 

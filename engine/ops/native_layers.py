@@ -104,11 +104,11 @@ def _descriptor(lw: LayerWeights) -> _Layer | None:
         or (lw.moe is not None and experts is None)
     ):
         return None
-    matrices = [_matrix(m) if m is not None else _Matrix() for m in (*decoded, *ffn)]
-    matrices = [_Matrix()] * (2 - len(decoded)) + matrices
-    matrices += [_Matrix()] * (4 - len(matrices))
+    unread = [_Matrix(), _Matrix()]  # read in place instead (the attention, the experts)
+    attention = [_matrix(m) for m in decoded] or unread
+    dense_ffn = [_matrix(m) for m in ffn] or unread
     moe = None if experts is None else ctypes.pointer(experts.struct)
-    layer = _Layer(*norms, *matrices, *extras, moe)
+    layer = _Layer(*norms, *attention, *dense_ffn, *extras, moe)
     if attn is not None:
         layer.attn = (WfExperts * 4)(*(experts_struct(m) for m in attn))
         layer.attn_in_place, layer.attn_products = 1, int(expert_products())

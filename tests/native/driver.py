@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,16 +55,11 @@ def native_driver(out: Path) -> list[str]:
 def built_driver(
     out: Path, cc: str, flags: list[str], link: list[str], sources: list[Path] | None = None
 ) -> Path:
-    """The driver and the kernels' sources compiled with `flags` (the sources at once), then
-    linked with `link` added; or, given `sources`, those alone (a library where `flags`
-    says -shared)."""
+    """The driver and the kernels' sources compiled with `flags` as the engine compiles its
+    own (native.built: the sources at once), linked with `link` added; or, given `sources`,
+    those alone (a library where `flags` says -shared)."""
     sources = [*native.SOURCES, DRIVER] if sources is None else sources
-    objects = [str(out.parent / f"{out.name}-{s.stem}.o") for s in sources]
-    jobs = [[cc, *flags, "-c", "-o", o, str(s)] for s, o in zip(sources, objects, strict=True)]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        list(pool.map(_compile, jobs))
-    _compile([cc, *flags, *link, "-o", str(out), *objects, "-lm"])
-    return out
+    return native.built(cc, out, tuple(sources), (*flags, *link), libs=("-lm",))
 
 
 def outputs(cmd: list[str], case: Case, tmp: Path) -> bytes:
