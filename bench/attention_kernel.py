@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from bench.table import print_table
-from engine.ops.attention import AttentionPlan, _paged_rows_kernel, paged_attention
+from engine.ops.attention import AttentionPlan, paged_attention
+from engine.ops.attention_rows import rows_kernel
 from engine.ops.kernels import SMALL_ROWS
 
 LAYERS, HEADS, KV_HEADS, DIM, BLOCK = 30, 9, 3, 64, 16
@@ -48,7 +49,7 @@ def main() -> None:
         .reshape(rows, nb),
         "one sequence for every row": np.tile(np.arange(nb, dtype=np.int32), (rows, 1)),
     }
-    kernel = _paged_rows_kernel()
+    kernel = rows_kernel()
     table = []
     for name, tables in layouts.items():
         best = float("inf")

@@ -63,7 +63,7 @@ class StepOps:
         head_rms_norm(qkv, c.q_dim, c.num_kv_heads, c.head_dim, k_norm, c.rms_eps, self.xp)
         return qkv
 
-    def attend(self, qkv: Array, layer: int) -> Array:
+    def attend(self, qkv: Array, layer: int, window: int = 0, sinks: Array | None = None) -> Array:
         # qkv: [N, q_dim + 2 * kv_dim]; this step's keys and values into the pool first
         c, pool, step, xp = self.config, self.step.pool, self.step, self.xp
         hd, qd, kvd = c.head_dim, c.q_dim, c.kv_dim
@@ -86,7 +86,7 @@ class StepOps:
             k = apply_rope(qkv, qd, c.num_kv_heads, hd, tables, positions, xp)
             v = qkv[:, qd + kvd :].reshape(qkv.shape[0], -1, hd)
             pool.write_layer(layer, step.kv_rows, k, v)
-        return paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp)
+        return paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp, window, sinks)
 
     def silu_mul(self, gate_up: Array) -> Array:
         return silu_mul(gate_up, self.config.ffn_dim, self.xp)

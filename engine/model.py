@@ -19,7 +19,7 @@ from engine.forward import forward
 from engine.kv.kv_pool import KVPool
 from engine.kv_files.kv_dtypes import fits, kv_dtype_named, token_bytes, values_per_item
 from engine.loader.experts import refuse_unbuilt
-from engine.loader.rope import frequency_divisors
+from engine.loader.rope import rope_scaling
 from engine.loader.weights import Weights, fingerprint, load_weights, release_copied
 from engine.models.families import family_for
 from engine.models.family import Family
@@ -66,20 +66,21 @@ class Model:
         reader = open_gguf(path)
         meta = read_metadata(reader)
         family = family_for(meta.get("general.architecture"))
-        refuse_unbuilt(meta, [t.name for t in reader.tensors], family.tensors.experts)
+        names, spec = [t.name for t in reader.tensors], family.tensors
+        refuse_unbuilt(meta, names, spec.experts, spec.expert_biases)
         config = ModelConfig.from_metadata(meta)
         refuse_unfit_kv(config.head_dim, pool_dtype, kv_dtype)
         tokenizer = Tokenizer.from_metadata(meta)
-        divisors = frequency_divisors(reader, config)
+        scaling = rope_scaling(reader, config)
         if on_mlx(xp):
             from engine.mlx_backend.forward import rope_tables
             from engine.mlx_backend.weights import load_mlx_weights
 
             loaded = load_mlx_weights(reader, config, family.tensors, np_dtype, weights)
-            rope = rope_tables(config, np_dtype, divisors)
+            rope = rope_tables(config, np_dtype, scaling)
         else:
             loaded = load_weights(reader, config, family.tensors, np_dtype, xp, weights)
-            rope = RopeTables.build(config, np_dtype, xp, divisors)
+            rope = RopeTables.build(config, np_dtype, xp, scaling)
         model = cls(
             path=Path(path),
             config=config,

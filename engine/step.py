@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from engine.kv.kv_pool import KVPool, PagedKV
+from engine.loader.rope import RopeScaling
 from engine.ops import gpu_ops
-from engine.ops.attention import AttentionPlan, kernel_reads, kernel_row_limit
+from engine.ops.attention import AttentionPlan
+from engine.ops.attention_rows import kernel_reads, kernel_row_limit
 from engine.ops.kernels import RowRuns, plan_rows
 from engine.text.model_config import ModelConfig
 
@@ -39,18 +41,20 @@ class RopeTables:
 
     @classmethod
     def build(
-        cls, config: ModelConfig, dtype: Any, xp: ModuleType, divisors: Any = None
+        cls, config: ModelConfig, dtype: Any, xp: ModuleType, scaling: RopeScaling | None = None
     ) -> RopeTables:
-        """cos and sin of every position's angle for each of the head's frequencies, each
-        frequency divided by `divisors` when given (engine.loader.rope.frequency_divisors)."""
+        """cos and sin of every position's angle for each of the head's frequencies, as the
+        file's rope scaling says (engine.loader.rope.rope_scaling)."""
         half = config.head_dim // 2
         inv_freq = 1.0 / config.rope_base ** (
             xp.arange(half, dtype=xp.float64) * 2 / config.head_dim
         )
-        if divisors is not None:
-            inv_freq = inv_freq / xp.asarray(divisors, dtype=xp.float64)
+        scaling = scaling or RopeScaling()
+        if scaling.divisors is not None:
+            inv_freq = inv_freq / xp.asarray(scaling.divisors, dtype=xp.float64)
         angles = xp.arange(config.context_length, dtype=xp.float64)[:, None] * inv_freq[None, :]
-        return cls(cos=xp.cos(angles).astype(dtype), sin=xp.sin(angles).astype(dtype))
+        m = scaling.magnitude
+        return cls(cos=(xp.cos(angles) * m).astype(dtype), sin=(xp.sin(angles) * m).astype(dtype))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,9 @@ from engine.ops.quant.experts import EXPERT_TYPES, ExpertMatrix
 from engine.text.model_config import ModelConfig
 
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-SOFTMAX_GATING = 1  # llama.cpp's expert_gating_func values, by name
+SOFTMAX_GATING, CHOSEN_SOFTMAX_GATING = 1, 3  # llama.cpp's expert_gating_func values
 GATING = {0: "no", 1: "a softmax", 2: "a sigmoid", 3: "a softmax-over-the-chosen"}
+BIAS_TENSORS = ("_exps.bias", "ffn_gate_inp.bias")  # what gpt-oss's experts have
 # tensors of MoE variants the engine does not build, by what a name holds
 UNBUILT_TENSORS = (
     ("shexp", "shared experts"),
@@ -39,11 +40,13 @@ def expert_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def refuse_unbuilt(meta: dict[str, Any], tensor_names: list[str], has_experts: bool) -> None:
+def refuse_unbuilt(
+    meta: dict[str, Any], tensor_names: list[str], has_experts: bool, gpt_oss: bool = False
+) -> None:
     """UnsupportedModelError naming the first thing the file asks that is not built: an
     MoE variant (shared experts, grouped or sigmoid routing, expert biases, scaled or
     unnormalised expert weights, leading dense layers), or experts in a family that has
-    none."""
+    none. gpt-oss's experts (`gpt_oss`) have biases and a softmax over the chosen."""
     arch = meta.get("general.architecture")
     if has_experts and not meta.get(f"{arch}.expert_count"):
         raise UnsupportedModelError(f"GGUF metadata lacks {arch}.expert_count")
@@ -57,7 +60,7 @@ def refuse_unbuilt(meta: dict[str, Any], tensor_names: list[str], has_experts: b
         ((value("expert_shared_count") or 0) > 0, "shared experts (expert_shared_count)"),
         (grouped, "grouped expert routing (expert_group_count)"),
         (
-            gating not in (None, SOFTMAX_GATING),
+            gating not in (None, CHOSEN_SOFTMAX_GATING if gpt_oss else SOFTMAX_GATING),
             f"{GATING.get(gating, 'an unknown')} router (expert_gating_func {gating})",
         ),
         (value("expert_weights_scale") not in (None, 1.0), "scaled expert weights"),
@@ -68,7 +71,8 @@ def refuse_unbuilt(meta: dict[str, Any], tensor_names: list[str], has_experts: b
         if asked:
             raise UnsupportedModelError(f"{arch}: not supported: {what}")
     for name in tensor_names:
-        found = next((w for part, w in UNBUILT_TENSORS if part in name), None)
+        unbuilt = (u for u in UNBUILT_TENSORS if not (gpt_oss and u[0] in BIAS_TENSORS))
+        found = next((w for part, w in unbuilt if part in name), None)
         if found is None and not has_experts and any(k in name for k in EXPERT_KINDS):
             found = f"experts in a {arch} layer"
         if found is not None:

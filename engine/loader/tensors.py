@@ -11,7 +11,7 @@ import numpy as np
 
 from common.errors import UnsupportedModelError
 from engine.loader.experts import expert_matrix, expert_shapes
-from engine.ops.quant.experts import MoEWeights
+from engine.ops.quant.experts import GptOssExperts, MoEWeights
 from engine.ops.quant.experts_native import moe_kernel
 from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix, is_supported
@@ -27,6 +27,14 @@ class LayerTensors:
     qkv_bias: bool  # blk.N.attn_{q,k,v}.bias
     qk_norm: bool  # blk.N.attn_{q,k}_norm.weight, [head_dim] each
     experts: bool = False  # a router and 3-D expert tensors instead of ffn_{gate,up,down}
+    # gpt-oss: a bias on the attention's output, a learned sink logit per head
+    # (blk.N.attn_sinks.weight), biases on the router and experts, and the FFN's norm under
+    # another name; every `window_every`-th layer from the first attends to a sliding window
+    out_bias: bool = False
+    sinks: bool = False
+    expert_biases: bool = False
+    ffn_norm: str = "ffn_norm"
+    window_every: int = 0
 
 
 MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -37,6 +45,8 @@ def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {
         "attn_norm": (c.dim,),
         "ffn_norm": (c.dim,),
+        "post_attention_norm": (c.dim,),
+        "attn_sinks": (c.num_heads,),
         "attn_q": (c.q_dim, c.dim),
         "attn_k": (c.kv_dim, c.dim),
         "attn_v": (c.kv_dim, c.dim),
@@ -62,9 +72,9 @@ class Tensors:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The numpy shape the metadata implies for tensor `name` (e.g. "blk.3.attn_q.weight");
-        a bias has one value per row of its matrix."""
+        a bias has one value per row of its matrix (of each expert's, for experts)."""
         shape = self.shapes[name.split(".")[-2]]
-        return shape[:1] if name.endswith(".bias") else shape
+        return shape[:-1] if name.endswith(".bias") else shape
 
     def extras(
         self, prefix: str, spec: LayerTensors, orders: tuple[np.ndarray | None, np.ndarray | None]
@@ -79,19 +89,25 @@ class Tensors:
             return bias, None, None
         return (bias, *self._head_norms(prefix, orders))
 
-    def experts(self, prefix: str, top_k: int, stats: np.ndarray | None = None) -> MoEWeights:
+    def experts(
+        self, prefix: str, top_k: int, stats: np.ndarray | None = None, biases: bool = False
+    ) -> MoEWeights:
         """Layer `prefix`'s router (float32) and expert tensors (in the file's map), their
-        reads counted in `stats` where given (see MoEWeights; a model's layers share one)."""
+        reads counted in `stats` where given (see MoEWeights; a model's layers share one);
+        with `biases`, gpt-oss's router and expert biases (GptOssExperts)."""
+        kinds = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
         gate, up, down = (
-            expert_matrix(
-                self.tensor(f"{prefix}{kind}.weight"), self.shape(f"{prefix}{kind}.weight")
-            )
-            for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+            expert_matrix(self.tensor(f"{prefix}{k}.weight"), self.shape(f"{prefix}{k}.weight"))
+            for k in kinds
         )
         router = np.ascontiguousarray(self.host(f"{prefix}ffn_gate_inp.weight"))
+        stats = np.zeros(3, dtype=np.int64) if stats is None else stats
+        if biases:  # the whole-FFN C kernel has neither the biases nor gpt-oss's routing
+            extra = GptOssExperts(
+                *(self.host(f"{prefix}{k}.bias") for k in ("ffn_gate_inp", *kinds))
+            )
+            return MoEWeights(router, gate, up, down, top_k, stats, None, extra)
         native = moe_kernel(router, top_k, gate, up, down)
-        if stats is None:
-            return MoEWeights(router, gate, up, down, top_k, native=native)
         return MoEWeights(router, gate, up, down, top_k, stats, native)
 
     def _refuse_unused(self, prefix: str, spec: LayerTensors) -> None:
@@ -100,6 +116,8 @@ class Tensors:
         for has, names in (
             (spec.qkv_bias, [f"{prefix}attn_{x}.bias" for x in "qkv"]),
             (spec.qk_norm, [f"{prefix}attn_{x}_norm.weight" for x in "qk"]),
+            (spec.out_bias, [f"{prefix}attn_output.bias"]),
+            (spec.sinks, [f"{prefix}attn_sinks.weight"]),
         ):
             found = next((n for n in names if n in self.by_name), None)
             if found is not None and not has:

@@ -43,6 +43,9 @@ class LayerWeights:
     )
     k_norm: Array | None = None  # [head_dim] the same for k
     moe: Experts | None = None  # the experts in place of w_gate_up and w_down
+    bo: Array | None = None  # [dim] added to wo's products (gpt-oss)
+    sinks: Array | None = None  # [H] float32: each head's learned sink logit (gpt-oss)
+    window: int = 0  # this layer attends to the last `window` positions only (0: all)
 
 
 @dataclass(slots=True)
@@ -61,7 +64,15 @@ class Weights:
             arrays.append(self.output)
         for layer in self.layers:
             arrays += [layer.attn_norm, layer.wqkv, layer.wo, layer.ffn_norm]
-            optional = (layer.w_gate_up, layer.w_down, layer.bqkv, layer.q_norm, layer.k_norm)
+            optional = (
+                layer.w_gate_up,
+                layer.w_down,
+                layer.bqkv,
+                layer.q_norm,
+                layer.k_norm,
+                layer.bo,
+                layer.sinks,
+            )
             arrays += [a for a in (*optional, layer.moe) if a is not None]
         return sum(int(a.nbytes) for a in arrays)
 
@@ -96,6 +107,13 @@ def rope_halves_order(num_heads: int, head_dim: int) -> np.ndarray:
     """
     per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
     return (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
+
+
+def layer_window(config: ModelConfig, spec: LayerTensors, layer: int) -> int:
+    """The sliding window layer `layer` attends to (0: every position): every
+    spec.window_every-th layer from the first, where the file gives a window."""
+    every = spec.window_every
+    return config.sliding_window if every and layer % every == 0 else 0
 
 
 def fingerprint(reader: GGUFFile, config: ModelConfig) -> str:
@@ -203,31 +221,8 @@ def load_weights(
         )
     quantized = use_quantized(mode, tensors, dtype)
     put = _Placer(tensors, quantized, dtype, xp)
-    q_order, k_order = qk_orders(config, spec)
-    layers, moe_stats = [], np.zeros(3, dtype=np.int64)
-    for i in range(config.num_layers):
-        p = f"blk.{i}."
-        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-        bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
-        moe = tensors.experts(p, config.num_experts_used, moe_stats) if spec.experts else None
-        dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
-        # an MoE model's attention matrices too are read in the file's blocks: its products
-        # quantize activations anyway (the expert kernels), and the blocks are narrower
-        stack = put.in_place_rows if moe else put.stacked
-        layers.append(
-            LayerWeights(
-                attn_norm=put.vector(p + "attn_norm.weight"),
-                wqkv=stack(qkv, [q_order, k_order, None]),
-                wo=(put.in_place if moe else put.matrix)(p + "attn_output.weight"),
-                ffn_norm=put.vector(p + "ffn_norm.weight"),
-                w_gate_up=None if moe else put.stacked(list(dense), [None, None]),
-                w_down=None if moe else put.matrix(p + "ffn_down.weight"),
-                bqkv=put.maybe(bias),
-                q_norm=put.maybe(q_norm),
-                k_norm=put.maybe(k_norm),
-                moe=moe,
-            )
-        )
+    moe_stats = np.zeros(3, dtype=np.int64)  # one for the model's layers
+    layers = [_layer(put, config, spec, i, moe_stats) for i in range(config.num_layers)]
     # an MoE model's: its experts keep the file mapped anyway, and its vocabulary matrices
     # are a large share of a step's reads at one row
     place = put.in_place if spec.experts else put.matrix
@@ -235,6 +230,38 @@ def load_weights(
     output = place("output.weight") if "output.weight" in tensors.by_name else embed
     return Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
                    output=output, quantized=quantized)  # fmt: skip
+
+
+def _layer(
+    put: _Placer, config: ModelConfig, spec: LayerTensors, i: int, moe_stats: np.ndarray
+) -> LayerWeights:
+    """Layer i's weights, placed."""
+    tensors, p = put.tensors, f"blk.{i}."
+    q_order, k_order = qk_orders(config, spec)
+    qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+    bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
+    moe = None
+    if spec.experts:
+        moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases)
+    dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
+    # an MoE model's attention matrices too are read in the file's blocks: its products
+    # quantize activations anyway (the expert kernels), and the blocks are narrower
+    stack = put.in_place_rows if moe else put.stacked
+    return LayerWeights(
+        attn_norm=put.vector(p + "attn_norm.weight"),
+        wqkv=stack(qkv, [q_order, k_order, None]),
+        wo=(put.in_place if moe else put.matrix)(p + "attn_output.weight"),
+        ffn_norm=put.vector(f"{p}{spec.ffn_norm}.weight"),
+        w_gate_up=None if moe else put.stacked(list(dense), [None, None]),
+        w_down=None if moe else put.matrix(p + "ffn_down.weight"),
+        bqkv=put.maybe(bias),
+        q_norm=put.maybe(q_norm),
+        k_norm=put.maybe(k_norm),
+        moe=moe,
+        bo=put.vector(p + "attn_output.bias") if spec.out_bias else None,
+        sinks=tensors.host(p + "attn_sinks.weight") if spec.sinks else None,
+        window=layer_window(config, spec, i),
+    )
 
 
 def release_copied(reader: GGUFFile, weights: Weights) -> None:

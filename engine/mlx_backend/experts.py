@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.mlx_backend.quant import BITS, GROUP, MLXQuant, pack
+from engine.ops.moe import SWIGLU_ALPHA, SWIGLU_LIMIT
 from engine.ops.quant.experts import ExpertMatrix, MoEWeights
 from engine.ops.quant.formats import decode
 
@@ -59,10 +60,13 @@ class MLXExperts:
     up: ExpertStack  # [E, F, dim]
     down: ExpertStack  # [E, dim, F]
     top_k: int
+    # gpt-oss's biases (float32): the router's [E], gate's and up's [E, F], down's [E, dim]
+    biases: tuple[Any, Any, Any, Any] | None = None
 
     @property
     def arrays(self) -> list[Any]:
-        return [self.router, *(a for m in (self.gate, self.up, self.down) for a in m.arrays)]
+        matrices = (a for m in (self.gate, self.up, self.down) for a in m.arrays)
+        return [self.router, *matrices, *(self.biases or ())]
 
     @property
     def nbytes(self) -> int:
@@ -78,7 +82,14 @@ def place_experts(moe: MoEWeights, quantized: bool, dtype: np.dtype[Any]) -> MLX
     `quantized` is false), else expanded to `dtype`; the router in float32."""
     gate, up, down = (_stack(m, quantized, dtype) for m in (moe.gate, moe.up, moe.down))
     router = mx.array(np.asarray(moe.router, dtype=np.float32))
-    return MLXExperts(router, gate, up, down, moe.top_k)
+    extra = moe.gpt_oss
+    if extra is None:
+        return MLXExperts(router, gate, up, down, moe.top_k)
+    r, g, u, d = (
+        mx.array(np.asarray(b, dtype=np.float32))
+        for b in (extra.router_bias, extra.gate_bias, extra.up_bias, extra.down_bias)
+    )
+    return MLXExperts(router, gate, up, down, moe.top_k, (r, g, u, d))
 
 
 def _stack(m: ExpertMatrix, quantized: bool, dtype: np.dtype[Any]) -> ExpertStack:
@@ -111,16 +122,43 @@ def route(logits: Any, top_k: int) -> tuple[Any, Any]:
     return experts, chosen / total[:, None]
 
 
+def route_top_logits(logits: Any, top_k: int) -> tuple[Any, Any]:
+    """gpt-oss's routing (engine/ops/moe.py's): the top_k by raw logit, weighted by the
+    softmax of those k summed in rank order."""
+    experts = mx.argsort(-logits, axis=-1)[:, :top_k]
+    chosen = mx.take_along_axis(logits, experts, axis=-1)
+    e = mx.exp(chosen - chosen[:, :1])
+    total = e[:, 0]
+    for j in range(1, top_k):
+        total = total + e[:, j]
+    return experts, e / total[:, None]
+
+
+def swiglu_oai(gate: Any, up: Any) -> Any:
+    """gpt-oss's clamped SwiGLU (engine/ops/moe.py's)."""
+    alpha, limit = float(SWIGLU_ALPHA), float(SWIGLU_LIMIT)
+    x = mx.minimum(gate, limit)
+    y = mx.clip(up, -limit, limit)
+    return x * mx.sigmoid(alpha * x) * (y + 1)
+
+
 def moe_ffn(x: Any, moe: MLXExperts) -> Any:
     """The experts' output [N, dim] for x [N, dim] (normed), without the residual."""
     n, k = x.shape[0], moe.top_k
     if n == 0:  # nothing to route (MLX's CPU build dies on some zero-row quantized products)
         return mx.zeros_like(x)
-    experts, weights = route(x.astype(mx.float32) @ moe.router.T, k)  # [N, k] each
+    logits = x.astype(mx.float32) @ moe.router.T
+    b = moe.biases
+    experts, weights = route(logits, k) if b is None else route_top_logits(logits + b[0], k)
     rows = x[:, None, None, :]  # [N, 1, 1, dim]: each row against its k experts
     gate, up = moe.gate.gather(rows, experts), moe.up.gather(rows, experts)  # [N, k, 1, F]
-    hidden = gate * mx.sigmoid(gate) * up
+    if b is None:
+        hidden = gate * mx.sigmoid(gate) * up
+    else:
+        hidden = swiglu_oai(gate + b[1][experts][:, :, None], up + b[2][experts][:, :, None])
     out = moe.down.gather(hidden, experts)[:, :, 0, :]  # [N, k, dim]
+    if b is not None:
+        out = out + b[3][experts]
     acc = weights[:, 0:1] * out[:, 0]
     for j in range(1, k):  # in the row's rank order
         acc = acc + weights[:, j : j + 1] * out[:, j]

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from engine.loader.rope import RopeScaling
 from engine.loader.weights import Weights
 from engine.mlx_backend import mx_dtype
 from engine.mlx_backend.experts import MLXExperts, moe_ffn
@@ -29,10 +30,10 @@ from engine.text.model_config import ModelConfig
 
 
 def rope_tables(
-    config: ModelConfig, dtype: np.dtype[Any], divisors: np.ndarray | None = None
+    config: ModelConfig, dtype: np.dtype[Any], scaling: RopeScaling | None = None
 ) -> RopeTables:
     """engine/step.py's tables (computed in float64 on the host) as MLX arrays."""
-    host = RopeTables.build(config, dtype, np, divisors)
+    host = RopeTables.build(config, dtype, np, scaling)
     return RopeTables(cos=mx.array(host.cos), sin=mx.array(host.sin))
 
 
@@ -42,16 +43,21 @@ class AttentionCall:
     keys: Any  # [S, W] int32: the pool row of each key (padding: row 0, masked)
     mask: Any  # [S, 1, L, W] bool: query may see key
     valid: Any  # [n] int32: the real queries among the S * L, in row order
+    window_mask: Any  # mask, each query seeing its last `window` keys only (None: no window)
 
     @classmethod
-    def build(cls, pool: MLXKVPool, segments: list[tuple[Segment, int]]) -> AttentionCall:
-        """segments: (segment, its first row in the step)."""
+    def build(
+        cls, pool: MLXKVPool, segments: list[tuple[Segment, int]], window: int = 0
+    ) -> AttentionCall:
+        """segments: (segment, its first row in the step); window: the model's sliding
+        window (0: none)."""
         width = max(seg.start + seg.length for seg, _ in segments)
         span = max(seg.length for seg, _ in segments)
         s = len(segments)
         queries = np.zeros((s, span), dtype=np.int32)
         keys = np.zeros((s, width), dtype=np.int32)
         mask = np.zeros((s, 1, span, width), dtype=bool)
+        recent = np.zeros((s, 1, span, width), dtype=bool)
         valid: list[int] = []
         for i, (seg, row) in enumerate(segments):
             n, t = seg.length, seg.start + seg.length
@@ -59,16 +65,31 @@ class AttentionCall:
             keys[i, :t] = pool.rows(*seg.kv.slots(0, t))
             seen = seg.start + np.minimum(np.arange(span), n - 1)  # each query's position
             mask[i, 0] = np.arange(width)[None, :] <= seen[:, None]
+            if window:
+                recent[i, 0] = mask[i, 0] & (np.arange(width)[None, :] > seen[:, None] - window)
             valid += range(i * span, i * span + n)
         valid_rows = mx.array(np.asarray(valid, dtype=np.int32))
-        return cls(mx.array(queries), mx.array(keys), mx.array(mask), valid_rows)
+        windowed = mx.array(recent) if window else None
+        return cls(mx.array(queries), mx.array(keys), mx.array(mask), valid_rows, windowed)
 
-    def attend(self, q: Any, pool: MLXKVPool, layer: int, scale: float) -> Any:
-        """q [N, H, D] over the layer's keys and values in `pool`. Returns [n, H * D]."""
+    def attend(
+        self, q: Any, pool: MLXKVPool, layer: int, scale: float, window: int, sinks: Any
+    ) -> Any:
+        """q [N, H, D] over the layer's keys and values in `pool` (the last `window` of
+        them where window > 0; sinks [H] in the softmax's denominators where given).
+        Returns [n, H * D]."""
         s, span = self.queries.shape
         qs = q[self.queries].transpose(0, 2, 1, 3)  # [S, H, L, D]
         ks, vs = (a.transpose(0, 2, 1, 3) for a in pool.read(layer, self.keys, q.dtype))
-        out = mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=self.mask)
+        mask = self.window_mask if window else self.mask
+        out = mx.fast.scaled_dot_product_attention(
+            qs,
+            ks,
+            vs,
+            scale=scale,
+            mask=mask,
+            sinks=None if sinks is None else sinks.astype(q.dtype),
+        )
         heads, dim = out.shape[1], out.shape[3]
         return out.transpose(0, 2, 1, 3).reshape(s * span, heads * dim)[self.valid]
 
@@ -83,7 +104,7 @@ class StepPlan:
     last_rows: Any  # [M] int32: the rows whose logits are wanted
 
     @classmethod
-    def build(cls, pool: MLXKVPool, segments: list[Segment]) -> StepPlan:
+    def build(cls, pool: MLXKVPool, segments: list[Segment], window: int = 0) -> StepPlan:
         where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
         rows = np.concatenate([pool.rows(b, s) for b, s in where])
         placed, row, last = [], 0, []
@@ -94,15 +115,17 @@ class StepPlan:
                 last.append(row - 1)
         short = [p for p in placed if p[0].length <= SMALL_ROWS]
         groups = ([short] if short else []) + [[p] for p in placed if p[0].length > SMALL_ROWS]
-        calls = tuple(AttentionCall.build(pool, g) for g in groups)
+        calls = tuple(AttentionCall.build(pool, g, window) for g in groups)
         first_rows = np.concatenate([np.arange(r, r + s.length) for g in groups for s, r in g])
         inverse = np.argsort(first_rows).astype(np.int32)  # calls' order -> the step's
         identity = bool((first_rows == np.arange(row)).all())
         order = None if identity else mx.array(inverse)
         return cls(mx.array(rows), calls, order, mx.array(np.asarray(last, dtype=np.int32)))
 
-    def attend(self, q: Any, pool: MLXKVPool, layer: int, scale: float) -> Any:
-        outs = [c.attend(q, pool, layer, scale) for c in self.calls]
+    def attend(
+        self, q: Any, pool: MLXKVPool, layer: int, scale: float, window: int = 0, sinks: Any = None
+    ) -> Any:
+        outs = [c.attend(q, pool, layer, scale, window, sinks) for c in self.calls]
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if self.order is None else out[self.order]
 
@@ -143,14 +166,14 @@ class MLXOps:
         k = mx.fast.rms_norm(k, k_norm, eps)
         return mx.concatenate([q.reshape(n, qd), k.reshape(n, kvd), qkv[:, qd + kvd :]], axis=1)
 
-    def attend(self, qkv: Any, layer: int) -> Any:
+    def attend(self, qkv: Any, layer: int, window: int = 0, sinks: Any = None) -> Any:
         c, n = self.config, qkv.shape[0]
         hd, kvd, qd = c.head_dim, c.kv_dim, c.q_dim
         q = _rope(qkv[:, :qd].reshape(n, c.num_heads, hd), *self.rope)
         k = _rope(qkv[:, qd : qd + kvd].reshape(n, c.num_kv_heads, hd), *self.rope)
         v = qkv[:, qd + kvd :].reshape(n, c.num_kv_heads, hd)
         self.pool.write(layer, self.plan.rows, k, v)  # this step's keys and values first
-        return self.plan.attend(q, self.pool, layer, hd**-0.5)
+        return self.plan.attend(q, self.pool, layer, hd**-0.5, window, sinks)
 
     def silu_mul(self, gate_up: Any) -> Any:
         gate, up = gate_up[:, : self.config.ffn_dim], gate_up[:, self.config.ffn_dim :]
@@ -174,7 +197,7 @@ def forward(
     """As engine/forward.py's forward, computing in `dtype`: the keys and values written
     into the pool, and the logits [segments wanting them, vocab] of each such segment's
     last token (host float32)."""
-    plan = StepPlan.build(pool, segments)
+    plan = StepPlan.build(pool, segments, config.sliding_window)
     pos = mx.array(np.asarray(positions, dtype=np.int32))
     tables = (rope.cos[pos][:, None, :], rope.sin[pos][:, None, :])
     x = weights.embed.rows(mx.array(np.asarray(tokens, dtype=np.int32)))

@@ -18,7 +18,16 @@ import numpy as np
 
 T = gguf.GGMLQuantizationType
 GROUP = 32  # weights per scale and bias
-BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q4_K: 4, T.Q5_K: 5, T.Q8_0: 8}  # kept
+BITS = {
+    T.Q4_0: 4,
+    T.Q4_1: 4,
+    T.Q5_0: 5,
+    T.Q5_1: 5,
+    T.Q4_K: 4,
+    T.Q5_K: 5,
+    T.Q8_0: 8,
+    T.MXFP4: 5,
+}  # kept: MXFP4's values as codes 0..24, exact (formats.py)
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:

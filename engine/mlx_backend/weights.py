@@ -14,7 +14,7 @@ import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.loader.tensors import LayerTensors, Tensors
-from engine.loader.weights import WEIGHT_MODES, LayerWeights, Weights, qk_orders
+from engine.loader.weights import WEIGHT_MODES, LayerWeights, Weights, layer_window, qk_orders
 from engine.mlx_backend import mx_dtype
 from engine.mlx_backend.experts import MLXExperts, place_experts
 from engine.mlx_backend.quant import BITS, GROUP, MLXQuant, pack
@@ -90,9 +90,9 @@ class _Placer:
         scales, biases = (mx.array(a.astype(self.dtype)) for a in (scale, offset))
         return MLXQuant(mx.array(pack(codes, bits)), scales, biases, bits)
 
-    def experts(self, prefix: str, top_k: int) -> MLXExperts:
+    def experts(self, prefix: str, top_k: int, biases: bool) -> MLXExperts:
         unread = np.zeros(3, dtype=np.int64)  # the NumPy kernels' read counts: none run here
-        moe = self.tensors.experts(prefix, top_k, unread)
+        moe = self.tensors.experts(prefix, top_k, unread, biases)
         return place_experts(moe, self.quantized, self.dtype)
 
     def matrix(self, names: Sequence[str], orders: Sequence[np.ndarray | None]) -> MLXMatrix:
@@ -134,20 +134,23 @@ def load_mlx_weights(
         p = f"blk.{i}."
         qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
-        moe = put.experts(p, config.num_experts_used) if spec.experts else None
+        moe = put.experts(p, config.num_experts_used, spec.expert_biases) if spec.experts else None
         dense = [p + "ffn_gate.weight", p + "ffn_up.weight"]
         layers.append(
             LayerWeights(
                 attn_norm=put.vector(p + "attn_norm.weight"),
                 wqkv=put.matrix(qkv, [q_order, k_order, None]),
                 wo=put.matrix([p + "attn_output.weight"], [None]),
-                ffn_norm=put.vector(p + "ffn_norm.weight"),
+                ffn_norm=put.vector(f"{p}{spec.ffn_norm}.weight"),
                 w_gate_up=put.matrix(dense, [None, None]) if moe is None else None,
                 w_down=put.matrix([p + "ffn_down.weight"], [None]) if moe is None else None,
                 bqkv=put.maybe(bias),
                 q_norm=put.maybe(q_norm),
                 k_norm=put.maybe(k_norm),
                 moe=moe,
+                bo=put.vector(p + "attn_output.bias") if spec.out_bias else None,
+                sinks=put.vector(p + "attn_sinks.weight") if spec.sinks else None,
+                window=layer_window(config, spec, i),
             )
         )
     embed = put.matrix(["token_embd.weight"], [None])

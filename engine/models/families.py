@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from common.errors import UnsupportedModelError
-from engine.models import llama, qwen2, qwen3, qwen3moe
+from engine.models import gpt_oss, llama, qwen2, qwen3, qwen3moe
 from engine.models.family import Family
 
-FAMILIES = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3moe.FAMILY)
+FAMILIES = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3moe.FAMILY, gpt_oss.FAMILY)
 
 
 def family_for(architecture: object) -> Family:

@@ -44,9 +44,11 @@ class LayerOps(Protocol):
         may be changed in place)."""
         ...
 
-    def attend(self, qkv: Array, layer: int) -> Array:
+    def attend(self, qkv: Array, layer: int, window: int = 0, sinks: Array | None = None) -> Array:
         """q and k rotated at the step's positions, this step's k and v written into the
-        pool's `layer`, and every row's causal attention over its sequence: [N, H * D]."""
+        pool's `layer`, and every row's causal attention over its sequence: [N, H * D].
+        With a window, each row attends to its last `window` positions only; with sinks
+        [H], each head's learned logit joins its softmax's denominator (gpt-oss)."""
         ...
 
     def silu_mul(self, gate_up: Array) -> Array:

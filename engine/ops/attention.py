@@ -17,156 +17,20 @@ Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block si
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-from numba import get_num_threads, njit, prange
 
-from engine.kv_files.kv_dtypes import Q8_0, dequantize, widened
-from engine.ops import gpu_ops, native
-from engine.ops.kernels import SMALL_ROWS
-from engine.ops.native import address
+from engine.kv_files.kv_dtypes import Q8_0, dequantize
+from engine.ops import gpu_ops
+from engine.ops.attention_rows import NO_SINKS, rows_kernel
 
 Array = Any
+
+
 # what the C kernels' pools may hold, and their functions
-KERNEL_KV_DTYPES = {
-    np.dtype(np.float32): "wf_paged_rows",
-    np.dtype(np.float16): "wf_paged_rows_f16",
-    Q8_0: "wf_paged_rows_q8",
-}
-
-
-def kernel_reads(kv_dtype: np.dtype[Any]) -> bool:
-    """Whether the rows kernel reads a pool of this dtype in place: float32 always (C or
-    Numba), float16 and q8_0 where the C kernels build (Numba's would widen the layer each
-    call, so the gather path serves)."""
-    return kv_dtype == np.float32 or (kv_dtype in KERNEL_KV_DTYPES and native.library() is not None)
-
-
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _paged_rows(
-    q: np.ndarray,  # [R, H, D]
-    k: np.ndarray,  # [num_blocks, Hkv, B, D] (one layer)
-    v: np.ndarray,
-    tables: np.ndarray,  # [R, max_blocks] int32: the block ids of each row's sequence
-    lengths: np.ndarray,  # [R] int32: how many keys each row sees (its position + 1)
-    scale: float,
-    out: np.ndarray,  # [R, H, D]
-) -> None:  # pragma: no cover
-    num_rows, num_heads, dim = q.shape
-    hkv, bs = k.shape[1], k.shape[2]
-    g = num_heads // hkv
-    for task in prange(num_rows * hkv):
-        r = task // hkv
-        kh = task - r * hkv
-        n = lengths[r]
-        p = np.empty((g, n), dtype=np.float32)
-        for t in range(n):
-            blk = tables[r, t // bs]
-            s = t - (t // bs) * bs
-            for j in range(g):
-                acc = np.float32(0.0)
-                for d in range(dim):
-                    acc += q[r, kh * g + j, d] * k[blk, kh, s, d]
-                p[j, t] = acc * scale
-        acc_v = np.zeros((g, dim), dtype=np.float32)
-        for j in range(g):
-            top = p[j, 0]
-            for t in range(1, n):
-                top = max(top, p[j, t])
-            total = np.float32(0.0)
-            for t in range(n):
-                e = np.exp(p[j, t] - top)
-                p[j, t] = e
-                total += e
-            inv = np.float32(1.0) / total
-            for t in range(n):
-                p[j, t] *= inv
-        for t in range(n):
-            blk = tables[r, t // bs]
-            s = t - (t // bs) * bs
-            for j in range(g):
-                w = p[j, t]
-                for d in range(dim):
-                    acc_v[j, d] += w * v[blk, kh, s, d]
-        for j in range(g):
-            for d in range(dim):
-                out[r, kh * g + j, d] = acc_v[j, d]
-
-
-RowsKernel = Callable[
-    [np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray], None
-]
-
-
-def c_kernel_fits(num_heads: int, num_kv_heads: int, dim: int) -> bool:
-    return dim % 16 == 0 and dim <= 256 and num_heads // num_kv_heads <= 16
-
-
-def kernel_row_limit(num_heads: int, num_kv_heads: int, dim: int) -> int | None:
-    """The longest chunk the compiled kernel takes: every one where the C kernel serves
-    these heads; with the Numba fallback (per-key scalar loops), BLAS is faster beyond
-    SMALL_ROWS."""
-    fits = native.library() is not None and c_kernel_fits(num_heads, num_kv_heads, dim)
-    return None if fits else SMALL_ROWS
-
-
-@functools.cache
-def _paged_rows_kernel() -> RowsKernel:
-    """_paged_rows's signature, in C where the engine's C kernels build: the function of
-    KERNEL_KV_DTYPES for the pool's dtype (the Numba fallback reads a float16 or q8_0 layer
-    widened to float32 first: a copy per call)."""
-    lib = native.library()
-    if lib is None:
-        return _widened
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fns = {}
-    for dtype, name in KERNEL_KV_DTYPES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
-        fn.restype = i64  # 0, or the scratch bytes refused
-        fns[dtype] = fn
-
-    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
-            lengths: np.ndarray, scale: float, out: np.ndarray) -> None:  # fmt: skip
-        num_rows, num_heads, dim = q.shape
-        fn = fns.get(k.dtype)
-        if fn is None or not c_kernel_fits(num_heads, k.shape[1], dim):
-            _widened(q, k, v, tables, lengths, scale, out)
-            return
-        assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
-        assert v.dtype == k.dtype
-        refused = fn(
-            address(q),
-            address(k),
-            address(v),
-            address(tables),
-            tables.shape[1],
-            address(lengths),
-            num_rows,
-            num_heads,
-            k.shape[1],
-            dim,
-            scale,
-            address(out),
-            get_num_threads(),
-        )
-        if refused:
-            raise native.scratch_refused("wf_paged_rows", refused, f"a {num_rows}-row attention")
-
-    return run
-
-
-def _widened(q: Array, k: Array, v: Array, *tables_lengths_scale_out: Any) -> None:
-    """_paged_rows on a layer of any KV dtype (float32: as it is)."""
-    _paged_rows(q, widened(k), widened(v), *tables_lengths_scale_out)
-
-
 @dataclass(frozen=True, slots=True)
 class AttentionPlan:
     """Where a step's rows attend, worked out once for all layers.
@@ -217,19 +81,37 @@ class AttentionPlan:
         )  # fmt: skip
 
 
-def softmax_inplace(scores: Array, xp: ModuleType) -> Array:
-    scores -= scores.max(axis=-1, keepdims=True)
+def softmax_inplace(scores: Array, xp: ModuleType, sinks: Array | None = None) -> Array:
+    """The softmax of each row of scores [..., T]; with sinks (broadcast to [..., 1]), each
+    row's sink joins its maximum and denominator as one more key."""
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = xp.maximum(top, sinks)
+    scores -= top
     xp.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    total = scores.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += xp.exp(sinks - top)
+    scores /= total
     return scores
 
 
 QUERY_BLOCK = 32  # a long chunk's queries attend this many at a time (see attend_dense)
 
 
-def attend_dense(q: Array, keys: Array, values: Array, start: int, xp: ModuleType) -> Array:
+def attend_dense(
+    q: Array,
+    keys: Array,
+    values: Array,
+    start: int,
+    xp: ModuleType,
+    window: int = 0,
+    sinks: Array | None = None,
+) -> Array:
     """Causal attention of one chunk's queries [n, H, D] (at positions start...) over its
-    sequence's keys and values [Hkv, T, D], T = start + n; returns [n, H * D].
+    sequence's keys and values [Hkv, T, D], T = start + n; returns [n, H * D]. With a
+    window, each query sees its last `window` keys only; with sinks [H], each head's joins
+    its softmax's denominator.
 
     The queries go QUERY_BLOCK at a time, each block over the keys up to its last position
     only: about half the work of one [n, T] product for a chunk from an empty cache, and a
@@ -239,17 +121,26 @@ def attend_dense(q: Array, keys: Array, values: Array, start: int, xp: ModuleTyp
     g = num_heads // hkv
     qg = q.reshape(n, hkv, g, d).transpose(1, 0, 2, 3)  # [Hkv, n, G, D]
     out = xp.empty((hkv, n, g, d), dtype=q.dtype)
+    head_sinks = None if sinks is None else sinks.reshape(hkv, 1, g, 1)
     for q0 in range(0, n, QUERY_BLOCK):
         m = min(QUERY_BLOCK, n - q0)
         t = start + q0 + m  # the keys the block's last query sees
         scores = qg[:, q0 : q0 + m].reshape(hkv, m * g, d) @ keys[:, :t].transpose(0, 2, 1)
         scores *= d**-0.5  # [Hkv, m*G, t]
-        if m > 1:
+        if window:  # query i of the block sees keys (t - m + i - window, t - m + i]
+            pos = xp.arange(t - m, t)[:, None]
+            gap = pos - xp.arange(t)[None, :]  # [m, t]
+            bias = xp.where((gap < 0) | (gap >= window), -xp.inf, 0.0).astype(scores.dtype)
+            scores.reshape(hkv, m, g, t)[...] += bias[None, :, None, :]
+        elif m > 1:
             # query i of the block sees keys up to t - m + i: only the last m keys differ
             future = xp.arange(m)[None, :] > xp.arange(m)[:, None]  # [m, m]
             bias = xp.where(future, -xp.inf, 0.0).astype(scores.dtype)
             scores.reshape(hkv, m, g, t)[..., t - m :] += bias[None, :, None, :]
-        probs = softmax_inplace(scores, xp)
+        block_sinks = None
+        if head_sinks is not None:
+            block_sinks = xp.broadcast_to(head_sinks, (hkv, m, g, 1)).reshape(hkv, m * g, 1)
+        probs = softmax_inplace(scores, xp, block_sinks)
         out[:, q0 : q0 + m] = (probs @ values[:, :t]).reshape(hkv, m, g, d)
     return out.transpose(1, 0, 2, 3).reshape(n, num_heads * d)
 
@@ -266,29 +157,39 @@ def gather(pool_layer: Array, blocks: Array, num_keys: int, dtype: Any) -> Array
 
 
 def paged_attention(
-    q: Array, k_layer: Array, v_layer: Array, plan: AttentionPlan, xp: ModuleType
+    q: Array,
+    k_layer: Array,
+    v_layer: Array,
+    plan: AttentionPlan,
+    xp: ModuleType,
+    window: int = 0,
+    sinks: Array | None = None,
 ) -> Array:
     """Every row's attention over its sequence's keys in the pool (this step's keys and
     values written already); q: [N, H, D], k_layer, v_layer: [num_blocks, Hkv, B, D].
-    Returns [N, H * D]."""
+    With a window, each row sees its last `window` keys only; with sinks [H] float32, each
+    head's learned logit joins its softmax's denominator (gpt-oss). Returns [N, H * D]."""
     n_tok, num_heads, d = q.shape
     rows = plan.kernel_rows
     if len(rows) == n_tok > 0 and xp is not np:  # CuPy: every row in one launch
+        if window or sinks is not None:
+            raise NotImplementedError("windows and sinks on CuPy")
         got = gpu_ops.paged_attention(q, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5)
         return got.reshape(n_tok, num_heads * d)
     out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
+    host_sinks = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
+    limits = (window, host_sinks)
     if len(rows) == n_tok > 0 and q.dtype == np.float32:  # decode: no gather, no scatter
         qc = np.ascontiguousarray(q)
-        _paged_rows_kernel()(qc, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, out)
+        rows_kernel()(qc, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, out, *limits)
     elif len(rows):  # the kernel's rows (in float32 where the compute dtype is float16)
         got = np.empty((len(rows), num_heads, d), dtype=np.float32)
         qr = np.ascontiguousarray(q[rows], dtype=np.float32)
-        _paged_rows_kernel()(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got)
+        rows_kernel()(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got, *limits)
         out[rows] = got
     for row, n, start, blocks in plan.chunks:
         b = xp.asarray(blocks)
         keys, values = (gather(a, b, start + n, q.dtype) for a in (k_layer, v_layer))
-        out[row : row + n] = attend_dense(q[row : row + n], keys, values, start, xp).reshape(
-            n, num_heads, d
-        )
+        got = attend_dense(q[row : row + n], keys, values, start, xp, window, sinks)
+        out[row : row + n] = got.reshape(n, num_heads, d)
     return out.reshape(n_tok, num_heads * d)

@@ -5,6 +5,13 @@ row's k outputs added in the row's own ranking order, so a row's bits never depe
 else is in the step. In the C kernels (engine/ops/csrc/experts.c) where they are built; else
 here, each touched expert expanded and multiplied by the Numba kernel (slow: a fallback).
 
+gpt-oss's experts (MoEWeights.gpt_oss) route and activate otherwise: the top k by raw
+logit (the router's bias added) weighted by the softmax of those k, biases after each
+product, and SwiGLU clamped at SWIGLU_LIMIT with SiLU's slope SWIGLU_ALPHA: gate x = min(g,
+limit), up y = clip(u, -limit, limit), x sigmoid(alpha x) (y + 1). Their products go
+through the C grouped kernels where built (one call per matrix, each expert read once for
+its rows), the rest in NumPy.
+
 Shapes: N rows, E experts, k experts a row, P = N * k pairs.
 """
 
@@ -13,7 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from engine.ops.kernels import get_num_threads, matmul_t
-from engine.ops.quant.experts import ExpertMatrix, MoEWeights
+from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
+from engine.ops.quant.experts_native import expert_kernels_read, expert_matmul
+
+SWIGLU_ALPHA, SWIGLU_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's
 
 
 def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -28,6 +38,18 @@ def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     for j in range(1, top_k):  # in rank order, as the C kernel sums them
         total += chosen[:, j]
     return experts.astype(np.int64), (chosen / total[:, None]).astype(np.float32)
+
+
+def route_top_logits(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """gpt-oss's routing: each row's top_k experts by descending logit (ties: the lower
+    index first) and the softmax of those k logits, summed in rank order."""
+    experts = np.argsort(-logits, axis=1, kind="stable")[:, :top_k]
+    chosen = np.take_along_axis(logits, experts, axis=1)
+    e = np.exp(chosen - chosen[:, :1])  # the first is the largest
+    total = e[:, 0].copy()
+    for j in range(1, top_k):
+        total += e[:, j]
+    return experts.astype(np.int64), (e / total[:, None]).astype(np.float32)
 
 
 def buckets(experts: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,15 +71,47 @@ def grouped(w: ExpertMatrix, x: np.ndarray, rows: np.ndarray, starts: np.ndarray
     return out
 
 
-def moe_ffn_numpy(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
-    """The experts' output [N, dim] for x [N, dim] (normed), without the residual."""
-    n, k = x.shape[0], moe.top_k
-    experts, weights = route(matmul_t(x, moe.router), k)
+def grouped_products(
+    w: ExpertMatrix, x: np.ndarray, rows: np.ndarray, starts: np.ndarray
+) -> np.ndarray:
+    """grouped() in the C kernels where they read w's type (integer products, as the whole
+    FFN's), else in NumPy."""
+    if not expert_kernels_read(int(w.qtype), w.k):
+        return grouped(w, x, rows, starts)
+    out = np.empty((len(rows), w.n), dtype=np.float32)
+    expert_matmul(w, np.ascontiguousarray(x), rows, starts, out, get_num_threads())
+    return out
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU of gate and up [P, ffn]."""
+    x = np.minimum(gate, SWIGLU_LIMIT)
+    y = np.clip(up, -SWIGLU_LIMIT, SWIGLU_LIMIT)
+    return x / (np.float32(1) + np.exp(-SWIGLU_ALPHA * x)) * (y + np.float32(1))
+
+
+def moe_ffn_gpt_oss(x: np.ndarray, moe: MoEWeights, extra: GptOssExperts) -> np.ndarray:
+    """gpt-oss's experts' output [N, dim] for x [N, dim] (normed), without the residual."""
+    k = moe.top_k
+    logits = matmul_t(x, moe.router) + extra.router_bias
+    experts, weights = route_top_logits(logits, k)
     order, starts = buckets(experts, moe.router.shape[0])
-    rows = order // k  # the activation row of each pair, in bucket order
-    gate, up = grouped(moe.gate, x, rows, starts), grouped(moe.up, x, rows, starts)
-    hidden = gate / (np.float32(1) + np.exp(-gate)) * up  # [P, expert_ffn]
-    down = grouped(moe.down, hidden, np.arange(len(rows), dtype=np.int64), starts)
+    rows, by_expert = order // k, experts.reshape(-1)[order]  # each pair's row and expert
+    gate = grouped_products(moe.gate, x, rows, starts) + extra.gate_bias[by_expert]
+    up = grouped_products(moe.up, x, rows, starts) + extra.up_bias[by_expert]
+    pairs = np.arange(len(rows), dtype=np.int64)
+    down = grouped_products(moe.down, swiglu_oai(gate, up), pairs, starts)
+    down += extra.down_bias[by_expert]
+    touched = int(np.count_nonzero(np.diff(starts)))
+    read = touched * sum(w.expert_bytes for w in (moe.gate, moe.up, moe.down))
+    moe.stats[:] += (1, touched, read)
+    return weigh(down, order, weights)
+
+
+def weigh(down: np.ndarray, order: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Each row's k outputs (down [P, dim] in bucket order) weighted and added in the row's
+    own ranking order: [N, dim]."""
+    n, k = weights.shape
     by_pair = np.empty_like(down)
     by_pair[order] = down  # [P, dim] back in (row, rank) order
     by_pair = by_pair.reshape(n, k, -1)
@@ -67,10 +121,24 @@ def moe_ffn_numpy(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
     return acc
 
 
+def moe_ffn_numpy(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
+    """The experts' output [N, dim] for x [N, dim] (normed), without the residual."""
+    k = moe.top_k
+    experts, weights = route(matmul_t(x, moe.router), k)
+    order, starts = buckets(experts, moe.router.shape[0])
+    rows = order // k  # the activation row of each pair, in bucket order
+    gate, up = grouped(moe.gate, x, rows, starts), grouped(moe.up, x, rows, starts)
+    hidden = gate / (np.float32(1) + np.exp(-gate)) * up  # [P, expert_ffn]
+    down = grouped(moe.down, hidden, np.arange(len(rows), dtype=np.int64), starts)
+    return weigh(down, order, weights)
+
+
 def moe_ffn(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
     """The experts' output [N, dim] for x [N, dim] (normed), without the residual: in the
     C kernels where they are built, else in NumPy."""
     x = np.ascontiguousarray(x, dtype=np.float32)
+    if moe.gpt_oss is not None:
+        return moe_ffn_gpt_oss(x, moe, moe.gpt_oss)
     if moe.native is not None:
         out: np.ndarray = moe.native.run(x, get_num_threads(), moe.stats)
         return out

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.ops import native
-from engine.ops.attention import KERNEL_KV_DTYPES, c_kernel_fits
+from engine.ops.attention_rows import KERNEL_KV_DTYPES, c_kernel_fits
 from engine.ops.native import address
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows

@@ -29,6 +29,7 @@ class ModelConfig:
     num_experts: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
     num_experts_used: int = 0  # experts each token goes through
     expert_ffn_dim: int = 0  # each expert's FFN width
+    sliding_window: int = 0  # the window of the layers that attend to one (0: none has)
 
     def __post_init__(self) -> None:
         for name in (
@@ -111,6 +112,7 @@ class ModelConfig:
             num_experts=int(get("expert_count", 0)),
             num_experts_used=int(get("expert_used_count", 0)),
             expert_ffn_dim=int(get("expert_feed_forward_length", 0)),
+            sliding_window=int(get("attention.sliding_window", 0)),
         )
 
 

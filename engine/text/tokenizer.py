@@ -34,10 +34,31 @@ _LLAMA3_SPLIT = (
 _LLAMA3_PRE = frozenset({"llama-bpe", "llama3", "llama-v3"})
 # Qwen 2's: Llama 3's with every digit on its own, merges applied to whole words too
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-_SPLITS = {**dict.fromkeys(_LLAMA3_PRE, _LLAMA3_SPLIT), "qwen2": _QWEN2_SPLIT}
+# GPT-4o's (o200k; gpt-oss's vocabulary is pre-split by it, as are Llama 4's): a word is
+# upper-case letters then lower-case ones (or an all-upper run), with one leading
+# non-letter and its contraction; digits in threes; punctuation runs with line ends and /
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_PRE = frozenset({"gpt-4o", "llama4"})
+_SPLITS = {
+    **dict.fromkeys(_LLAMA3_PRE, _LLAMA3_SPLIT),
+    "qwen2": _QWEN2_SPLIT,
+    **dict.fromkeys(_GPT4O_PRE, _GPT4O_SPLIT),
+}
 _SUPPORTED_PRE = _GPT2_STYLE_PRE | set(_SPLITS)
 _TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>")
 _TURN_END_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
+# harmony (gpt-oss): a reply is messages, each header and end marked by control tokens that
+# the reply's text keeps (the gateway reads them: gateway/harmony.py); it ends at <|return|>
+# or at a tool call's <|call|>, while <|end|> only closes a message (as llama.cpp's
+# o200k_harmony workaround has it)
+_HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
+_HARMONY_ENDS = ("<|return|>", "<|call|>")
 
 
 def _byte_to_char() -> dict[int, str]:
@@ -77,7 +98,15 @@ def _turn_ends(meta: dict[str, Any], tokens: list[str]) -> frozenset[int]:
     ends.update(
         meta[f"tokenizer.ggml.{k}"] for k in _TURN_END_KEYS if f"tokenizer.ggml.{k}" in meta
     )
+    if _harmony(tokens):
+        ends |= {i for i, t in enumerate(tokens) if t in _HARMONY_ENDS}
+        ends -= {i for i, t in enumerate(tokens) if t == "<|end|>"}
     return frozenset(ends)
+
+
+def _harmony(tokens: list[str]) -> bool:
+    """Whether a vocabulary is harmony's: its markers and both of its ends."""
+    return all(t in tokens for t in (*_HARMONY_MARKERS, *_HARMONY_ENDS))
 
 
 class Tokenizer:
@@ -117,7 +146,9 @@ class Tokenizer:
         backend.add_tokens([AddedToken(tokens[i], normalized=False) for i in user])
 
         self._backend = backend
-        self._special_ids = frozenset(special)
+        # harmony's markers are control tokens the reply's text keeps
+        kept = set(_HARMONY_MARKERS) if _harmony(tokens) else set()
+        self._special_ids = frozenset(i for i in special if tokens[i] not in kept)
         # The ByteLevel decoder's rule, so these agree with decode(); ASCII special tokens give
         # their own text. One buffer and the offsets into it: 0.3 MB, where a bytes object
         # per token took 3.6 MB in every process that holds a tokenizer.
@@ -147,8 +178,10 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD."""
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+        """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD. skip_special leaves
+        out the control tokens (but harmony's markers, which a reply's text keeps)."""
+        kept = [i for i in ids if not (skip_special and self.is_special(i))]
+        return self._backend.decode(kept, skip_special_tokens=False)
 
     def token_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token (a special token gives its text in UTF-8)."""

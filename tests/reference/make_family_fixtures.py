@@ -1,7 +1,8 @@
 """Make tests/fixtures/tiny_{family}_llamacpp.npz: llama.cpp's logits for the tiny models of
-tests/tiny_families.py (llama3, qwen2, qwen3), the reference for warmfleet's paths for
-those families (tokenizer, RoPE frequency factors, q/k/v biases, per-head q/k norms, a
-head size other than dim / heads, grouped-query attention, tied output).
+tests/tiny_families.py (llama3, qwen2, qwen3, qwen3moe) and tests/tiny_gpt_oss.py
+(gpt-oss), the reference for warmfleet's paths for those families (tokenizer, RoPE
+frequency factors and YaRN, q/k/v biases, per-head q/k norms, a head size other than dim /
+heads, grouped-query attention, tied output, experts, sliding windows and sinks).
 
 llama.cpp runs them through llama-cpp-python (`pip install '.[bench]'`, built with the flags
 in DESIGN.md) with float32 weights and a float32 KV cache, flash attention off, so no
@@ -33,7 +34,9 @@ sys.path.insert(0, str(REPO))
 
 import llama_cpp  # noqa: E402
 
+from tests import tiny_gpt_oss as gpt_oss_model  # noqa: E402
 from tests.tiny_families import FAMILIES, write_tiny  # noqa: E402
+from tests.tiny_gpt_oss import write_tiny_gpt_oss  # noqa: E402
 
 GREEDY_TOKENS = 8
 F32 = 0  # GGML_TYPE_F32
@@ -65,14 +68,36 @@ def run(path: Path, texts: tuple[str, ...], add_bos: bool) -> dict[str, Any]:
     return out
 
 
+def tokenizer_cases(path: Path, texts: tuple[str, ...]) -> dict[str, Any]:
+    """llama.cpp's ids for each of `texts` (no BOS, special tokens parsed)."""
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ids = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in texts]
+    return {f"tok_{n}": np.array(i, dtype=np.int64) for n, i in enumerate(ids)}
+
+
+def gpt_oss() -> dict[str, Any]:
+    """The tiny gpt-oss model's reference: llama.cpp runs the twin whose experts hold the
+    MXFP4 values in F32 (its MXFP4 products would quantize activations); the sha256 kept
+    is the MXFP4 file's, the one the tests load."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_gpt_oss(Path(tmp) / "tiny-gpt-oss.gguf")
+        twin = write_tiny_gpt_oss(Path(tmp) / "tiny-gpt-oss-f32.gguf", experts_f32=True)
+        out = run(twin, gpt_oss_model.TEXTS, add_bos=False)
+        out |= tokenizer_cases(path, gpt_oss_model.TOKENIZER_TEXTS)
+        out["model_sha256"] = np.array(hashlib.sha256(path.read_bytes()).hexdigest())
+    return out
+
+
 def main() -> None:
-    for name in sys.argv[1:] or list(FAMILIES):
-        family = FAMILIES[name]
+    for name in sys.argv[1:] or [*FAMILIES, "gpt-oss"]:
         print(name)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = write_tiny(Path(tmp) / f"tiny-{name}.gguf", name)
-            out = run(path, family.texts, family.add_bos)
-        target = REPO / "tests" / "fixtures" / f"tiny_{name}_llamacpp.npz"
+        if name == "gpt-oss":
+            out = gpt_oss()
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = write_tiny(Path(tmp) / f"tiny-{name}.gguf", name)
+                out = run(path, FAMILIES[name].texts, FAMILIES[name].add_bos)
+        target = REPO / "tests" / "fixtures" / f"tiny_{name.replace('-', '_')}_llamacpp.npz"
         np.savez_compressed(target, **out)
         print(f"{target}: {target.stat().st_size} bytes, model sha256 {out['model_sha256']}")
 

@@ -9,14 +9,8 @@ import numpy as np
 import pytest
 
 from engine.ops import native
-from engine.ops.attention import (
-    AttentionPlan,
-    RowsKernel,
-    _paged_rows,
-    _paged_rows_kernel,
-    kernel_row_limit,
-    paged_attention,
-)
+from engine.ops.attention import AttentionPlan, paged_attention
+from engine.ops.attention_rows import RowsKernel, kernel_row_limit, paged_rows, rows_kernel
 from engine.ops.kernels import SMALL_ROWS
 
 H, HKV, D, BLOCK = 9, 3, 64, 16
@@ -53,8 +47,8 @@ def test_kernels_match_a_dense_softmax_and_each_row_is_alone(
     width = max((n + BLOCK - 1) // BLOCK for n in lengths)
     tables = np.stack([rng.permutation(NUM_BLOCKS)[:width] for _ in lengths]).astype(np.int32)
     lens = np.asarray(lengths, dtype=np.int32)
-    kernels: list[RowsKernel] = [_paged_rows_kernel(), _paged_rows]
-    assert native.library() is None or kernels[0] is not _paged_rows  # C where it builds
+    kernels: list[RowsKernel] = [rows_kernel(), paged_rows]
+    assert native.library() is None or kernels[0] is not paged_rows  # C where it builds
     for kernel in kernels:
         out = np.empty((rows, H, D), dtype=np.float32)
         kernel(q, k, v, tables, lens, D**-0.5, out)
@@ -118,7 +112,7 @@ def test_a_chunks_rows_together_equal_each_row_alone(
     table = np.stack(tables).astype(np.int32)
     lens = np.asarray(lengths, dtype=np.int32)
     q = rng.standard_normal((len(lengths), H, D)).astype(np.float32)
-    kernel = _paged_rows_kernel()
+    kernel = rows_kernel()
     out = np.empty_like(q)
     kernel(q, k, v, table, lens, D**-0.5, out)
     for r in range(len(lengths)):
@@ -144,7 +138,7 @@ def test_each_task_shape_gives_a_row_its_bits_alone(heads: tuple[int, int, int])
     lengths = [300, *range(501, 507), 507]
     table, lens = np.stack(tables).astype(np.int32), np.asarray(lengths, dtype=np.int32)
     q = rng.standard_normal((len(lengths), num_heads, d)).astype(np.float32)
-    kernel = _paged_rows_kernel()
+    kernel = rows_kernel()
     alone = np.empty_like(q)
     for r in range(len(lengths)):
         kernel(q[r : r + 1], k, v, table[r : r + 1], lens[r : r + 1], d**-0.5, alone[r : r + 1])

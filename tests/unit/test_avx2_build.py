@@ -16,7 +16,7 @@ import pytest
 
 from engine.kv_files.kv_dtypes import Q8_0, kv_name, quantize
 from engine.ops import native
-from engine.ops.attention import KERNEL_KV_DTYPES, _paged_rows_kernel
+from engine.ops.attention_rows import KERNEL_KV_DTYPES, NO_SINKS, rows_kernel
 from engine.ops.quant.native import NativeKernels
 from tests.native.driver import built_driver
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
@@ -81,24 +81,29 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
     rng = np.random.default_rng(h * d + hkv)
     values = (rng.standard_normal((72, hkv, 16, d)).astype(np.float32) for _ in range(2))
     k, v = (quantize(a) if kv_dtype == Q8_0 else a.astype(kv_dtype) for a in values)
-    avx512 = _paged_rows_kernel()
+    avx512 = rows_kernel()
     fn = getattr(haswell, KERNEL_KV_DTYPES[kv_dtype])
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
+    fn.argtypes += [i64, p]  # a sliding window (0: none), sinks (None: none)
     fn.restype = ctypes.c_int64  # 0, or the scratch bytes it could not allocate
     order = rng.permutation(72).astype(np.int32)
+    sinks = rng.standard_normal(h).astype(np.float32)
     # single rows of different lengths (a task per KV head; a long one spread over the
     # threads where its KV heads are fewer than twice them; whole rows with 4+ rows), and
-    # a decode row beside a 9-row chunk (runs of a chunk's rows)
+    # a decode row beside a 9-row chunk (runs of a chunk's rows); the last two again with
+    # gpt-oss's sliding window and sinks
     cases = [[300], [1100], [1, 17, 250, 33], [500, *range(200, 209)]]
-    for lengths in cases:
+    for lengths, window in [(c, 0) for c in cases] + [(c, 100) for c in cases[2:]]:
         tables = np.stack([order[:70]] * len(lengths))
         lens = np.array(lengths, np.int32)
         q = rng.standard_normal((len(lengths), h, d)).astype(np.float32)
         want, got = np.empty_like(q), np.full_like(q, np.nan)
-        avx512(q, k, v, tables, lens, d**-0.5, want)
+        limits = (window, sinks) if window else (0, NO_SINKS)
+        avx512(q, k, v, tables, lens, d**-0.5, want, *limits)
         pointers = [a.ctypes.data for a in (q, k, v, tables)]
+        at_sinks = sinks.ctypes.data if window else None
         rc = fn(*pointers, 70, lens.ctypes.data, len(lengths), h, hkv, d, d**-0.5,
-                got.ctypes.data, 2)  # fmt: skip
+                got.ctypes.data, 2, window, at_sinks)  # fmt: skip
         assert rc == 0
         assert np.array_equal(got, want), f"{heads} {lengths}"

@@ -43,7 +43,7 @@ KERNELS = LIMIT + textwrap.dedent(
     """
     import gguf
     import numpy as np
-    from engine.ops.attention import _paged_rows_kernel
+    from engine.ops.attention_rows import rows_kernel
     from engine.ops.quant import native
     from engine.ops.quant.formats import KIND_Q8, decode
     from engine.ops.quant.matrix import QuantMatrix
@@ -52,7 +52,7 @@ KERNELS = LIMIT + textwrap.dedent(
     rng = np.random.default_rng(0)
     k, v = (rng.standard_normal((1, HKV, BLOCK, D)).astype(np.float32) for _ in range(2))
     q = rng.standard_normal((1, H, D)).astype(np.float32)
-    attend, kernels = _paged_rows_kernel(), native.load()
+    attend, kernels = rows_kernel(), native.load()
     out = np.empty_like(q)
     attend(q, k, v, np.zeros((1, 4), np.int32), np.array([64], np.int32), D**-0.5, out)
     # 4M keys, every block of the table the same one: each thread's scores take 100s of MB

@@ -18,7 +18,7 @@ from engine.kv.kv_pool import detach
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model, kv_dtype_for
 from engine.ops import native
-from engine.ops.attention import _paged_rows_kernel
+from engine.ops.attention_rows import rows_kernel
 from tests.batch_invariance import check_random_prompts
 from tests.native_checks import assert_one_call_equals_per_op
 from tests.paged import new_kv, pool_of, run_segments
@@ -46,7 +46,7 @@ def test_the_float16_kernel_gives_the_float32_kernels_bits_on_widened_values(
     tables = np.stack([rng.permutation(NUM_BLOCKS)[:100] for _ in lengths]).astype(np.int32)
     q = rng.standard_normal((len(lengths), H, D)).astype(np.float32)
     n = np.asarray(lengths, dtype=np.int32)
-    kernel = _paged_rows_kernel()
+    kernel = rows_kernel()
     outs = []
     for k, v in ((k16, v16), (k16.astype(np.float32), v16.astype(np.float32))):
         out = np.full((len(lengths), H, D), np.nan, np.float32)
@@ -64,7 +64,7 @@ def test_chunk_rows_on_a_float16_pool_equal_the_float32_kernel() -> None:
     lengths = np.arange(300, 320, dtype=np.int32)  # a chunk: one table, consecutive positions
     tables = np.tile(table, (len(lengths), 1))
     q = rng.standard_normal((len(lengths), H, D)).astype(np.float32)
-    kernel, outs = _paged_rows_kernel(), []
+    kernel, outs = rows_kernel(), []
     for k, v in ((k16, v16), (k16.astype(np.float32), v16.astype(np.float32))):
         out = np.empty((len(lengths), H, D), np.float32)
         kernel(q, k, v, tables, lengths, D**-0.5, out)

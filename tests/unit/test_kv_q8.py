@@ -19,7 +19,7 @@ from engine.kv_files.kv_dtypes import Q8_0, dequantize, kv_name, quantize
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model, kv_dtype_for
 from engine.ops import native
-from engine.ops.attention import _paged_rows_kernel
+from engine.ops.attention_rows import rows_kernel
 from tests.batch_invariance import check_random_prompts
 from tests.native_checks import assert_one_call_equals_per_op
 from tests.paged import new_kv, run_segments
@@ -68,7 +68,7 @@ def test_the_q8_kernel_gives_the_float32_kernels_bits_on_dequantized_values(
     outs = []
     for k, v in ((kq, vq), (dequantize(kq), dequantize(vq))):
         out = np.full((len(lengths), h, d), np.nan, np.float32)
-        _paged_rows_kernel()(q, k, v, tables, n, d**-0.5, out)
+        rows_kernel()(q, k, v, tables, n, d**-0.5, out)
         outs.append(out)
     assert not np.isnan(outs[0]).any()
     assert np.array_equal(outs[0], outs[1])

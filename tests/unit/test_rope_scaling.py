@@ -1,6 +1,6 @@
 """RoPE frequency adjustments a GGUF file asks for (engine/loader/rope.py): Llama 3.1's
-per-frequency factors and linear position scaling, on the CPU and MLX paths; other scalings
-refused."""
+per-frequency factors, linear position scaling and YaRN, on the CPU and MLX paths; other
+scalings refused."""
 
 from __future__ import annotations
 
@@ -66,10 +66,41 @@ def test_linear_scaling_divides_positions(tmp_path: Path) -> None:
     np.testing.assert_allclose(model.rope.cos[8::4][:10], plain.rope.cos[2:12], atol=1e-6)
 
 
+def test_yarn_blends_extrapolated_and_interpolated_frequencies(tmp_path: Path) -> None:
+    """gpt-oss's YaRN (factor 32 over 4,096 positions; here over 64 so that the tiny head's
+    8 frequencies span the blend): llama.cpp's correction range, the fast frequencies kept,
+    the slow ones divided by the factor, a linear blend between, and cos and sin scaled by
+    1 + 0.1 ln factor."""
+    extras: dict[str, str | float | np.ndarray] = {
+        "llama.rope.scaling.type": "yarn",
+        "llama.rope.scaling.factor": 32.0,
+        "llama.rope.scaling.original_context_length": 64.0,
+    }
+    model = Model.load(write_tiny_llama(tmp_path / "y.gguf", extras=extras), device="cpu")
+    # corr dims: 16 ln(64 / (2 pi beta)) / (2 ln 10000) for beta 32 and 1: 0 (floored), 2.02
+    # (ceiled to 3): ramp 1, 2/3, 1/3, then 0
+    mix = np.array([1, 2 / 3, 1 / 3, 0, 0, 0, 0, 0], dtype=np.float64)
+    divisors = 1 / (mix + (1 - mix) / 32)
+    magnitude = 1 + 0.1 * np.log(32)
+    want = angles(np.arange(model.config.context_length, dtype=np.float64), divisors)
+    np.testing.assert_allclose(model.rope.cos, magnitude * np.cos(want), atol=2e-6)
+    np.testing.assert_allclose(model.rope.sin, magnitude * np.sin(want), atol=2e-6)
+    mlx = Model.load(write_tiny_llama(tmp_path / "y.gguf", extras=extras), device="mlx")
+    np.testing.assert_array_equal(np.array(mlx.rope.sin), model.rope.sin)
+
+
 @pytest.mark.parametrize(
     ("extras", "message"),
     [
-        ({"llama.rope.scaling.type": "yarn"}, r"rope.scaling.type='yarn' is not supported"),
+        ({"llama.rope.scaling.type": "longrope"}, r"type='longrope' is not supported"),
+        (
+            {
+                "llama.rope.scaling.type": "yarn",
+                "llama.rope.scaling.factor": 4.0,
+                "llama.rope.scaling.yarn_log_multiplier": 0.1,
+            },
+            r"yarn_log_multiplier is not supported",
+        ),
         ({"rope_freqs.weight": np.ones(5, dtype=np.float32)}, r"must hold 8 positive factors"),
         ({"rope_freqs.weight": np.zeros(8, dtype=np.float32)}, r"must hold 8 positive factors"),
     ],

@@ -15,6 +15,10 @@
    is computed by the same instructions whatever other rows the call holds. Built for AVX2
    the scores and the weighing go by 8-lane halves (head_scores, weigh_head): the same bits.
 
+   A row may see only its last `window` keys (the blocks before them are not read: a
+   sliding window's layer may have freed them), and a learned sink logit per query head may
+   join each softmax's denominator (gpt-oss's attention).
+
    Shapes: q [R, H, D]; k, v [num_blocks, Hkv, 16, D] (one layer, float32; float16 in the
    _f16 functions of attention_f16.c, this file built again; q8_0 blocks [.., D / 32] in
    the _q8 ones of attention_q8.c); tables [R, max_blocks]; out [R, H, D]. D a multiple of
@@ -111,11 +115,18 @@ INLINE void load_queries(const float *q, int64_t row, int64_t num_heads, int64_t
             qv[j][c] = load16(q + (row * num_heads + j) * 16 * nv + 16 * c) * splat(scale);
 }
 
-/* Head j's scores of block b: keys past n masked, the running maximum in top[j], stored. */
-INLINE void keep_scores(v16f sc, int64_t j, int64_t b, int64_t nb, int64_t n, v16f *top,
-                        float *p, int64_t padded) {
+/* The first key a row of n keys sees: n - window with a sliding window (window > 0)
+   longer than it, else 0; its block is the first the row reads. */
+INLINE int64_t first_key(int64_t n, int64_t window) { return window && n > window ? n - window : 0; }
+
+/* Head j's scores of block b: keys past n and before lo masked, the running maximum in
+   top[j], stored. */
+INLINE void keep_scores(v16f sc, int64_t j, int64_t b, int64_t nb, int64_t n, int64_t lo,
+                        v16f *top, float *p, int64_t padded) {
     if (b == nb - 1) /* keys past the row's length */
         sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
+    if (b * BLOCK < lo) /* keys the window has left behind */
+        sc = select16(IOTA16 + (int32_t)(b * BLOCK) < (int32_t)lo, splat(-INFINITY), sc);
     top[j] = select16(sc > top[j], sc, top[j]);
     store16(p + j * padded + b * BLOCK, sc);
 }
@@ -173,11 +184,12 @@ static __attribute__((noinline)) void head_scores(const float *qj, const kv_t *k
 }
 
 INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
-                        int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
+                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
+                        int64_t padded) {
     for (int64_t j = 0; j < g; j++) {
         float sc[16];
         head_scores((const float *)qv[j], kb, nv, sc);
-        keep_scores(load16(sc), j, b, nb, n, top, p, padded);
+        keep_scores(load16(sc), j, b, nb, n, lo, top, p, padded);
     }
 }
 
@@ -225,7 +237,8 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
    far as it can alone): 25% less time than head by head. The two forms do the same
    operations per score, and a model (its G) always takes the same one. */
 INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
-                        int64_t n, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
+                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
+                        int64_t padded) {
     int64_t row = ROW(16 * nv);
     v16f quarters[MAX_G][4]; /* [head][keys 4 q4 .. 4 q4 + 3] */
     if (g > 4) { /* too many accumulators for the G heads at once: one head at a time, on
@@ -261,24 +274,30 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
         }
     }
     for (int64_t j = 0; j < g; j++)
-        keep_scores(reduce_quarters(quarters[j]), j, b, nb, n, top, p, padded);
+        keep_scores(reduce_quarters(quarters[j]), j, b, nb, n, lo, top, p, padded);
 }
 
 #endif
 
-/* Each of the G rows of scores in p becomes its softmax. */
-INLINE void softmax_rows(float *p, int64_t padded, int64_t nb, int64_t g, const v16f *top) {
+/* Each of the G rows of scores in p (blocks b0 .. nb - 1) becomes its softmax; with sinks
+   (the G heads' learned logits, gpt-oss's), each head's sink joins the maximum and the
+   denominator as one more key whose value is zero. */
+INLINE void softmax_rows(float *p, int64_t padded, int64_t b0, int64_t nb, int64_t g,
+                         const v16f *top, const float *sinks) {
     for (int64_t j = 0; j < g; j++) {
         float m = top[j][0];
         for (int i = 1; i < 16; i++) m = top[j][i] > m ? top[j][i] : m;
+        if (sinks && sinks[j] > m) m = sinks[j];
         v16f total = {};
-        for (int64_t b = 0; b < nb; b++) {
+        for (int64_t b = b0; b < nb; b++) {
             v16f e = exp16(load16(p + j * padded + b * BLOCK) - splat(m));
             total += e;
             store16(p + j * padded + b * BLOCK, e);
         }
-        float inv = 1.0f / hsum(total);
-        for (int64_t b = 0; b < nb; b++)
+        float sum = hsum(total);
+        if (sinks) sum += exp16(splat(sinks[j] - m))[0];
+        float inv = 1.0f / sum;
+        for (int64_t b = b0; b < nb; b++)
             store16(p + j * padded + b * BLOCK, load16(p + j * padded + b * BLOCK) * splat(inv));
     }
 }
@@ -314,21 +333,22 @@ INLINE void prefetch_block(const kv_t *base, const int32_t *table, int64_t b, in
 INLINE void row_task(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                      int64_t max_blocks, int64_t n, int64_t row, int64_t kh, int64_t num_heads,
                      int64_t hkv, int64_t g, int64_t nv, float scale, float *p, int64_t padded,
-                     float *out) {
+                     float *out, int64_t window, const float *sinks) {
     int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * ROW(dim);
+    int64_t lo = first_key(n, window), b0 = lo / BLOCK;
     const int32_t *table = tables + row * max_blocks;
     const kv_t *kh_k = k + kh * BLOCK * ROW(dim), *kh_v = v + kh * BLOCK * ROW(dim);
     v16f qv[MAX_G][MAX_D / 16], top[MAX_G], acc_v[MAX_G][MAX_D / 16];
     load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
     for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
-    for (int64_t b = 0; b < nb; b++) { /* scores, 16 keys at a time */
+    for (int64_t b = b0; b < nb; b++) { /* scores, 16 keys at a time */
         prefetch_block(kh_k, table, b, nb, stride, BLOCK * ROW(dim) * KV_BYTES);
-        score_block(qv, kh_k + table[b] * stride, b, nb, n, g, nv, top, p, padded);
+        score_block(qv, kh_k + table[b] * stride, b, nb, n, lo, g, nv, top, p, padded);
     }
-    softmax_rows(p, padded, nb, g, top);
+    softmax_rows(p, padded, b0, nb, g, top, sinks ? sinks + kh * g : NULL);
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++) acc_v[j][c] = (v16f){};
-    for (int64_t b = 0; b < nb; b++) { /* the values, weighted */
+    for (int64_t b = b0; b < nb; b++) { /* the values, weighted */
         prefetch_block(kh_v, table, b, nb, stride, BLOCK * ROW(dim) * KV_BYTES);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
         weigh_block(acc_v, kh_v + table[b] * stride, 0, keys, p, padded, b, g, nv);
@@ -345,24 +365,27 @@ INLINE void row_task(const float *q, const kv_t *k, const kv_t *v, const int32_t
 INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
                           const int32_t *tables, int64_t max_blocks, int64_t n, int64_t row,
                           int64_t num_heads, int64_t hkv, int64_t g, int64_t nv, float scale,
-                          float *p, int64_t padded, float *out, v16f *acc) {
+                          float *p, int64_t padded, float *out, v16f *acc, int64_t window,
+                          const float *sinks) {
     int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * ROW(dim);
+    int64_t lo = first_key(n, window), b0 = lo / BLOCK;
     const int32_t *table = tables + row * max_blocks;
     v16f top[MAX_KV][MAX_G];
     for (int64_t kh = 0; kh < hkv; kh++)
         for (int64_t j = 0; j < g; j++) top[kh][j] = splat(-INFINITY);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < nb; b++) {
         prefetch_block(k, table, b, nb, stride, stride * KV_BYTES);
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
-            score_block(qv, k + table[b] * stride + kh * BLOCK * ROW(dim), b, nb, n, g, nv,
+            score_block(qv, k + table[b] * stride + kh * BLOCK * ROW(dim), b, nb, n, lo, g, nv,
                         top[kh], p + kh * g * padded, padded);
         }
     }
-    for (int64_t kh = 0; kh < hkv; kh++) softmax_rows(p + kh * g * padded, padded, nb, g, top[kh]);
+    for (int64_t kh = 0; kh < hkv; kh++)
+        softmax_rows(p + kh * g * padded, padded, b0, nb, g, top[kh], sinks ? sinks + kh * g : NULL);
     for (int64_t i = 0; i < num_heads * nv; i++) acc[i] = (v16f){};
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < nb; b++) {
         prefetch_block(v, table, b, nb, stride, stride * KV_BYTES);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
         for (int64_t kh = 0; kh < hkv; kh++) {
@@ -424,38 +447,43 @@ INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, i
 INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                        int64_t max_blocks, const int32_t *lengths, int64_t row0, int64_t rows,
                        int64_t kh, int64_t num_heads, int64_t hkv, int64_t g, int64_t nv,
-                       float scale, float *p, int64_t padded, float *out, v16f *acc) {
-    int64_t dim = 16 * nv, stride = hkv * BLOCK * ROW(dim), nbs[GROUP];
+                       float scale, float *p, int64_t padded, float *out, v16f *acc,
+                       int64_t window, const float *sinks) {
+    int64_t dim = 16 * nv, stride = hkv * BLOCK * ROW(dim), nbs[GROUP], los[GROUP], b0s[GROUP];
     int64_t nb_last = (lengths[row0 + rows - 1] + BLOCK - 1) / BLOCK;
     const int32_t *table = tables + row0 * max_blocks;
     const kv_t *kh_k = k + kh * BLOCK * ROW(dim), *kh_v = v + kh * BLOCK * ROW(dim);
     v16f top[GROUP][MAX_G];
     for (int64_t r = 0; r < rows; r++) {
         nbs[r] = (lengths[row0 + r] + BLOCK - 1) / BLOCK;
+        los[r] = first_key(lengths[row0 + r], window);
+        b0s[r] = los[r] / BLOCK; /* rising with r, as the lengths do */
         for (int64_t j = 0; j < g; j++) top[r][j] = splat(-INFINITY);
     }
-    for (int64_t b = 0; b < nb_last; b++) {
+    for (int64_t b = b0s[0]; b < nb_last; b++) {
         prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * ROW(dim) * KV_BYTES);
         for (int64_t r = 0; r < rows; r++) {
-            if (b >= nbs[r]) continue;
+            if (b >= nbs[r] || b < b0s[r]) continue;
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row0 + r, num_heads, g, nv, scale, qv);
-            score_block(qv, kh_k + table[b] * stride, b, nbs[r], lengths[row0 + r], g, nv,
-                        top[r], p + r * g * padded, padded);
+            score_block(qv, kh_k + table[b] * stride, b, nbs[r], lengths[row0 + r], los[r], g,
+                        nv, top[r], p + r * g * padded, padded);
         }
     }
-    for (int64_t r = 0; r < rows; r++) softmax_rows(p + r * g * padded, padded, nbs[r], g, top[r]);
+    for (int64_t r = 0; r < rows; r++)
+        softmax_rows(p + r * g * padded, padded, b0s[r], nbs[r], g, top[r],
+                     sinks ? sinks + kh * g : NULL);
     for (int64_t i = 0; i < rows * g * nv; i++) acc[i] = (v16f){};
-    for (int64_t b = 0; b < nb_last; b++) {
+    for (int64_t b = b0s[0]; b < nb_last; b++) {
         prefetch_block(kh_v, table, b, nb_last, stride, BLOCK * ROW(dim) * KV_BYTES);
         const kv_t *vb = kh_v + table[b] * stride;
         int64_t common = 0; /* keys every row of the run sees in this block (row 0's) */
-        if (rows == GROUP && GROUP * g <= ROW_ACCS && b < nbs[0]) {
+        if (rows == GROUP && GROUP * g <= ROW_ACCS && b < nbs[0] && b >= b0s[rows - 1]) {
             common = lengths[row0] - b * BLOCK < BLOCK ? lengths[row0] - b * BLOCK : BLOCK;
             weigh_run(acc, vb, common, p, padded, b, g, nv);
         }
         for (int64_t r = 0; r < rows; r++) {
-            if (b >= nbs[r]) continue;
+            if (b >= nbs[r] || b < b0s[r]) continue;
             int64_t n = lengths[row0 + r], keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
             if (keys <= common) continue;
             v16f acc_v[MAX_G][MAX_D / 16], *held = acc + r * g * nv;
@@ -490,18 +518,19 @@ INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32
 INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_t *table,
                       int64_t n, int64_t row, int64_t num_heads, int64_t hkv, int64_t g,
                       int64_t nv, float scale, float *p, int64_t padded, v16f *tops, v16f *acc,
-                      float *out, int t, int num_threads) {
+                      float *out, int t, int num_threads, int64_t window, const float *sinks) {
     int64_t dim = 16 * nv, row_len = ROW(dim), nb = (n + BLOCK - 1) / BLOCK;
-    int64_t stride = hkv * BLOCK * row_len;
+    int64_t stride = hkv * BLOCK * row_len, lo = first_key(n, window), first = lo / BLOCK;
     v16f *top = tops + t * num_heads;
     for (int64_t h = 0; h < num_heads; h++) top[h] = splat(-INFINITY);
-    int64_t b0 = nb * t / num_threads, b1 = nb * (t + 1) / num_threads;
+    int64_t b0 = first + (nb - first) * t / num_threads;
+    int64_t b1 = first + (nb - first) * (t + 1) / num_threads;
     for (int64_t b = b0; b < b1; b++) {
         prefetch_block(k, table, b, b1, stride, stride * KV_BYTES);
         for (int64_t kh = 0; kh < hkv; kh++) {
             v16f qv[MAX_G][MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
-            score_block(qv, k + table[b] * stride + kh * BLOCK * row_len, b, nb, n, g, nv,
+            score_block(qv, k + table[b] * stride + kh * BLOCK * row_len, b, nb, n, lo, g, nv,
                         top + kh * g, p + kh * g * padded, padded);
         }
     }
@@ -515,13 +544,13 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
                 most[j] = select16(other > most[j], other, most[j]);
             }
         }
-        softmax_rows(p + kh * g * padded, padded, nb, g, most);
+        softmax_rows(p + kh * g * padded, padded, first, nb, g, most, sinks ? sinks + kh * g : NULL);
     }
 #pragma omp barrier
     int64_t units = hkv * nv, u0 = units * t / num_threads, u1 = units * (t + 1) / num_threads;
     for (int64_t u = u0; u < u1; u++)
         for (int64_t j = 0; j < g; j++) acc[((u / nv) * g + j) * nv + u % nv] = (v16f){};
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = first; b < nb; b++) {
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
         const kv_t *vb = v + table[b] * stride;
         if (b + 1 < nb) /* the next block's lines of this thread's units */
@@ -574,13 +603,14 @@ static int64_t find_runs(const int32_t *tables, int64_t max_blocks, const int32_
     if (g == G && nv == NV) {                                                                \
         if (grouped)                                                                         \
             group_task(q, k, v, tables, max_blocks, lengths, row, starts[run + 1] - row, kh, \
-                       num_heads, num_kv_heads, G, NV, scale, p, padded, out, acc);          \
+                       num_heads, num_kv_heads, G, NV, scale, p, padded, out, acc, window,   \
+                       sinks);                                                               \
         else if (whole_rows)                                                                 \
             row_all_heads(q, k, v, tables, max_blocks, n, row, num_heads, num_kv_heads, G,  \
-                          NV, scale, p, padded, out, acc);                                   \
+                          NV, scale, p, padded, out, acc, window, sinks);                    \
         else                                                                                 \
             row_task(q, k, v, tables, max_blocks, n, row, kh, num_heads, num_kv_heads, G,   \
-                     NV, scale, p, padded, out);                                             \
+                     NV, scale, p, padded, out, window, sinks);                              \
         continue;                                                                            \
     }
 
@@ -609,11 +639,14 @@ int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t 
                               int64_t num_kv_heads, int64_t dim, int num_threads);
 #endif
 
-/* scratch: wf_paged_rows_scratch(...) floats, 64-byte aligned. */
-void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
+/* scratch: wf_paged_rows_scratch(...) floats, 64-byte aligned. window: each row sees its
+   last `window` keys only (0: all of them); sinks: NULL, or a learned logit per query head
+   that joins each softmax's denominator (gpt-oss). */
+static void KV_NAME(paged_rows)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                         int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                        float *out, int num_threads, float *scratch) {
+                        float *out, int num_threads, float *scratch, int64_t window,
+                        const float *sinks) {
     int64_t g = num_heads / num_kv_heads, nv = dim / 16;
     int64_t padded = padded_length(lengths, num_rows);
     int64_t room = thread_floats(num_heads, g, nv, padded);
@@ -623,8 +656,11 @@ void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, c
     int whole_rows = !grouped && num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
     int64_t tasks = grouped ? runs * num_kv_heads : whole_rows ? num_rows : num_rows * num_kv_heads;
     int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
-    int64_t shortest = lengths[0];
-    for (int64_t r = 1; r < num_rows; r++) shortest = lengths[r] < shortest ? lengths[r] : shortest;
+    int64_t shortest = lengths[0] - first_key(lengths[0], window); /* keys a row reads */
+    for (int64_t r = 1; r < num_rows; r++) {
+        int64_t keys = lengths[r] - first_key(lengths[r], window);
+        shortest = keys < shortest ? keys : shortest;
+    }
     if (!grouped && !whole_rows && num_threads >= 2 && shortest >= SPLIT_MIN_KEYS &&
         num_rows * num_kv_heads < 2 * num_threads) {
         /* p, then acc, in thread 0's room; the threads' maxima from thread 1's on */
@@ -637,7 +673,8 @@ void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, c
 #define SPLIT(G, NV)                                                                         \
     if (g == G && nv == NV) {                                                                \
         row_split(q, k, v, tables + row * max_blocks, lengths[row], row, num_heads,          \
-                  num_kv_heads, G, NV, scale, scratch, padded, tops, acc, out, t, threads);  \
+                  num_kv_heads, G, NV, scale, scratch, padded, tops, acc, out, t, threads,   \
+                  window, sinks);                                                            \
         continue;                                                                            \
     }
                 SPLIT(3, 4) SPLIT(1, 8) SPLIT(2, 8) SPLIT(4, 4) SPLIT(7, 8) SPLIT(g, nv)
@@ -661,19 +698,39 @@ void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, c
     }
 }
 
-/* wf_paged_rows_with with scratch of its own: 0, or the bytes it could not allocate
-   (nothing done). */
-int64_t KV_NAME(wf_paged_rows)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
-                      int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                      int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                      float *out, int num_threads) {
+/* Causal attention over every key (the all-layers call's, layers.c) */
+void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
+                        int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                        float *out, int num_threads, float *scratch) {
+    KV_NAME(paged_rows)(q, k, v, tables, max_blocks, lengths, num_rows, num_heads, num_kv_heads,
+                        dim, scale, out, num_threads, scratch, 0, NULL);
+}
+
+/* paged_rows with scratch of its own: 0, or the bytes it could not allocate (nothing
+   done). */
+int64_t KV_NAME(wf_paged_rows_windowed)(const float *q, const kv_t *k, const kv_t *v,
+                      const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
+                      int64_t num_rows, int64_t num_heads, int64_t num_kv_heads, int64_t dim,
+                      float scale, float *out, int num_threads, int64_t window,
+                      const float *sinks) {
     int64_t floats =
         wf_paged_rows_scratch(lengths, num_rows, num_heads, num_kv_heads, dim, num_threads);
     int64_t bytes = sizeof(float) * ((floats + 15) / 16 * 16);
     float *scratch = aligned_alloc(64, bytes);
     if (!scratch) return bytes;
-    KV_NAME(wf_paged_rows_with)(q, k, v, tables, max_blocks, lengths, num_rows, num_heads,
-                                num_kv_heads, dim, scale, out, num_threads, scratch);
+    KV_NAME(paged_rows)(q, k, v, tables, max_blocks, lengths, num_rows, num_heads, num_kv_heads,
+                        dim, scale, out, num_threads, scratch, window, sinks);
     free(scratch);
     return 0;
+}
+
+/* Causal attention over every key, scratch of its own */
+int64_t KV_NAME(wf_paged_rows)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
+                      int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                      int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                      float *out, int num_threads) {
+    return KV_NAME(wf_paged_rows_windowed)(q, k, v, tables, max_blocks, lengths, num_rows,
+                                           num_heads, num_kv_heads, dim, scale, out,
+                                           num_threads, 0, NULL);
 }

@@ -233,7 +233,7 @@ static void run_task(int t, const uint8_t *w, int64_t rb, int nr, int64_t k, con
     case T: task(T, w, rb, nr, k, x, x_stride, rows, p0, p1, out, out_stride, buf, acc); break;
     switch (t) {
         CASE(T_F32) CASE(T_F16) CASE(T_BF16) CASE(T_Q4_0) CASE(T_Q4_1) CASE(T_Q5_0)
-        CASE(T_Q5_1) CASE(T_Q8_0) CASE(T_Q4_K) CASE(T_Q5_K) CASE(T_Q6_K)
+        CASE(T_Q5_1) CASE(T_Q8_0) CASE(T_Q4_K) CASE(T_Q5_K) CASE(T_Q6_K) CASE(T_MXFP4)
     default: break;
     }
 #undef CASE

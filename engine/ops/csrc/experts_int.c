@@ -196,7 +196,7 @@ void wf_int_task(int qtype, const uint8_t *w, int64_t rb, int nr, int64_t k,
     case T: int_task(T, w, rb, nr, k, acts, rows, p0, p1, out, out_stride, scratch, ahead); break;
     switch (qtype) {
         CASE(T_Q4_0) CASE(T_Q4_1) CASE(T_Q5_0) CASE(T_Q5_1) CASE(T_Q8_0) CASE(T_Q4_K)
-        CASE(T_Q5_K) CASE(T_Q6_K)
+        CASE(T_Q5_K) CASE(T_Q6_K) CASE(T_MXFP4)
     default: break;
     }
 #undef CASE

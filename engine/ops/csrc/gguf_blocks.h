@@ -16,7 +16,7 @@
 
 /* GGML type ids */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30, T_MXFP4 = 39 };
 
 /* weights a block holds: 256 in the K-quants' super-blocks, else 32 (F32, F16 and BF16 taken
    32 at a time) */
@@ -37,6 +37,7 @@ static inline int block_bytes(int t) {
     case T_Q4_K: return 144;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
+    case T_MXFP4: return 17;
     default: return 0;
     }
 }
@@ -159,7 +160,32 @@ static inline __attribute__((always_inline)) void block_groups(int t, const uint
         k_groups(b, g);
     } else if (t == T_Q6_K) { /* 16 int8 scales */
         store16(g->v, to_float(widen_i8(b + 192)) * splat(half(b + 208)));
+    } else if (t == T_MXFP4) { /* an E8M0 exponent: 2^(e - 128), half its power of two, as
+                                  the values below are doubled (a subnormal for e < 2) */
+        uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+        memcpy(&g->v[0], &bits, sizeof bits);
     }
+}
+
+/* MXFP4's 16 E2M1 values, doubled to integers (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+   negatives): value * scale is exact (a power of two times at most 12). */
+static const float MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 16 MXFP4 codes (the lanes' low 4 bits) to their weights: AVX-512 looks each up in the
+   16 values times s (one vpermps), other builds lane by lane; the same products. */
+static inline v16f fp4_weights(v16i c, float s) {
+    v16f table = load16(MXFP4_VALUES) * splat(s), out;
+#if defined(__AVX512F__)
+    __m512 tab, w;
+    __m512i i;
+    memcpy(&tab, &table, sizeof tab);
+    memcpy(&i, &c, sizeof i);
+    w = _mm512_permutexvar_ps(i, tab);
+    memcpy(&out, &w, sizeof w);
+#else
+    for (int l = 0; l < 16; l++) out[l] = table[c[l] & 15];
+#endif
+    return out;
 }
 
 /* The weights of codes c: (c - bias) * s where the type has no offset (gguf's d * q, the
@@ -211,6 +237,10 @@ static inline __attribute__((always_inline)) void deq32(int t, const uint8_t *b,
         v16i q = widen_u8(b + (t == T_Q5_0 ? 6 : 8));
         *lo = weights((q & 15) | fifth_bit(qh, 0), t == T_Q5_0 ? 16 : 0, s[0], o[0]);
         *hi = weights((q >> 4) | fifth_bit(qh, 16), t == T_Q5_0 ? 16 : 0, s[0], o[0]);
+    } else if (t == T_MXFP4) { /* byte j: weight j (low nibble), j + 16 (high) */
+        v16i q = widen_u8(b + 1);
+        *lo = fp4_weights(q & 15, s[0]);
+        *hi = fp4_weights(q >> 4, s[0]);
     } else if (t == T_Q8_0) {
         *lo = to_float(widen_i8(b + 2)) * splat(s[0]);
         *hi = to_float(widen_i8(b + 18)) * splat(s[0]);

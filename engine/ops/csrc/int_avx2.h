@@ -28,7 +28,7 @@ static inline __m256i dot_plain(int t, __m256i acc, __m256i c, __m256i x) {
     (void)t;
     return _mm256_dpbusd_epi32(acc, c, x);
 #else
-    if (t == T_Q8_0) {
+    if (signed_codes(t)) {
         __m256i w = _mm256_xor_si256(c, _mm256_set1_epi8(-128));
         c = _mm256_abs_epi8(w);
         x = _mm256_sign_epi8(x, w);
@@ -39,7 +39,7 @@ static inline __m256i dot_plain(int t, __m256i acc, __m256i c, __m256i x) {
 }
 
 /* the zero point dot_plain's sums still carry */
-static inline int dot_zero(int t) { return INT_VNNI || t != T_Q8_0 ? zero_point(t) : 0; }
+static inline int dot_zero(int t) { return INT_VNNI || !signed_codes(t) ? zero_point(t) : 0; }
 
 /* lane i: the sum of v[i]'s lanes (v[4 .. 7] absent where !two: lanes 4-7 then unused) */
 static inline __m256i reduce8(const __m256i *v, int two) {

@@ -23,7 +23,7 @@ static inline __m512i dot_plain512(int t, __m512i acc, __m512i c, __m512i x) {
     (void)t;
     return _mm512_dpbusd_epi32(acc, c, x);
 #else
-    if (t == T_Q8_0) {
+    if (signed_codes(t)) {
         __m512i w = _mm512_xor_si512(c, _mm512_set1_epi8(-128));
         x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
         c = _mm512_abs_epi8(w);

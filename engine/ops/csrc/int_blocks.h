@@ -26,12 +26,14 @@ static inline int int_type(int t) {
     return block_bytes(t) > 0 && t != T_F32 && t != T_F16 && t != T_BF16;
 }
 static inline int k_quant(int t) { return block_weights(t) == 256; }
+/* codes stored as w + 128 (a weight's sign in its code): Q8_0's, and MXFP4's values */
+static inline int signed_codes(int t) { return t == T_Q8_0 || t == T_MXFP4; }
 static inline int has_min(int t) {
     return t == T_Q4_1 || t == T_Q5_1 || t == T_Q4_K || t == T_Q5_K;
 }
 /* the zero point of the 32-weight types (the K-quants fold theirs into aux) */
 static inline int zero_point(int t) {
-    return t == T_Q4_0 ? 8 : t == T_Q5_0 ? 16 : t == T_Q8_0 ? 128 : 0;
+    return t == T_Q4_0 ? 8 : t == T_Q5_0 ? 16 : signed_codes(t) ? 128 : 0;
 }
 /* bytes a block takes unpacked: its codes, then a K-quant's per-16 scales as 16-lane int16
    vectors (lanes 0-7 sub-block 2i, 8-15 sub-block 2i + 1: one vector per 32 codes) */
@@ -84,7 +86,23 @@ static inline void nibble_codes(const uint8_t *qs, int fifth, uint32_t qh, uint8
     memcpy(codes + 16, &hi, 16);
 }
 
+/* MXFP4: the doubled E2M1 values + 128 (Q8_0's codes), low nibbles first */
+static inline void fp4_codes(const uint8_t *qs, uint8_t *codes) {
+    for (int j = 0; j < 16; j++) {
+        codes[j] = (uint8_t)(128 + (int)MXFP4_VALUES[qs[j] & 15]);
+        codes[j + 16] = (uint8_t)(128 + (int)MXFP4_VALUES[qs[j] >> 4]);
+    }
+}
+
 static inline void small_block(int t, const uint8_t *b, const Unpacked *u) {
+    if (t == T_MXFP4) {
+        Groups g;
+        block_groups(t, b, &g);
+        *u->d = g.v[0];
+        *u->m = 0.0f;
+        fp4_codes(b + 1, u->codes);
+        return;
+    }
     *u->d = half(b);
     *u->m = t == T_Q4_1 || t == T_Q5_1 ? half(b + 2) : 0.0f;
     uint32_t qh = 0;

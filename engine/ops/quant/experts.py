@@ -29,6 +29,7 @@ EXPERT_TYPES = (
     T.Q4_K,
     T.Q5_K,
     T.Q6_K,
+    T.MXFP4,  # gpt-oss's experts
 )
 
 
@@ -107,6 +108,24 @@ def row_bytes(qtype: T, k: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class GptOssExperts:
+    """gpt-oss's additions to a layer's experts, float32: the router's bias [E] and each
+    expert's gate and up biases [E, expert_ffn] and down bias [E, dim]. With them the
+    router takes its top k by raw logit and weighs them by the softmax of those k, and the
+    experts' SwiGLU is clamped (engine/ops/moe.py)."""
+
+    router_bias: np.ndarray
+    gate_bias: np.ndarray
+    up_bias: np.ndarray
+    down_bias: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.router_bias, self.gate_bias, self.up_bias, self.down_bias)
+        return sum(int(a.nbytes) for a in parts)
+
+
+@dataclass(frozen=True, slots=True)
 class MoEWeights:
     """One layer's experts: each token goes through the top_k experts the router ranks
     highest, their outputs weighted by the router's probabilities renormalised over the k."""
@@ -120,7 +139,10 @@ class MoEWeights:
     # (int64 [3], one array shared by a model's layers; the benchmarks read it)
     stats: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))
     native: Any = None  # experts_native.MoEKernel where the C kernels are built
+    gpt_oss: GptOssExperts | None = None  # gpt-oss's biases, routing and activation
 
     @property
     def nbytes(self) -> int:
-        return int(self.router.nbytes) + self.gate.nbytes + self.up.nbytes + self.down.nbytes
+        extra = self.gpt_oss.nbytes if self.gpt_oss is not None else 0
+        matrices = self.gate.nbytes + self.up.nbytes + self.down.nbytes
+        return int(self.router.nbytes) + matrices + extra

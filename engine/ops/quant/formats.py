@@ -133,6 +133,21 @@ def _q6_k(raw: np.ndarray) -> Decoded:
     return Decoded(KIND_Q8, 16, _rows(q, n), _rows(scale, n), _rows(-32 * scale, n))
 
 
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int16)
+
+
+def _mxfp4(raw: np.ndarray) -> Decoded:
+    """gpt-oss's experts: an E8M0 exponent e and 32 E2M1 values (low nibbles first), w =
+    v * 2^(e - 127) for v in MXFP4_VALUES / 2: here code v + 12 (0..24), scale 2^(e - 128),
+    offset -12 * scale, all exact."""
+    b = _blocks(raw, T.MXFP4)
+    n = b.shape[0]
+    e = b[..., 0].astype(np.int32)
+    scale = np.ldexp(np.float32(1), e - 128).astype(np.float32)
+    codes = (MXFP4_VALUES[_unpack_32(b[..., 1:])] + 12).astype(np.uint8)
+    return Decoded(KIND_Q8, 32, codes, _rows(scale, n), _rows(-12 * scale, n))
+
+
 Decoder = Callable[[np.ndarray], Decoded]
 
 
@@ -153,6 +168,7 @@ DECODERS: dict[T, Decoder] = {
     T.Q4_K: _q4_k,
     T.Q5_K: _q5_k,
     T.Q6_K: _q6_k,
+    T.MXFP4: _mxfp4,
     T.F16: _half(KIND_F16),
     T.BF16: _half(KIND_BF16),
 }
