@@ -17,12 +17,12 @@ from common.enums import FinishReason
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.anthropic_messages import chat_of, template_kwargs_of, tools_of
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
+from gateway.http_jobs import HttpContext, Part, Reader, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
 from gateway.reasoning import Thought
 from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
-from gateway.tool_calls import ToolCall, ToolCallScanner
+from gateway.tool_calls import ToolCall
 from gateway.validate import GenerateInput
 
 SIGNATURE = ""  # a thinking block's: Anthropic's proves its own thoughts; there are none here
@@ -46,7 +46,7 @@ def input_of(body: Body, session_id: str) -> GenerateInput:
     )
 
 
-def stop_reason(c: Completion, reader: ReplyReader) -> str:
+def stop_reason(c: Completion, reader: Reader) -> str:
     if c.finish_reason == FinishReason.LENGTH:
         return "max_tokens"
     if c.stop_sequence:
@@ -86,7 +86,7 @@ async def messages(ctx: HttpContext, request: Request) -> Response:
     started = await start(ctx, request, inp)
     message: dict[str, Any] = {"id": f"msg_{started.job.request_id}", "type": "message",
                                "role": "assistant", "model": ctx.model_id}  # fmt: skip
-    reader = ReplyReader(started.splitter, ToolCallScanner.offering(inp.tools))
+    reader = started.reader(inp.tools)
     if get(body, "stream", bool, False):
         events = _events(started, message, reader)
         return EventStream(events, started.headers)  # type: ignore[return-value]
@@ -161,7 +161,7 @@ class _Blocks:
 
 
 async def _events(
-    started: Started, message: dict[str, Any], reader: ReplyReader
+    started: Started, message: dict[str, Any], reader: Reader
 ) -> AsyncGenerator[bytes, None]:
     prompt_tokens = len(started.job.prompt_ids)
     start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}

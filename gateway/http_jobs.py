@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
@@ -15,6 +16,7 @@ from broker.messages import Completion, Job, TokenChunk
 from common.errors import NotFoundError
 from gateway.auth import KeyRing
 from gateway.core import GatewayCore
+from gateway.harmony import HarmonyReader
 from gateway.http_request import Body, read_json, tenant_of, time_left_of
 from gateway.reasoning import Thought, ThoughtSplitter
 from gateway.tool_calls import Piece, ToolCall, ToolCallScanner, merge_text
@@ -22,6 +24,23 @@ from gateway.validate import GenerateInput, JobBuilder
 
 Results = AsyncGenerator[TokenChunk | Completion, None]
 Part = Piece | Thought  # what to send: the answer's text, a tool call, or reasoning
+
+
+class Reader(Protocol):
+    """A reply read as it streams into what to send (ReplyReader; HarmonyReader for
+    gpt-oss's harmony)."""
+
+    @property
+    def num_calls(self) -> int: ...
+
+    @property
+    def reasoning_tokens(self) -> int: ...
+
+    def feed(self, text: str, num_tokens: int) -> list[Part]: ...
+
+    def finish(self) -> list[Part]: ...
+
+    def whole(self, chunks: list[TokenChunk]) -> tuple[str, str, list[ToolCall]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +74,18 @@ class Started:
     created: int  # unix seconds
     results: Results
     splitter: ThoughtSplitter  # where the reply's reasoning ends
+    harmony: bool = False  # the model writes harmony (gpt-oss)
 
     @property
     def headers(self) -> dict[str, str]:
         return {"X-Session-Id": self.session_id, "X-Request-Id": self.job.request_id}
+
+    def reader(self, tools: list[dict[str, Any]] | None) -> Reader:
+        """The reader of the reply, for the request's tools."""
+        scanner = ToolCallScanner.offering(tools)
+        if self.harmony:
+            return HarmonyReader(scanner.names)
+        return ReplyReader(self.splitter, scanner)
 
 
 async def start(ctx: HttpContext, request: Request, inp: GenerateInput) -> Started:
@@ -69,7 +96,8 @@ async def start(ctx: HttpContext, request: Request, inp: GenerateInput) -> Start
     job = found.placed(job)
     await ctx.core.admit(job, tenant, found.holder)
     splitter = ctx.jobs.splitter(job)
-    return Started(job, job.session_id, int(time.time()), ctx.core.results(job), splitter)
+    results = ctx.core.results(job)
+    return Started(job, job.session_id, int(time.time()), results, splitter, ctx.jobs.harmony)
 
 
 class ReplyReader:
@@ -109,7 +137,7 @@ class ReplyReader:
 
 
 async def scanned(
-    started: Started, reader: ReplyReader
+    started: Started, reader: Reader
 ) -> AsyncGenerator[list[Part] | Completion, None]:
     """A streamed job's results as what to send: each chunk's reasoning, text and calls,
     what the reader held back at the end, then the completion."""

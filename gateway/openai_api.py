@@ -15,13 +15,13 @@ from broker.messages import Completion, TokenChunk
 from common.enums import FinishReason, Priority
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
+from gateway.http_jobs import HttpContext, Part, Reader, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of, string_list
 from gateway.openai_messages import chat_messages, template_kwargs_of, tools_of
 from gateway.reasoning import Thought
 from gateway.sampling_defaults import Defaults
 from gateway.sse import DONE, EventStream, event
-from gateway.tool_calls import ToolCall, ToolCallScanner
+from gateway.tool_calls import ToolCall
 from gateway.validate import GenerateInput
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -78,7 +78,7 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
     started = await start(ctx, request, inp)
     base = {"id": f"chatcmpl-{started.job.request_id}", "created": started.created,
             "model": ctx.model_id}  # fmt: skip
-    reader = ReplyReader(started.splitter, ToolCallScanner.offering(inp.tools))
+    reader = started.reader(inp.tools)
     if stream:
         chunks = _chat_chunks(started, base, reader, bool(options.get("include_usage")))
         return EventStream(chunks, started.headers)  # type: ignore[return-value]
@@ -107,7 +107,7 @@ def _call(call: ToolCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments_json}}  # fmt: skip
 
 
-def _finish(c: Completion, reader: ReplyReader) -> str:
+def _finish(c: Completion, reader: Reader) -> str:
     if reader.num_calls and c.finish_reason == FinishReason.STOP:
         return "tool_calls"
     return FINISH[c.finish_reason]
@@ -123,7 +123,7 @@ def _delta(p: Part) -> dict[str, Any]:
 
 
 async def _chat_chunks(
-    started: Started, base: dict[str, Any], reader: ReplyReader, include_usage: bool
+    started: Started, base: dict[str, Any], reader: Reader, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
     head = {**base, "object": "chat.completion.chunk"}
 

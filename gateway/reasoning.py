@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 
 from engine.text.chat import THINK_CLOSE, THINK_OPEN
+from gateway.tool_calls import partial_suffix
 
 
 class ReasoningParser(enum.StrEnum):
@@ -120,7 +121,7 @@ class ThoughtSplitter:
             self._take(len(THINK_CLOSE))
             self.span_chars, self.state = self.at, _State.CLOSED
             return [Thought(thought)] if thought else []
-        keep = _partial_suffix(self.pending, THINK_CLOSE)
+        keep = partial_suffix(self.pending, THINK_CLOSE)
         cut = len(self.pending[: len(self.pending) - keep].rstrip())
         return [Thought(self._take(cut))] if cut else []
 
@@ -129,11 +130,3 @@ class ThoughtSplitter:
         taken, self.pending = self.pending[:n], self.pending[n:]
         self.at += n
         return taken
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0

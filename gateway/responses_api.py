@@ -19,12 +19,12 @@ from broker.messages import Completion
 from common.enums import FinishReason
 from common.errors import WarmfleetError
 from gateway.http_errors import describe
-from gateway.http_jobs import HttpContext, Part, ReplyReader, Started, collect, scanned, start
+from gateway.http_jobs import HttpContext, Part, Reader, Started, collect, scanned, start
 from gateway.http_request import Body, get, number, session_of
 from gateway.responses_input import chat_of, check_format, template_kwargs_of, tools_of
 from gateway.sampling_defaults import Defaults
 from gateway.sse import EventStream, event
-from gateway.tool_calls import ToolCall, ToolCallScanner
+from gateway.tool_calls import ToolCall
 from gateway.validate import GenerateInput
 
 
@@ -116,7 +116,7 @@ async def responses(ctx: HttpContext, request: Request) -> Response:
             "tool_choice": "none" if body.get("tool_choice") == "none" else "auto",
             "tools": get(body, "tools", list, []), "text": {"format": {"type": "text"}},
             "truncation": "disabled"}  # fmt: skip
-    reader = ReplyReader(started.splitter, ToolCallScanner.offering(inp.tools))
+    reader = started.reader(inp.tools)
     if get(body, "stream", bool, False):
         events = _Stream(head, started.job.request_id).events(started, reader)
         return EventStream(events, started.headers)  # type: ignore[return-value]
@@ -164,7 +164,7 @@ class _Stream:
         self.sequence += 1
         return event({"type": kind, "sequence_number": self.sequence - 1, **fields}, kind)
 
-    async def events(self, started: Started, reader: ReplyReader) -> AsyncGenerator[bytes, None]:
+    async def events(self, started: Started, reader: Reader) -> AsyncGenerator[bytes, None]:
         opened = {**self.head, "status": "in_progress", "output": [], "usage": None}
         yield self._event("response.created", response=opened)
         yield self._event("response.in_progress", response=opened)

@@ -35,7 +35,7 @@ Piece = str | ToolCall
 
 def calls_of(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, Any]]] | None:
     """The calls of a whole reply that is a call object or a non-empty list of them."""
-    value = _parsed(text)
+    value = parsed_json(text)
     values = value if isinstance(value, list) else [value]
     found = [call for call in (_call_in(v, names) for v in values) if call is not None]
     return found if found and len(found) == len(values) else None
@@ -44,10 +44,10 @@ def calls_of(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, Any]
 def call_of(text: str, names: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
     """The tool and arguments a JSON object names, when it is an offered tool with object
     arguments."""
-    return _call_in(_parsed(text), names)
+    return _call_in(parsed_json(text), names)
 
 
-def _parsed(text: str) -> Any:
+def parsed_json(text: str) -> Any:
     """The JSON value of the model's text; None where it is no JSON, or JSON that no code
     should walk (too deep to parse or to write again, a lone surrogate): text, not a call."""
     try:
@@ -62,7 +62,7 @@ def _call_in(value: Any, names: frozenset[str]) -> tuple[str, dict[str, Any]] | 
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        arguments = _parsed(arguments)
+        arguments = parsed_json(arguments)
     if not isinstance(arguments, dict):
         return None
     return value["name"], arguments
@@ -121,7 +121,7 @@ class ToolCallScanner:
                 at = self.pending.find(CALL_OPEN)
                 if at < 0:
                     # held: what may open a block, and white space that may stand before one
-                    keep = _partial_suffix(self.pending, CALL_OPEN)
+                    keep = partial_suffix(self.pending, CALL_OPEN)
                     cut = len(self.pending[: len(self.pending) - keep].rstrip())
                     if cut:
                         out.append(self.pending[:cut])
@@ -151,7 +151,7 @@ class ToolCallScanner:
         return ToolCall(self.calls - 1, uuid.uuid4().hex[:24], name, arguments)
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of `text` that begins `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):

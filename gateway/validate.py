@@ -19,6 +19,7 @@ from engine.text.chat import render_chat, validate_messages
 from engine.text.model_config import ModelConfig
 from engine.text.tokenizer import Tokenizer
 from gateway.bounds import InputBounds
+from gateway.harmony import speaks_harmony
 from gateway.reasoning import ThoughtSplitter, opens_thought
 from gateway.sampling_defaults import Defaults, defaults_for
 from gateway.work_gate import WorkGate
@@ -196,6 +197,7 @@ class JobBuilder:
         self.gate = gate
         self.bounds = InputBounds.of(tokenizer, config)
         self.thoughts = thoughts
+        self.harmony = speaks_harmony(tokenizer.chat_template)  # gpt-oss's replies
 
     def thinking(self, inp: GenerateInput) -> bool:
         """Whether the reply may reason: the gateway reads think spans and the request did

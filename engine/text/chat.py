@@ -1,7 +1,8 @@
 """Render chat messages to a prompt string with the model's Jinja2 chat template. An
 assistant message may carry its reasoning in `reasoning_content` (the field Qwen 3's
-template reads); for a template that does not read it, the reasoning goes back into the
-content between think tags, as the model wrote it."""
+template reads); a template that reads `thinking` instead (gpt-oss's) gets it there, and
+for one that reads neither the reasoning goes back into the content between think tags, as
+the model wrote it."""
 
 from __future__ import annotations
 
@@ -107,6 +108,19 @@ def reads_reasoning(template: str) -> bool:
     return "reasoning_content" in template
 
 
+def reads_thinking(template: str) -> bool:
+    """Whether the template renders an assistant message's reasoning from a `thinking`
+    field (gpt-oss's harmony template: its analysis channel)."""
+    return "message.thinking" in template
+
+
+def thoughts_as_thinking(messages: list[Message]) -> list[Message]:
+    """Each assistant message's `reasoning_content` as its `thinking`."""
+    return [
+        {("thinking" if k == "reasoning_content" else k): v for k, v in m.items()} for m in messages
+    ]
+
+
 def thoughts_in_content(messages: list[Message]) -> list[Message]:
     """Each assistant message's reasoning written before its content, between think tags
     (the form Qwen 3 and DeepSeek R1 write it in)."""
@@ -144,7 +158,9 @@ def render_chat(
         raise InvalidRequestError("chat_template_kwargs", f"cannot set {', '.join(taken)}")
     if tools is not None:
         check_tools(tools)
-    if not reads_reasoning(template):
+    if reads_thinking(template) and not reads_reasoning(template):
+        messages = thoughts_as_thinking(messages)
+    elif not reads_reasoning(template):
         messages = thoughts_in_content(messages)
     with_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if with_tools and not reads_tools(template):

@@ -1,0 +1,144 @@
+"""gpt-oss's harmony through the whole system (real Redis, a worker, the official clients):
+a hand-built gpt-oss model (tests/harmony_model.py) writes its reasoning then a final
+answer, or, offered a tool, its reasoning then a call; each HTTP face returns the analysis
+channel as its reasoning, the final channel as the answer and the call as its structured
+tool call, streamed and not; the next turn, with the call and its result in the history,
+renders through gpt-oss's template and is served."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.cluster_helpers import one_worker
+from tests.harmony_model import ANSWER, ARGUMENTS, THOUGHT, write_harmony_model
+from warmfleet.launcher import Cluster
+
+pytestmark = pytest.mark.slow
+MODEL = "harmony-gpt-oss"  # the file's name
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather",
+                 "description": "The weather in a city", "parameters": SCHEMA}}]  # fmt: skip
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather", "input_schema": SCHEMA}]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+GREEDY = {"temperature": 0}  # (anthropic 2.17's create takes no temperature argument)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    model = write_harmony_model(tmp_path_factory.mktemp("model") / "harmony-gpt-oss.gguf")
+    with one_worker(model, tmp_path_factory.mktemp) as c:
+        yield c
+
+
+def oai(c: Cluster) -> Any:
+    return openai.OpenAI(base_url=f"{c.http_url}/v1", api_key="x", timeout=120, max_retries=0)
+
+
+def claude(c: Cluster) -> Any:
+    return anthropic.Anthropic(base_url=c.http_url, api_key="x", timeout=120, max_retries=0)
+
+
+def test_openai_reasoning_and_answer(cluster: Cluster) -> None:
+    reply = oai(cluster).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=100,
+        temperature=0,
+    )
+    message = reply.choices[0].message
+    assert (message.model_extra or {}).get("reasoning_content") == THOUGHT
+    assert message.content == ANSWER and not message.tool_calls
+    assert reply.choices[0].finish_reason == "stop"
+    stream = oai(cluster).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=100,
+        temperature=0,
+        stream=True,
+    )
+    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == THOUGHT
+    assert "".join(d.content or "" for d in deltas) == ANSWER
+
+
+def test_openai_tool_call(cluster: Cluster) -> None:
+    client = oai(cluster)
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=OPENAI_TOOLS,
+        max_tokens=100,
+        temperature=0,
+    )
+    message, choice = reply.choices[0].message, reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert (message.model_extra or {}).get("reasoning_content") == THOUGHT
+    assert not message.content
+    call = (message.tool_calls or [])[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == ARGUMENTS
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=OPENAI_TOOLS, max_tokens=100, temperature=0,
+        stream=True,
+    )  # fmt: skip
+    calls = [
+        c for chunk in stream if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
+    ]
+    assert [c.function.name for c in calls if c.function and c.function.name] == ["get_weather"]
+    arguments = "".join(c.function.arguments or "" for c in calls if c.function)
+    assert json.loads(arguments) == ARGUMENTS
+    # the next turn: the call (with its reasoning) and its result in the history
+    history: list[dict[str, Any]] = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "reasoning_content": THOUGHT,
+         "tool_calls": [{"id": call.id, "type": "function",
+                         "function": {"name": "get_weather", "arguments": json.dumps(ARGUMENTS)}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]  # fmt: skip
+    again = client.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        tools=OPENAI_TOOLS,
+        max_tokens=100,
+        temperature=0,
+    )
+    assert again.choices[0].finish_reason == "tool_calls"  # the model knows no other reply
+
+
+def test_anthropic_thinking_text_and_tool_use(cluster: Cluster) -> None:
+    client = claude(cluster)
+    reply = client.messages.create(
+        model=MODEL, messages=QUESTION, max_tokens=100, extra_body=GREEDY
+    )
+    assert [b.type for b in reply.content] == ["thinking", "text"]
+    assert reply.content[0].thinking == THOUGHT
+    assert reply.content[1].text == ANSWER
+    assert reply.stop_reason == "end_turn"
+    called = client.messages.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=ANTHROPIC_TOOLS,
+        max_tokens=100,
+        extra_body=GREEDY,
+    )
+    assert [b.type for b in called.content] == ["thinking", "tool_use"]
+    use = called.content[1]
+    assert use.name == "get_weather" and use.input == ARGUMENTS
+    assert called.stop_reason == "tool_use"
+    with client.messages.stream(
+        model=MODEL,
+        messages=QUESTION,
+        tools=ANTHROPIC_TOOLS,
+        max_tokens=100,
+        extra_body=GREEDY,
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert [b.type for b in streamed.content] == ["thinking", "tool_use"]
+    assert streamed.content[0].thinking == THOUGHT
+    assert streamed.content[1].input == ARGUMENTS
