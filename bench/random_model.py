@@ -15,6 +15,14 @@ a matrix of rows of K weights has a root mean square of 1 / sqrt(K): activations
 unit size through every layer. The check then loads the file in warmfleet and in llama.cpp,
 asks for finite logits and runs a few greedy tokens on each.
 
+gpt-oss-20b (`gpt-oss`, gpt-oss-20b's layer shape): embedding 2880, 64 query and 8 KV heads
+of 64 with biases, an output bias and sinks, every other layer on a 128-position window,
+YaRN (factor 32 over 4,096), rope base 150,000; 32 experts of 2880 with top 4, in MXFP4
+whatever --type says (as the published files keep them), with router and expert biases;
+post_attention_norm for the FFN's; 4 layers by default (the real model has 24); Qwen 2's
+vocabulary marked with GPT-4o's split (gpt-oss's is 201,088 tokens). With --type q8_0 the
+other matrices are Q8_0, as ggml-org's gpt-oss-20b-mxfp4 file keeps most of them.
+
 qwen3-30b-a3b (`qwen3moe`, Qwen3-30B-A3B's layer shape; bench/random_moe.py): embedding 2048,
 32 query and 4 KV heads of 128 with q/k RMS norms, 128 experts of 768 with top 8 in place of
 the dense FFN (feed_forward_length 6144 as the real file says), an untied output, 8 layers by
@@ -61,6 +69,8 @@ class Shape:
     qk_norms: bool = False  # each head's q and k RMS-normed (Qwen 3)
     tied: bool = True  # the output is the embedding
     experts: Experts | None = None  # a mixture of experts in place of the dense FFN
+    # gpt-oss: an output bias, sinks, this sliding window on every other layer, YaRN
+    window: int = 0
 
 
 SHAPES = {
@@ -81,7 +91,24 @@ SHAPES = {
         tied=False,
         experts=Experts(count=128, used=8, ffn=768),
     ),
+    # 24 layers in the real model: 4 by default keep the file near 2 GiB
+    "gpt-oss-20b": Shape(
+        "gpt-oss",
+        layers=4,
+        dim=2880,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        ffn=2880,
+        context=131072,
+        rope_base=150000.0,
+        biases=True,
+        tied=False,
+        experts=Experts(count=32, used=4, ffn=2880, qtype=T.MXFP4, biases=True),
+        window=128,
+    ),
 }
+YARN = {"factor": 32.0, "original_context_length": 4096}  # gpt-oss's rope scaling
 
 
 def layer_tensors(
@@ -103,12 +130,17 @@ def layer_tensors(
     for kind, (rows, k) in matrices.items():
         qtype = matrix_type(mix, kind, i, shape.layers, k, shape.tied)
         out[f"{p}{kind}.weight"] = (quantized(rng, qtype, rows, k, 1 / math.sqrt(k)), qtype)
-        if shape.biases and kind in ("attn_q", "attn_k", "attn_v"):
+        if (shape.biases and kind in ("attn_q", "attn_k", "attn_v")) or (
+            shape.window and kind == "attn_output"
+        ):
             bias = rng.standard_normal(rows, dtype=np.float32) * np.float32(BIAS_STD)
             out[f"{p}{kind}.bias"] = (bias, T.F32)
     if shape.experts:
         out |= expert_tensors(rng, mix, i, shape.layers, dim, shape.experts)
-    norms = {"attn_norm": dim, "ffn_norm": dim}
+    norms = {"attn_norm": dim, "post_attention_norm" if shape.window else "ffn_norm": dim}
+    if shape.window:  # sinks: a few units, some heads giving them most of their attention
+        sinks = rng.uniform(-2.0, 4.0, shape.heads).astype(np.float32)
+        out[f"{p}attn_sinks.weight"] = (sinks, T.F32)
     if shape.qk_norms:
         norms |= {"attn_q_norm": shape.head_dim, "attn_k_norm": shape.head_dim}
     for kind, n in norms.items():
@@ -136,10 +168,18 @@ def add_metadata(w: gguf.GGUFWriter, name: str, shape: Shape, mix: str, n_vocab:
         w.add_uint32(f"{a}.{key}", value)
     if shape.experts:
         add_expert_metadata(w, a, shape.experts)
+    if shape.window:
+        w.add_uint32(f"{a}.attention.sliding_window", shape.window)
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", YARN["factor"])
+        w.add_uint32(
+            f"{a}.rope.scaling.original_context_length", int(YARN["original_context_length"])
+        )
     w.add_float32(f"{a}.rope.freq_base", shape.rope_base)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
-        w.add_string(key, meta[key])
+        gpt_4o = key == "tokenizer.ggml.pre" and shape.window  # gpt-oss's split
+        w.add_string(key, "gpt-4o" if gpt_4o else meta[key])
     for key in ("tokens", "token_type", "merges"):
         w.add_array(f"tokenizer.ggml.{key}", meta[f"tokenizer.ggml.{key}"])
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
@@ -247,6 +287,7 @@ def main() -> None:
     parser.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0", dest="mix")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, help="default: the shape's (qwen3-30b-a3b: 8)")
+    # (gpt-oss-20b: 4)
     parser.add_argument("--no-check", action="store_true", help="write the file only")
     args = parser.parse_args()
     t = time.perf_counter()

@@ -27,6 +27,7 @@ import numpy as np
 from bench.random_weights import T, matrix_type, random_blocks
 
 ROUTER_LOGIT_STD = 1.0  # the router's logits' standard deviation, inputs of unit size
+BIAS_STD = 0.1  # gpt-oss's router and expert biases
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class Experts:
     count: int  # E
     used: int  # each token's top k
     ffn: int  # one expert's width
+    qtype: T | None = None  # the experts' type whatever the mix (gpt-oss's MXFP4); None: the mix's
+    biases: bool = False  # on the router and each expert's products (gpt-oss)
 
 
 def expert_tensors(
@@ -47,9 +50,15 @@ def expert_tensors(
     # kind: (rows, k) of each expert's matrix
     matrices = {"ffn_gate_exps": (ffn, dim), "ffn_up_exps": (ffn, dim), "ffn_down_exps": (dim, ffn)}
     for kind, (rows, k) in matrices.items():
-        qtype = matrix_type(mix, kind, i, layers, k, tied=False)
+        qtype = experts.qtype or matrix_type(mix, kind, i, layers, k, tied=False)
         raw = random_blocks(rng, qtype, e * rows, k, 1 / math.sqrt(k))
         out[f"{p}{kind}.weight"] = (raw.reshape(e, rows, -1), qtype)  # [E, rows, row bytes]
+        if experts.biases:
+            bias = rng.standard_normal((e, rows), dtype=np.float32) * np.float32(BIAS_STD)
+            out[f"{p}{kind}.bias"] = (bias, T.F32)
+    if experts.biases:
+        bias = rng.standard_normal(e, dtype=np.float32) * np.float32(BIAS_STD)
+        out[f"{p}ffn_gate_inp.bias"] = (bias, T.F32)
     return out
 
 

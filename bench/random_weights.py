@@ -56,11 +56,17 @@ def set_scales(raw: np.ndarray, qtype: T, d: np.ndarray) -> None:
             raw[..., at : at + 2] = half.view(np.uint8).reshape(*half.shape, 2)
 
 
+MXFP4_RMS = 5.85  # of the 16 E2M1 codes' doubled values, each code equally likely
+
+
 def random_blocks(rng: np.random.Generator, qtype: T, rows: int, k: int, std: float) -> np.ndarray:
-    """[rows, row bytes] of random valid blocks of `qtype` (a K-quant or Q8_0: random codes,
-    float16 scales) whose weights' root mean square is `std`."""
+    """[rows, row bytes] of random valid blocks of `qtype` (a K-quant, Q8_0 or MXFP4: random
+    codes, float16 scales or an E8M0 exponent) whose weights' root mean square is `std`."""
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, k // block, block_bytes), dtype=np.uint8)
+    if qtype == T.MXFP4:  # w = value * 2^(e - 128): the exponent nearest to std's
+        raw[..., 0] = 128 + round(float(np.log2(std / MXFP4_RMS)))
+        return raw.reshape(rows, -1)
     d = rng.uniform(0.5, 1.5, raw.shape[:2]).astype(np.float32)
     set_scales(raw, qtype, d)
     sample = gguf.quants.dequantize(raw[:16].reshape(min(rows, 16), -1), qtype)

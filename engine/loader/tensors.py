@@ -102,13 +102,13 @@ class Tensors:
         )
         router = np.ascontiguousarray(self.host(f"{prefix}ffn_gate_inp.weight"))
         stats = np.zeros(3, dtype=np.int64) if stats is None else stats
-        if biases:  # the whole-FFN C kernel has neither the biases nor gpt-oss's routing
+        extra = None
+        if biases:
             extra = GptOssExperts(
                 *(self.host(f"{prefix}{k}.bias") for k in ("ffn_gate_inp", *kinds))
             )
-            return MoEWeights(router, gate, up, down, top_k, stats, None, extra)
-        native = moe_kernel(router, top_k, gate, up, down)
-        return MoEWeights(router, gate, up, down, top_k, stats, native)
+        native = moe_kernel(router, top_k, gate, up, down, extra)
+        return MoEWeights(router, gate, up, down, top_k, stats, native, extra)
 
     def _refuse_unused(self, prefix: str, spec: LayerTensors) -> None:
         """A file holding a tensor its family's layer has not is refused: left out, it would

@@ -33,6 +33,6 @@ FAMILY = Family(
         ffn_norm="post_attention_norm",
         window_every=2,
     ),
-    native_layers=False,
+    native_layers=True,
     layer=layer,
 )

@@ -8,9 +8,7 @@ here, each touched expert expanded and multiplied by the Numba kernel (slow: a f
 gpt-oss's experts (MoEWeights.gpt_oss) route and activate otherwise: the top k by raw
 logit (the router's bias added) weighted by the softmax of those k, biases after each
 product, and SwiGLU clamped at SWIGLU_LIMIT with SiLU's slope SWIGLU_ALPHA: gate x = min(g,
-limit), up y = clip(u, -limit, limit), x sigmoid(alpha x) (y + 1). Their products go
-through the C grouped kernels where built (one call per matrix, each expert read once for
-its rows), the rest in NumPy.
+limit), up y = clip(u, -limit, limit), x sigmoid(alpha x) (y + 1); in moe.c too.
 
 Shapes: N rows, E experts, k experts a row, P = N * k pairs.
 """
@@ -21,7 +19,6 @@ import numpy as np
 
 from engine.ops.kernels import get_num_threads, matmul_t
 from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
-from engine.ops.quant.experts_native import expert_kernels_read, expert_matmul
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's
 
@@ -71,18 +68,6 @@ def grouped(w: ExpertMatrix, x: np.ndarray, rows: np.ndarray, starts: np.ndarray
     return out
 
 
-def grouped_products(
-    w: ExpertMatrix, x: np.ndarray, rows: np.ndarray, starts: np.ndarray
-) -> np.ndarray:
-    """grouped() in the C kernels where they read w's type (integer products, as the whole
-    FFN's), else in NumPy."""
-    if not expert_kernels_read(int(w.qtype), w.k):
-        return grouped(w, x, rows, starts)
-    out = np.empty((len(rows), w.n), dtype=np.float32)
-    expert_matmul(w, np.ascontiguousarray(x), rows, starts, out, get_num_threads())
-    return out
-
-
 def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gpt-oss's clamped SwiGLU of gate and up [P, ffn]."""
     x = np.minimum(gate, SWIGLU_LIMIT)
@@ -97,10 +82,10 @@ def moe_ffn_gpt_oss(x: np.ndarray, moe: MoEWeights, extra: GptOssExperts) -> np.
     experts, weights = route_top_logits(logits, k)
     order, starts = buckets(experts, moe.router.shape[0])
     rows, by_expert = order // k, experts.reshape(-1)[order]  # each pair's row and expert
-    gate = grouped_products(moe.gate, x, rows, starts) + extra.gate_bias[by_expert]
-    up = grouped_products(moe.up, x, rows, starts) + extra.up_bias[by_expert]
+    gate = grouped(moe.gate, x, rows, starts) + extra.gate_bias[by_expert]
+    up = grouped(moe.up, x, rows, starts) + extra.up_bias[by_expert]
     pairs = np.arange(len(rows), dtype=np.int64)
-    down = grouped_products(moe.down, swiglu_oai(gate, up), pairs, starts)
+    down = grouped(moe.down, swiglu_oai(gate, up), pairs, starts)
     down += extra.down_bias[by_expert]
     touched = int(np.count_nonzero(np.diff(starts)))
     read = touched * sum(w.expert_bytes for w in (moe.gate, moe.up, moe.down))
@@ -137,9 +122,9 @@ def moe_ffn(x: np.ndarray, moe: MoEWeights) -> np.ndarray:
     """The experts' output [N, dim] for x [N, dim] (normed), without the residual: in the
     C kernels where they are built, else in NumPy."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if moe.gpt_oss is not None:
-        return moe_ffn_gpt_oss(x, moe, moe.gpt_oss)
     if moe.native is not None:
         out: np.ndarray = moe.native.run(x, get_num_threads(), moe.stats)
         return out
+    if moe.gpt_oss is not None:
+        return moe_ffn_gpt_oss(x, moe, moe.gpt_oss)
     return moe_ffn_numpy(x, moe)

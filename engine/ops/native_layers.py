@@ -3,8 +3,8 @@ runs in the C kernels: quantized weights, NumPy float32, every row in the kernel
 kernels in the same order on the same values as the family's layer run op by op
 (engine/forward.py), so the same bits, without the ~14 Python calls per layer between them
 (about 2 ms of a 10 ms single-row step on 2 cores, bench/RESULTS.md). It runs the layers of
-the families that say so (engine/models): q, k, v biases and per-head q/k norms where the
-weights have them."""
+the families that say so (engine/models): q, k, v biases, per-head q/k norms, an output
+bias, sinks and a sliding window where the weights have them."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ class _Layer(ctypes.Structure):
         ("attn", WfExperts * 4),  # q, k, v, o read in the file's blocks, where attn_in_place
         ("attn_in_place", ctypes.c_int),
         ("attn_products", ctypes.c_int),
+        ("o_bias", _ptr),  # gpt-oss's: NULL where the layer has none
+        ("sinks", _ptr),
+        ("window", _i64),
     ]
 
 
@@ -95,7 +98,7 @@ def _descriptor(lw: LayerWeights) -> _Layer | None:
     decoded = (lw.wqkv, lw.wo) if attn is None else ()
     ffn = (lw.w_gate_up, lw.w_down) if lw.moe is None else ()
     norms = (_vector(lw.attn_norm), _vector(lw.ffn_norm))
-    optional = (lw.bqkv, lw.q_norm, lw.k_norm)  # None: the layer has none
+    optional = (lw.bqkv, lw.q_norm, lw.k_norm, lw.bo, lw.sinks)  # None: the layer has none
     extras = tuple(None if a is None else _vector(a) for a in optional)
     if (
         not all(isinstance(m, QuantMatrix) for m in (*decoded, *ffn))
@@ -108,7 +111,8 @@ def _descriptor(lw: LayerWeights) -> _Layer | None:
     attention = [_matrix(m) for m in decoded] or unread
     dense_ffn = [_matrix(m) for m in ffn] or unread
     moe = None if experts is None else ctypes.pointer(experts.struct)
-    layer = _Layer(*norms, *attention, *dense_ffn, *extras, moe)
+    layer = _Layer(*norms, *attention, *dense_ffn, *extras[:3], moe)
+    layer.o_bias, layer.sinks, layer.window = *extras[3:], lw.window
     if attn is not None:
         layer.attn = (WfExperts * 4)(*(experts_struct(m) for m in attn))
         layer.attn_in_place, layer.attn_products = 1, int(expert_products())

@@ -3,7 +3,8 @@ fastest path: all layers of a step in one C call (engine/ops/native_layers.py, l
 the bits of the family's layer op by op, and a batch of 16 gives each prompt its bits alone.
 Qwen 3's shape is the one here the C call had not seen: a q wider than the embedding and
 each head's q and k normed before rope; and Qwen 3's mixture of experts, whose FFN is the
-experts' kernel (engine/ops/csrc/moe.c) inside the same call."""
+experts' kernel (engine/ops/csrc/moe.c) inside the same call; and gpt-oss (its output bias,
+sinks, sliding windows and biased experts)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from tests.batch_invariance import check, compositions
 from tests.native_checks import assert_one_call_equals_per_op, recorded
 from tests.tiny_families import write_tiny
+from tests.tiny_gpt_oss import write_tiny_gpt_oss
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="needs the C kernels")
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3moe"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen3moe", "gpt-oss"])
 def model(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Model:
     folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "gpt-oss":  # MXFP4 experts, F32 attention: all read in place
+        gpt_oss = Model.load(write_tiny_gpt_oss(folder / "gpt-oss.gguf"), device="cpu")
+        layer = gpt_oss.weights.layers[0]
+        assert layer.moe is not None and layer.moe.native is not None and layer.window > 0
+        assert layer.bo is not None and layer.sinks is not None
+        assert gpt_oss.weights.layers[1].window == 0
+        return gpt_oss
     q8 = gguf.GGMLQuantizationType.Q8_0
     path = write_tiny(folder / "q8.gguf", request.param, matrix_type=q8)
     loaded = Model.load(path, device="cpu", weights="quantized")

@@ -12,14 +12,18 @@ import sys
 import numpy as np
 import pytest
 
+from engine.ops.moe import moe_ffn_gpt_oss
+from engine.ops.quant.experts import GptOssExperts, MoEWeights
 from engine.ops.quant.experts_native import MoEKernel, Products, load
 from tests.unit.expert_cases import (
     INT_TYPES,
     MOE_SHAPES,
     MoEShape,
     Reference,
+    T,
     experts_of,
     moe_reference,
+    random_experts,
     random_moe,
 )
 
@@ -155,3 +159,35 @@ def test_scratch_it_cannot_have_is_refused_with_nothing_done() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("MemoryError untouched"), done.stdout
     assert "wf_moe_ffn" in done.stdout
+
+
+@BY_PRODUCTS
+def test_gpt_oss_experts_match_the_numpy_form_and_each_row_is_alone(products: Products) -> None:
+    """gpt-oss's variant (router and expert biases, the top 4 by raw logit weighted by
+    their softmax, the clamped SwiGLU) in MXFP4 experts: the C kernel against
+    engine/ops/moe.py's NumPy form of it (float32 products there, so within the 8-bit
+    activations' rounding for integer products here), and each row's bits its own."""
+    kernels = load()
+    assert kernels is not None
+    rng = np.random.default_rng(4)
+    e, k, dim, ffn = 8, 4, 128, 64
+    gate, up = (random_experts(rng, T.MXFP4, e, ffn, dim) for _ in range(2))
+    down = random_experts(rng, T.MXFP4, e, dim, ffn)
+    router = (rng.standard_normal((e, dim)) / np.sqrt(dim)).astype(np.float32)
+    biases = [
+        rng.standard_normal(s).astype(np.float32) for s in ((e,), (e, ffn), (e, ffn), (e, dim))
+    ]
+    extra = GptOssExperts(*biases)
+    kernel = MoEKernel(router, k, gate, up, down, kernels, products, gpt_oss=extra)
+    weights = MoEWeights(router, gate, up, down, k, gpt_oss=extra)
+    x = rows(kernel, 16)
+    together = kernel.run(x, threads=2)
+    want = moe_ffn_gpt_oss(x, weights, extra)
+    tol = 2e-5 if products == Products.FLOAT else 5e-2
+    np.testing.assert_allclose(together, want, atol=tol * np.abs(want).max(), rtol=0)
+    for i in range(len(x)):
+        alone = kernel.run(x[i : i + 1], threads=1)
+        assert np.array_equal(alone[0].view(np.uint32), together[i].view(np.uint32)), f"row {i}"
+    # 8 experts of 4 a row: some over 7, where the SwiGLU clamps
+    gates = np.stack([gate.dense(i) for i in range(e)]) @ x.T  # [e, ffn, rows]
+    assert (gates > 7).any()

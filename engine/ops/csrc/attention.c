@@ -698,13 +698,14 @@ static void KV_NAME(paged_rows)(const float *q, const kv_t *k, const kv_t *v, co
     }
 }
 
-/* Causal attention over every key (the all-layers call's, layers.c) */
+/* paged_rows for the all-layers call (layers.c) */
 void KV_NAME(wf_paged_rows_with)(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                         int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                        float *out, int num_threads, float *scratch) {
+                        float *out, int num_threads, float *scratch, int64_t window,
+                        const float *sinks) {
     KV_NAME(paged_rows)(q, k, v, tables, max_blocks, lengths, num_rows, num_heads, num_kv_heads,
-                        dim, scale, out, num_threads, scratch, 0, NULL);
+                        dim, scale, out, num_threads, scratch, window, sinks);
 }
 
 /* paged_rows with scratch of its own: 0, or the bytes it could not allocate (nothing

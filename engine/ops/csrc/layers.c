@@ -35,6 +35,9 @@ typedef struct {
        expert each; qkv and wo unread then), products as WF_PRODUCTS_*, where in_place */
     WfExperts attn[4];
     int attn_in_place, attn_products;
+    const float *o_bias; /* [dim] added to the output product (gpt-oss), or NULL */
+    const float *sinks;  /* [heads] sink logits in the softmax's denominators (gpt-oss), or NULL */
+    int64_t window;      /* the layer attends to the last `window` positions (0: all) */
 } WfLayer;
 
 typedef struct {
@@ -62,17 +65,18 @@ int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t 
 void wf_paged_rows_with(const float *q, const float *k, const float *v, const int32_t *tables,
                         int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                        float *out, int num_threads, float *scratch);
+                        float *out, int num_threads, float *scratch, int64_t window,
+                        const float *sinks);
 void wf_paged_rows_with_f16(const float *q, const _Float16 *k, const _Float16 *v,
                             const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
                             int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,
                             int64_t dim, float scale, float *out, int num_threads,
-                            float *scratch);
+                            float *scratch, int64_t window, const float *sinks);
 void wf_paged_rows_with_q8(const float *q, const wf_q8 *k, const wf_q8 *v,
                            const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
                            int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,
                            int64_t dim, float scale, float *out, int num_threads,
-                           float *scratch);
+                           float *scratch, int64_t window, const float *sinks);
 
 /* Items of the pool one head's d values take. */
 static int64_t row_items(const WfShape *s, int64_t d) {
@@ -91,9 +95,9 @@ static void put_kv(const WfShape *s, void *kv, int64_t at, const float *src, int
     }
 }
 
-/* Layer i's attention over the pool (the kind s says) */
-static void attend(const WfShape *s, const float *q, const void *k_pool, const void *v_pool,
-                   int64_t i, const int32_t *tables, int64_t max_blocks,
+/* Layer i's attention over the pool (the kind s says), with its window and sinks */
+static void attend(const WfShape *s, const WfLayer *l, const float *q, const void *k_pool,
+                   const void *v_pool, int64_t i, const int32_t *tables, int64_t max_blocks,
                    const int32_t *lengths, int64_t rows, float *att, int threads,
                    float *scratch) {
     int64_t shift = i * s->layer_items;
@@ -101,15 +105,16 @@ static void attend(const WfShape *s, const float *q, const void *k_pool, const v
         wf_paged_rows_with_f16(q, (const _Float16 *)k_pool + shift,
                                (const _Float16 *)v_pool + shift, tables, max_blocks, lengths,
                                rows, s->heads, s->kv_heads, s->head_dim, s->scale, att,
-                               threads, scratch);
+                               threads, scratch, l->window, l->sinks);
     else if (s->kv_kind == 2)
         wf_paged_rows_with_q8(q, (const wf_q8 *)k_pool + shift, (const wf_q8 *)v_pool + shift,
                               tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
-                              s->head_dim, s->scale, att, threads, scratch);
+                              s->head_dim, s->scale, att, threads, scratch, l->window,
+                              l->sinks);
     else
         wf_paged_rows_with(q, (const float *)k_pool + shift, (const float *)v_pool + shift,
                            tables, max_blocks, lengths, rows, s->heads, s->kv_heads,
-                           s->head_dim, s->scale, att, threads, scratch);
+                           s->head_dim, s->scale, att, threads, scratch, l->window, l->sinks);
 }
 
 /* out [rows, m->n] = x [rows, m->k] @ m.T */
@@ -209,8 +214,11 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
                 put_kv(s, k_pool, at, k + (r * s->kv_heads + j) * d, d);
                 put_kv(s, v_pool, at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, d);
             }
-        attend(s, q, k_pool, v_pool, i, tables, max_blocks, lengths, rows, att, threads, scratch);
+        attend(s, l, q, k_pool, v_pool, i, tables, max_blocks, lengths, rows, att, threads,
+               scratch);
         attn_product(l, 1, att, rows, ids, o, s->dim, threads, scratch);
+        if (l->o_bias) /* as forward.py's o += bo */
+            for (int64_t r = 0; r < rows; r++) add_into(o + r * s->dim, l->o_bias, s->dim);
         add_into(x, o, rows * s->dim);
         wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h);
         if (l->moe) {

@@ -1,7 +1,9 @@
 /* The mixture-of-experts FFN of a step, as llama.cpp's qwen3moe computes it: router
    logits, softmax over every expert, the top k renormalised, each (row, expert) pair through
    the expert's gate and up products, silu(g) * u, the down product, and each row's k outputs
-   weighted and added in the row's own rank order. Every step is batch invariant (the
+   weighted and added in the row's own rank order. gpt-oss's (the biases given): the
+   router's bias added, the top k by logit weighted by the softmax of those k, each product's
+   bias added, and its clamped SwiGLU (llama.cpp's swiglu_oai) for silu(g) * u. Every step is batch invariant (the
    products by experts.c's rule, the rest row by row or element by element), so a row's
    output bits never depend on which other rows share the step.
 
@@ -33,6 +35,7 @@ typedef struct {
     int64_t *starts; /* [E + 1] pairs of expert e: [starts[e], starts[e + 1]) */
     int64_t *next;   /* [E] where expert e's next pair goes */
     int64_t *rows;   /* [P] the activation row of each pair */
+    int64_t *expert; /* [P] the expert of each pair */
     int64_t *ids;    /* [max(R, P)] 0, 1, 2, ...: the router's rows and down's */
     float *g, *u, *d;
     float *kernel; /* wf_expert_matmul_with's scratch */
@@ -54,6 +57,7 @@ static int64_t layout(const WfMoE *m, int64_t rows, int threads, char *base, Par
         {(void **)&p->starts, 8 * (e + 1)},
         {(void **)&p->next, 8 * e},
         {(void **)&p->rows, 8 * pairs},
+        {(void **)&p->expert, 8 * pairs},
         {(void **)&p->ids, 8 * (pairs > rows ? pairs : rows)},
         {(void **)&p->g, 4 * pairs * m->ffn},
         {(void **)&p->u, 4 * pairs * m->ffn},
@@ -84,8 +88,10 @@ static void softmax(float *l, int64_t e) {
 }
 
 /* A row's top k by descending probability (ties: the lower expert first), renormalised by
-   their sum in rank order. */
-static void choose(const float *probs, int64_t e, int64_t k, int64_t *chosen, float *weights) {
+   their sum in rank order; with `chosen_softmax` (gpt-oss) probs are logits, and the
+   weights the softmax of the k chosen (the first the largest), summed in rank order. */
+static void choose(const float *probs, int64_t e, int64_t k, int64_t *chosen, float *weights,
+                   int chosen_softmax) {
     int64_t n = 0;
     for (int64_t i = 0; i < e; i++) {
         int64_t at = n < k ? n : k; /* after every kept expert at least as likely */
@@ -96,6 +102,14 @@ static void choose(const float *probs, int64_t e, int64_t k, int64_t *chosen, fl
         n += n < k;
     }
     float sum = 0.0f;
+    if (chosen_softmax) {
+        for (int64_t j = 0; j < k; j++) {
+            weights[j] = expf(probs[chosen[j]] - probs[chosen[0]]);
+            sum += weights[j];
+        }
+        for (int64_t j = 0; j < k; j++) weights[j] = weights[j] / sum;
+        return;
+    }
     for (int64_t j = 0; j < k; j++) sum += probs[chosen[j]];
     for (int64_t j = 0; j < k; j++) weights[j] = probs[chosen[j]] / sum;
 }
@@ -114,6 +128,7 @@ static int64_t bucket(const WfMoE *m, int64_t rows, const Parts *p) {
     for (int64_t i = 0; i < rows * k; i++) {
         int64_t at = p->next[p->pair[i]]++;
         p->rows[at] = i / k;
+        p->expert[at] = p->pair[i];
         p->pair[i] = at;
     }
     return touched;
@@ -130,6 +145,33 @@ static void experts(const WfExperts *w, int products, const float *x, int64_t x_
 static void silu_mul(float *g, const float *u, int64_t n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+#define OAI_ALPHA 1.702f /* gpt-oss's SwiGLU: SiLU's slope, and where gate and up clamp */
+#define OAI_LIMIT 7.0f
+
+/* gpt-oss: each pair's gate and up biases added (its expert's), then its clamped SwiGLU
+   into g: x = min(g, limit), y = clamp(u, -limit, limit), x sigmoid(alpha x) (y + 1) */
+static void swiglu_oai(const WfMoE *m, const Parts *p, int64_t pairs, int threads) {
+    int64_t ffn = m->ffn;
+#pragma omp parallel for num_threads(threads) schedule(static) if (pairs * ffn >= 65536)
+    for (int64_t q = 0; q < pairs; q++) {
+        int64_t e = p->expert[q];
+        for (int64_t i = 0; i < ffn; i++) {
+            float x = p->g[q * ffn + i] + m->gate_bias[e * ffn + i];
+            float y = p->u[q * ffn + i] + m->up_bias[e * ffn + i];
+            x = x < OAI_LIMIT ? x : OAI_LIMIT;
+            y = y < -OAI_LIMIT ? -OAI_LIMIT : y > OAI_LIMIT ? OAI_LIMIT : y;
+            p->g[q * ffn + i] = x / (1.0f + expf(OAI_ALPHA * -x)) * (y + 1.0f);
+        }
+    }
+}
+
+/* gpt-oss: each pair's down bias added (its expert's) */
+static void down_bias(const WfMoE *m, const Parts *p, int64_t pairs) {
+    for (int64_t q = 0; q < pairs; q++)
+        for (int64_t i = 0; i < m->dim; i++)
+            p->d[q * m->dim + i] += m->down_bias[p->expert[q] * m->dim + i];
 }
 
 /* out[r] = sum over ranks j in order of w[r, j] * d[pair[r, j]]: each product and each add
@@ -158,15 +200,24 @@ void wf_moe_ffn_with(const WfMoE *m, const float *x, int64_t rows, float *out, i
     /* logits [R, E]: the router as one float32 expert, each row a batch-invariant product */
     wf_expert_matmul_with(WF_PRODUCTS_FLOAT, GGML_F32, (const uint8_t *)m->router, 0, e, m->dim,
                           x, m->dim, p.ids, router, 1, p.logits, e, threads, p.kernel);
+    int gpt_oss = m->router_bias != NULL;
     for (int64_t r = 0; r < rows; r++) {
-        softmax(p.logits + r * e, e);
-        choose(p.logits + r * e, e, k, p.pair + r * k, p.weights + r * k);
+        float *l = p.logits + r * e;
+        if (gpt_oss)
+            for (int64_t i = 0; i < e; i++) l[i] = l[i] + m->router_bias[i];
+        else
+            softmax(l, e);
+        choose(l, e, k, p.pair + r * k, p.weights + r * k, gpt_oss);
     }
     int64_t touched = bucket(m, rows, &p);
     experts(&m->gate, m->products, x, m->dim, p.rows, p.starts, e, p.g, threads, p.kernel);
     experts(&m->up, m->products, x, m->dim, p.rows, p.starts, e, p.u, threads, p.kernel);
-    silu_mul(p.g, p.u, pairs * m->ffn, threads);
+    if (gpt_oss)
+        swiglu_oai(m, &p, pairs, threads);
+    else
+        silu_mul(p.g, p.u, pairs * m->ffn, threads);
     experts(&m->down, m->products, p.g, m->ffn, p.ids, p.starts, e, p.d, threads, p.kernel);
+    if (gpt_oss) down_bias(m, &p, pairs);
     combine(m, rows, &p, out, threads);
     if (stats) {
         stats[0] += 1;

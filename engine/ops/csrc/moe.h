@@ -22,6 +22,10 @@ typedef struct {
     int64_t num_experts, top_k, dim, ffn;
     WfExperts gate, up, down; /* gate/up [E, ffn, dim], down [E, dim, ffn] */
     int products;             /* WF_PRODUCTS_* of the three expert tensors */
+    /* gpt-oss (NULL elsewhere): the router's bias [E], the gate's and up's [E, ffn], the
+       down's [E, dim]; with them the top k go by raw logit, weighted by the softmax of
+       those k, and the activation is gpt-oss's clamped SwiGLU */
+    const float *router_bias, *gate_bias, *up_bias, *down_bias;
 } WfMoE;
 
 /* Whether rows of k weights of this type are read (k whole blocks, k % 32 == 0). */

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.ops import native
 from engine.ops.native import address
-from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.experts import ExpertMatrix, GptOssExperts
 
 _ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 UNSUPPORTED = -1  # what the kernels return for a type or shape they do not read
@@ -73,6 +73,10 @@ class WfMoE(ctypes.Structure):
         ("up", WfExperts),
         ("down", WfExperts),
         ("products", _int),
+        ("router_bias", _ptr),  # gpt-oss's biases (None elsewhere)
+        ("gate_bias", _ptr),
+        ("up_bias", _ptr),
+        ("down_bias", _ptr),
     ]
 
 
@@ -191,7 +195,8 @@ def expert_matmul(
 class MoEKernel:
     """A layer's MoE FFN in the C kernels: the router [E, dim] float32, top_k, and the gate
     and up [E, ffn, dim] and down [E, dim, ffn] expert tensors, multiplied as `products`
-    says (the environment's by default); `struct` points into them."""
+    says (the environment's by default), with gpt-oss's biases, routing and activation
+    where `gpt_oss` is given; `struct` points into them."""
 
     router: np.ndarray
     top_k: int
@@ -200,6 +205,7 @@ class MoEKernel:
     down: ExpertMatrix
     kernels: ExpertKernels
     products: Products = field(default_factory=expert_products)
+    gpt_oss: GptOssExperts | None = None
     struct: WfMoE = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +218,14 @@ class MoEKernel:
             raise ValueError(f"experts {shapes} and top {self.top_k} do not fit router {e}x{dim}")
         parts = (experts_struct(w) for w in (self.gate, self.up, self.down))
         s = WfMoE(address(self.router), e, self.top_k, dim, ffn, *parts, int(self.products))
+        if self.gpt_oss is not None:
+            b = self.gpt_oss
+            want = ((e,), (e, ffn), (e, ffn), (e, dim))
+            biases = (b.router_bias, b.gate_bias, b.up_bias, b.down_bias)
+            for bias, shape in zip(biases, want, strict=True):
+                if bias.dtype != np.float32 or bias.shape != shape or not bias.flags.c_contiguous:
+                    raise ValueError(f"a gpt-oss bias must be C-contiguous float32 {shape}")
+            s.router_bias, s.gate_bias, s.up_bias, s.down_bias = (address(a) for a in biases)
         object.__setattr__(self, "struct", s)
 
     @property
@@ -234,12 +248,19 @@ class MoEKernel:
 
 
 def moe_kernel(
-    router: np.ndarray, top_k: int, gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix
+    router: np.ndarray,
+    top_k: int,
+    gate: ExpertMatrix,
+    up: ExpertMatrix,
+    down: ExpertMatrix,
+    gpt_oss: GptOssExperts | None = None,
 ) -> MoEKernel | None:
     """The layer's MoE kernel on the engine's compiled kernels; None where they are not
     built here."""
     kernels = load()
-    return MoEKernel(router, top_k, gate, up, down, kernels) if kernels is not None else None
+    if kernels is None:
+        return None
+    return MoEKernel(router, top_k, gate, up, down, kernels, gpt_oss=gpt_oss)
 
 
 def expert_kernels_read(qtype: int, k: int) -> bool:
