@@ -91,10 +91,17 @@ def tools_of(body: Body) -> list[Message] | None:
     return [{"type": "function", "function": t["function"]} for t in tools]
 
 
+EFFORTS = ("low", "medium", "high")  # what gpt-oss's template reads as reasoning_effort
+
+
 def template_kwargs_of(body: Body) -> dict[str, Any] | None:
     """`chat_template_kwargs` (as vLLM and llama-server take them), with enable_thinking
-    false when `reasoning_effort` is "none"."""
+    false when `reasoning_effort` is "none", and the effort as the template's
+    `reasoning_effort` when it is low, medium or high (gpt-oss's "Reasoning:" line)."""
     kwargs = dict(get(body, "chat_template_kwargs", dict, {}))
-    if get(body, "reasoning_effort", str) == "none":
+    effort = get(body, "reasoning_effort", str)
+    if effort == "none":
         kwargs["enable_thinking"] = False
+    elif effort in EFFORTS:
+        kwargs["reasoning_effort"] = effort
     return kwargs or None

@@ -12,7 +12,7 @@ from typing import Any
 from common.errors import InvalidRequestError
 from engine.text.chat_tools import Message, check_tools
 from gateway.http_request import Body, get, joined_text, json_arguments
-from gateway.openai_messages import offered
+from gateway.openai_messages import EFFORTS, offered
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -121,6 +121,9 @@ def check_format(body: Body) -> None:
 
 
 def template_kwargs_of(body: Body) -> dict[str, Any] | None:
-    """`reasoning.effort` "none" turns the template's thinking off."""
+    """`reasoning.effort` "none" turns the template's thinking off; low, medium or high is
+    the template's `reasoning_effort` (gpt-oss's)."""
     effort = get(body, "reasoning", dict, {}).get("effort")
-    return {"enable_thinking": False} if effort == "none" else None
+    if effort == "none":
+        return {"enable_thinking": False}
+    return {"reasoning_effort": effort} if effort in EFFORTS else None

@@ -202,3 +202,8 @@ def test_the_gpt_oss_template_renders_tools_calls_results_and_reasoning() -> Non
         in prompt
     )
     assert prompt.endswith("<|start|>assistant")
+    assert "Reasoning: medium" in prompt  # the template's default effort
+    high = render_chat(
+        TEMPLATE, messages, tools=tools, template_kwargs={"reasoning_effort": "high"}
+    )
+    assert "Reasoning: high" in high  # as OpenAI's reasoning_effort asks (openai_messages.py)

@@ -70,12 +70,16 @@ def test_each_face_turns_reasoning_off_its_own_way() -> None:
     assert openai_messages.template_kwargs_of({"reasoning_effort": "none"}) == off
     kwargs = {"chat_template_kwargs": {"enable_thinking": False, "x": 1}}
     assert openai_messages.template_kwargs_of(kwargs) == {**off, "x": 1}
-    assert openai_messages.template_kwargs_of({"reasoning_effort": "high"}) is None
+    # an effort the model can take is the template's (gpt-oss's "Reasoning: high")
+    high = {"reasoning_effort": "high"}
+    assert openai_messages.template_kwargs_of(high) == high
+    assert openai_messages.template_kwargs_of({"reasoning_effort": "minimal"}) is None
     assert anthropic_messages.template_kwargs_of({"thinking": {"type": "disabled"}}) == off
     enabled = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
     assert anthropic_messages.template_kwargs_of(enabled) is None
     assert responses_input.template_kwargs_of({"reasoning": {"effort": "none"}}) == off
-    assert responses_input.template_kwargs_of({"reasoning": {"effort": "low"}}) is None
+    low = responses_input.template_kwargs_of({"reasoning": {"effort": "low"}})
+    assert low == {"reasoning_effort": "low"}
     with pytest.raises(InvalidRequestError, match="chat_template_kwargs"):
         openai_messages.template_kwargs_of({"chat_template_kwargs": "nope"})
 
