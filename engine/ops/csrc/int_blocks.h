@@ -86,12 +86,15 @@ static inline void nibble_codes(const uint8_t *qs, int fifth, uint32_t qh, uint8
     memcpy(codes + 16, &hi, 16);
 }
 
-/* MXFP4: the doubled E2M1 values + 128 (Q8_0's codes), low nibbles first */
+/* MXFP4: the doubled E2M1 values + 128 (Q8_0's codes), low nibbles first: one byte
+   shuffle a 16 (pshufb, NEON's tbl) looks each nibble up */
 static inline void fp4_codes(const uint8_t *qs, uint8_t *codes) {
-    for (int j = 0; j < 16; j++) {
-        codes[j] = (uint8_t)(128 + (int)MXFP4_VALUES[qs[j] & 15]);
-        codes[j + 16] = (uint8_t)(128 + (int)MXFP4_VALUES[qs[j] >> 4]);
-    }
+    const v16b table = {128, 129, 130, 131, 132, 134, 136, 140,
+                        128, 127, 126, 125, 124, 122, 120, 116};
+    v16b q = bytes_at(qs), lo = __builtin_shuffle(table, q & 15);
+    v16b hi = __builtin_shuffle(table, shr16(q, 4) & 15);
+    memcpy(codes, &lo, 16);
+    memcpy(codes + 16, &hi, 16);
 }
 
 static inline void small_block(int t, const uint8_t *b, const Unpacked *u) {
