@@ -1,7 +1,8 @@
 /* int_tiles.h's products in 512-bit registers (AVX-512BW; vpdpbusd and vpdpwssd with VNNI):
    64 weights a step (here a 512-bit integer op costs no more than a 256-bit one). A K-quant
-   block's weights come straight from the file's block into registers (every bucket; the
-   32-weight types' from the chunk, int_blocks.h's unpacking), no stores between. Each output's sums then reduced 8 outputs at a time, with int_avx2.h's
+   block's weights come straight from the file's block into registers (every bucket; Q8_0's
+   and MXFP4's too, two blocks a step; the other 32-weight types' from the chunk,
+   int_blocks.h's unpacking), no stores between. Each output's sums then reduced 8 outputs at a time, with int_avx2.h's
    float steps. */
 #ifndef WARMFLEET_INT_AVX512_H
 #define WARMFLEET_INT_AVX512_H
@@ -237,6 +238,75 @@ static inline __attribute__((always_inline)) void small_pair512(int t, int mr, c
             is = _mm256_sub_epi32(is, _mm256_mullo_epi32(qsum, _mm256_set1_epi32(dot_zero(t))));
             float_steps(t, _mm_loadu_ps(c->d + 4 * (b + h)), _mm_loadu_ps(c->m + 4 * (b + h)), xs,
                         r, two, g + h, is, qsum, acc);
+        }
+    }
+}
+
+/* The raw path's 32-weight types: Q8_0 and MXFP4 (their codes are one load and one xor, or
+   one byte shuffle, from the file's block) */
+static inline int small_raw(int t) { return t == T_Q8_0 || t == T_MXFP4; }
+
+/* Block blk's 32 codes, as int_blocks.h's small_block unpacks them (w + 128) */
+static inline __m256i small_codes_raw(int t, const uint8_t *blk) {
+    if (t == T_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const void *)(blk + 2)),
+                                _mm256_set1_epi8((char)0x80));
+    const __m128i table = _mm_setr_epi8((char)128, (char)129, (char)130, (char)131, (char)132,
+                                        (char)134, (char)136, (char)140, (char)128, 127, 126,
+                                        125, 124, 122, 120, 116);
+    __m128i q = _mm_loadu_si128((const void *)(blk + 1)), low = _mm_set1_epi8(15);
+    __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, low));
+    __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), low));
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* Block blk's scale, as small_block gives it */
+static inline float small_d_raw(int t, const uint8_t *blk) {
+    if (t == T_Q8_0) return half(blk);
+    Groups g;
+    block_groups(t, blk, &g);
+    return g.v[0];
+}
+
+/* small_pair512 on blocks g and g + 1 (g + 1 past the row's nb blocks: zeros, its steps
+   skipped) of the file's rows w[0 .. IROWS) (row bytes rb): the same codes, sums and float
+   steps, so the same bits, with no chunk between */
+static inline __attribute__((always_inline)) void small_raw_pair512(int t, int mr,
+                                                                    const uint8_t *w, int64_t rb,
+                                                                    int nr, int64_t nb,
+                                                                    const Acts *xs, int64_t g,
+                                                                    float *acc) {
+    int both = g + 1 < nb, bb = block_bytes(t);
+    __m512i isum[INT_MR][IROWS] = {}, x[INT_MR];
+    float d[2][IROWS];
+    for (int r = 0; r < mr; r++)
+        x[r] = both ? _mm512_loadu_si512(xs[r].q + g * 32)
+                    : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)(xs[r].q + g * 32)));
+    for (int j = 0; j < IROWS; j++) {
+        const uint8_t *blk = w + (j < nr ? j : nr - 1) * rb + g * bb;
+        __m512i cv = _mm512_zextsi256_si512(small_codes_raw(t, blk));
+        d[0][j] = small_d_raw(t, blk);
+        d[1][j] = 0.0f;
+        if (both) {
+            cv = _mm512_inserti64x4(cv, small_codes_raw(t, blk + bb), 1);
+            d[1][j] = small_d_raw(t, blk + bb);
+        }
+        for (int r = 0; r < mr; r++) isum[r][j] = dot_plain512(t, isum[r][j], cv, x[r]);
+    }
+    for (int r = 0; r < mr; r += 2) {
+        int two = r + 1 < mr;
+        __m512i packed[8] = {};
+        for (int h = 0; h <= two; h++)
+            for (int j = 0; j < IROWS; j++) packed[4 * h + j] = isum[r + h][j];
+        __m512i sums = reduce8x2(packed); /* block g's sums, then g + 1's */
+        for (int h = 0; h <= both; h++) {
+            const int16_t *s0 = xs[r].sum16 + 2 * (g + h), *s1 = xs[r + two].sum16 + 2 * (g + h);
+            __m256i qsum = _mm256_set_m128i(_mm_set1_epi32(s1[0] + s1[1]),
+                                            _mm_set1_epi32(s0[0] + s0[1]));
+            __m256i is = h ? high256(sums) : low256(sums);
+            is = _mm256_sub_epi32(is, _mm256_mullo_epi32(qsum, _mm256_set1_epi32(dot_zero(t))));
+            float_steps(t, _mm_loadu_ps(d[h]), _mm_setzero_ps(), xs, r, two, g + h, is, qsum,
+                        acc);
         }
     }
 }

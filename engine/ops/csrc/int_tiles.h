@@ -108,8 +108,12 @@ static inline __attribute__((always_inline)) void int_tile(int t, int mr, const 
 }
 
 /* Whether this type multiplies straight from the file's blocks (int_raw_tile), with no
-   chunk: the AVX-512 build's K-quants */
-static inline int raw_tiles(int t) { return INT_SIMD == 512 && k_quant(t); }
+   chunk: the AVX-512 build's K-quants, Q8_0 and MXFP4 */
+#if INT_SIMD == 512
+static inline int raw_tiles(int t) { return k_quant(t) || small_raw(t); }
+#else
+static inline int raw_tiles(int t) { return 0 && t; }
+#endif
 
 /* Part `part` of `parts` of the bytes at `ahead` (the next task's rows; NULL: none) on their
    way to L2: spread over a task's blocks, a burst of a task's lines at once measured slower
@@ -130,6 +134,14 @@ static inline __attribute__((always_inline)) void int_raw_tile(int t, int mr, co
                                                               const Acts *xs, float *acc,
                                                               const uint8_t *ahead) {
 #if INT_SIMD == 512
+    if (!k_quant(t)) { /* 32-weight blocks, two at a time (small_pair512's pairs) */
+        int64_t nb = k / 32;
+        for (int64_t g = 0; g < nb; g += 2) {
+            prefetch_part(ahead, IROWS * rb, g / 2, (nb + 1) / 2);
+            small_raw_pair512(t, mr, w, rb, nr, nb, xs, g, acc);
+        }
+        return;
+    }
     for (int64_t g = 0; g < k / 256; g++) {
         prefetch_part(ahead, IROWS * rb, g, k / 256);
         k_raw_block(t, mr, w, rb, nr, xs, g, acc);
