@@ -1,8 +1,10 @@
 """The whole system serving a mixture-of-experts model: the tiny random `qwen3moe` (8
-experts, top 2, with Qwen 2's vocabulary and Qwen 3's chat template) behind a real gateway,
-Redis and two worker processes. Six agents talk at once for three turns each: every reply
-has the in-process engine's tokens, every follow-up resumes warm on its session's worker;
-a session evicted to disk comes back from it with the same tokens."""
+experts, top 2, with Qwen 2's vocabulary and Qwen 3's chat template), and the tiny random
+`gpt-oss` (MXFP4 experts, sliding windows and sinks; Qwen 3's template too, whose prompts
+run past its 16-position window) behind a real gateway, Redis and two worker processes.
+Six agents talk at once for three turns each: every reply has the in-process engine's
+tokens, every follow-up resumes warm on its session's worker; a session evicted to disk
+comes back from it with the same tokens."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tests.cluster_helpers import assert_turns_exact_and_warm, reference, talk_i
 from tests.conftest import FIXTURES
 from tests.kv_checks import evict
 from tests.tiny_families import write_tiny
+from tests.tiny_gpt_oss import write_tiny_gpt_oss
 from warmfleet.client import Client, KVStoreClient
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -28,10 +31,13 @@ NEW_TOKENS = 8
 TOPICS = ["rivers", "bridges", "owls", "tea", "rain", "maps"]
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["qwen3moe", "gpt-oss"])
+def model_path(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     template = (FIXTURES / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
-    return write_tiny(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", "qwen3moe", template)
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "gpt-oss":
+        return write_tiny_gpt_oss(folder / "tiny-gpt-oss.gguf", chat_template=template)
+    return write_tiny(folder / "tiny-moe.gguf", "qwen3moe", template)
 
 
 @pytest.fixture(scope="module")
