@@ -209,6 +209,30 @@ static inline __attribute__((always_inline)) void k_raw_block(int t, int mr, con
     k_block512(t, mr, k, d4, m4, xs, g, acc);
 }
 
+/* The float steps of blocks g and g + 1 (g + 1 only where `both`) from their integer sums
+   isum[r][j] (block g's in the low 256 bits, g + 1's in the high): d, m the blocks' rows'
+   scales and mins, IROWS a block, block g's first */
+static inline __attribute__((always_inline)) void pair_steps512(
+    int t, int mr, __m512i isum[INT_MR][IROWS], const Acts *xs, int64_t g, int both,
+    const float *d, const float *m, float *acc) {
+    for (int r = 0; r < mr; r += 2) {
+        int two = r + 1 < mr;
+        __m512i packed[8] = {};
+        for (int h = 0; h <= two; h++)
+            for (int j = 0; j < IROWS; j++) packed[4 * h + j] = isum[r + h][j];
+        __m512i sums = reduce8x2(packed); /* block g's sums, then g + 1's */
+        for (int h = 0; h <= both; h++) {
+            const int16_t *s0 = xs[r].sum16 + 2 * (g + h), *s1 = xs[r + two].sum16 + 2 * (g + h);
+            __m256i qsum = _mm256_set_m128i(_mm_set1_epi32(s1[0] + s1[1]),
+                                            _mm_set1_epi32(s0[0] + s0[1]));
+            __m256i is = h ? high256(sums) : low256(sums);
+            is = _mm256_sub_epi32(is, _mm256_mullo_epi32(qsum, _mm256_set1_epi32(dot_zero(t))));
+            float_steps(t, _mm_loadu_ps(d + 4 * h), _mm_loadu_ps(m + 4 * h), xs, r, two, g + h,
+                        is, qsum, acc);
+        }
+    }
+}
+
 /* 32-weight blocks b and b + 1 (b + 1 absent at the chunk's end: zeros, its steps skipped) */
 static inline __attribute__((always_inline)) void small_pair512(int t, int mr, const Chunk *c,
                                                                 int b, const Acts *xs,
@@ -224,22 +248,7 @@ static inline __attribute__((always_inline)) void small_pair512(int t, int mr, c
                           : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)e));
         for (int r = 0; r < mr; r++) isum[r][j] = dot_plain512(t, isum[r][j], cv, x[r]);
     }
-    for (int r = 0; r < mr; r += 2) {
-        int two = r + 1 < mr;
-        __m512i packed[8] = {};
-        for (int h = 0; h <= two; h++)
-            for (int j = 0; j < IROWS; j++) packed[4 * h + j] = isum[r + h][j];
-        __m512i sums = reduce8x2(packed); /* block b's sums, then b + 1's */
-        for (int h = 0; h <= both; h++) {
-            const int16_t *s0 = xs[r].sum16 + 2 * (g + h), *s1 = xs[r + two].sum16 + 2 * (g + h);
-            __m256i qsum = _mm256_set_m128i(_mm_set1_epi32(s1[0] + s1[1]),
-                                            _mm_set1_epi32(s0[0] + s0[1]));
-            __m256i is = h ? high256(sums) : low256(sums);
-            is = _mm256_sub_epi32(is, _mm256_mullo_epi32(qsum, _mm256_set1_epi32(dot_zero(t))));
-            float_steps(t, _mm_loadu_ps(c->d + 4 * (b + h)), _mm_loadu_ps(c->m + 4 * (b + h)), xs,
-                        r, two, g + h, is, qsum, acc);
-        }
-    }
+    pair_steps512(t, mr, isum, xs, g, both, c->d + 4 * b, c->m + 4 * b, acc);
 }
 
 /* The raw path's 32-weight types: Q8_0 and MXFP4 (their codes are one load and one xor, or
@@ -278,7 +287,7 @@ static inline __attribute__((always_inline)) void small_raw_pair512(int t, int m
                                                                     float *acc) {
     int both = g + 1 < nb, bb = block_bytes(t);
     __m512i isum[INT_MR][IROWS] = {}, x[INT_MR];
-    float d[2][IROWS];
+    float d[2][IROWS]; /* blocks g's and g + 1's scales, the rows side by side */
     for (int r = 0; r < mr; r++)
         x[r] = both ? _mm512_loadu_si512(xs[r].q + g * 32)
                     : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)(xs[r].q + g * 32)));
@@ -293,22 +302,8 @@ static inline __attribute__((always_inline)) void small_raw_pair512(int t, int m
         }
         for (int r = 0; r < mr; r++) isum[r][j] = dot_plain512(t, isum[r][j], cv, x[r]);
     }
-    for (int r = 0; r < mr; r += 2) {
-        int two = r + 1 < mr;
-        __m512i packed[8] = {};
-        for (int h = 0; h <= two; h++)
-            for (int j = 0; j < IROWS; j++) packed[4 * h + j] = isum[r + h][j];
-        __m512i sums = reduce8x2(packed); /* block g's sums, then g + 1's */
-        for (int h = 0; h <= both; h++) {
-            const int16_t *s0 = xs[r].sum16 + 2 * (g + h), *s1 = xs[r + two].sum16 + 2 * (g + h);
-            __m256i qsum = _mm256_set_m128i(_mm_set1_epi32(s1[0] + s1[1]),
-                                            _mm_set1_epi32(s0[0] + s0[1]));
-            __m256i is = h ? high256(sums) : low256(sums);
-            is = _mm256_sub_epi32(is, _mm256_mullo_epi32(qsum, _mm256_set1_epi32(dot_zero(t))));
-            float_steps(t, _mm_loadu_ps(d[h]), _mm_setzero_ps(), xs, r, two, g + h, is, qsum,
-                        acc);
-        }
-    }
+    const float m[2 * IROWS] = {0};
+    pair_steps512(t, mr, isum, xs, g, both, d[0], m, acc);
 }
 
 #endif
