@@ -23,6 +23,7 @@ from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES
 from tests.paged import new_kv, run_segments
 from tests.tiny_gpt_oss import TEXTS, TOKENIZER_TEXTS, WINDOW, write_tiny_gpt_oss
+from tests.unit.engine_driver import drive, run_alone
 
 LOGIT_TOL = 2e-3  # as for the other families (measured: 6e-06)
 # The default products multiply MXFP4 experts in integers, each activation row quantized
@@ -123,3 +124,22 @@ def test_sixteen_prompts_in_one_batch_equal_each_alone(model_file: Path) -> None
     ]
     cases = compositions(16, [16, 7, 16], [0, 5, SMALL_ROWS + 8])
     assert check(model, prompts, cases) == sum(len(c.order) + (c.prefill > 0) for c in cases)
+
+
+def test_a_session_past_the_window_resumes_and_an_early_edit_recomputes(model_file: Path) -> None:
+    """A session longer than the 16-position window: its next turn resumes from the cache
+    with the tokens of a cold run; a prompt that edits an early token takes only the
+    common prefix and gives a cold run's tokens too."""
+    model = Model.load(model_file, device="cpu")
+    engine, greedy = Engine(model), SamplingParams(max_tokens=6)
+    rng = np.random.default_rng(5)
+    first = [int(t) for t in rng.integers(0, model.config.vocab_size, 60)]
+    out = drive(engine, {0: [Request("1", first, greedy, cache_key="s")]})["1"]
+    second = [*first, *out.ids, *(int(t) for t in rng.integers(0, 1000, 5))]
+    resumed = drive(engine, {0: [Request("2", second, greedy, cache_key="s")]})["2"]
+    assert resumed.completion.cached_tokens == len(first) + len(out.ids) - 1 > 3 * WINDOW
+    assert resumed.ids == run_alone(model, Request("cold", second, greedy)).ids
+    edited = [*second[:3], (second[3] + 1) % 1000, *second[4:]]
+    redone = drive(engine, {0: [Request("3", edited, greedy, cache_key="s")]})["3"]
+    assert redone.completion.cached_tokens == 3
+    assert redone.ids == run_alone(model, Request("cold", edited, greedy)).ids
