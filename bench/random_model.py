@@ -15,13 +15,11 @@ a matrix of rows of K weights has a root mean square of 1 / sqrt(K): activations
 unit size through every layer. The check then loads the file in warmfleet and in llama.cpp,
 asks for finite logits and runs a few greedy tokens on each.
 
-gpt-oss-20b (`gpt-oss`, gpt-oss-20b's layer shape): embedding 2880, 64 query and 8 KV heads
-of 64 with biases, an output bias and sinks, every other layer on a 128-position window,
-YaRN (factor 32 over 4,096), rope base 150,000; 32 experts of 2880 with top 4, in MXFP4
-whatever --type says (as the published files keep them), with router and expert biases;
-post_attention_norm for the FFN's; 4 layers by default (the real model has 24); Qwen 2's
-vocabulary marked with GPT-4o's split (gpt-oss's is 201,088 tokens). With --type q8_0 the
-other matrices are Q8_0, as ggml-org's gpt-oss-20b-mxfp4 file keeps most of them.
+gpt-oss-20b (`gpt-oss`): 2880 wide, 64 query and 8 KV heads of 64 with biases, an output
+bias and sinks, every other layer on a 128-position window, YaRN (32 over 4,096), rope base
+150,000; 32 experts of 2880, top 4, in MXFP4 whatever --type says (as published files keep
+them), router and expert biases; 4 layers by default (24 real); Qwen 2's vocabulary marked
+with GPT-4o's split (gpt-oss's has 201,088 tokens).
 
 qwen3-30b-a3b (`qwen3moe`, Qwen3-30B-A3B's layer shape; bench/random_moe.py): embedding 2048,
 32 query and 4 KV heads of 128 with q/k RMS norms, 128 experts of 768 with top 8 in place of
@@ -91,8 +89,7 @@ SHAPES = {
         tied=False,
         experts=Experts(count=128, used=8, ffn=768),
     ),
-    # 24 layers in the real model: 4 by default keep the file near 2 GiB
-    "gpt-oss-20b": Shape(
+    "gpt-oss-20b": Shape(  # 24 layers in the real model: 4 by default, a 2.6 GiB file
         "gpt-oss",
         layers=4,
         dim=2880,
@@ -127,18 +124,18 @@ def layer_tensors(
         ffn = shape.ffn
         matrices |= {"ffn_gate": (ffn, dim), "ffn_up": (ffn, dim), "ffn_down": (dim, ffn)}
     out: dict[str, tuple[np.ndarray, T]] = {}
+    biased = {"attn_q", "attn_k", "attn_v"} if shape.biases else set()
+    biased |= {"attn_output"} if shape.window else set()  # gpt-oss's
     for kind, (rows, k) in matrices.items():
         qtype = matrix_type(mix, kind, i, shape.layers, k, shape.tied)
         out[f"{p}{kind}.weight"] = (quantized(rng, qtype, rows, k, 1 / math.sqrt(k)), qtype)
-        if (shape.biases and kind in ("attn_q", "attn_k", "attn_v")) or (
-            shape.window and kind == "attn_output"
-        ):
+        if kind in biased:
             bias = rng.standard_normal(rows, dtype=np.float32) * np.float32(BIAS_STD)
             out[f"{p}{kind}.bias"] = (bias, T.F32)
     if shape.experts:
         out |= expert_tensors(rng, mix, i, shape.layers, dim, shape.experts)
     norms = {"attn_norm": dim, "post_attention_norm" if shape.window else "ffn_norm": dim}
-    if shape.window:  # sinks: a few units, some heads giving them most of their attention
+    if shape.window:  # sinks of a few units: some heads give them most of their attention
         sinks = rng.uniform(-2.0, 4.0, shape.heads).astype(np.float32)
         out[f"{p}attn_sinks.weight"] = (sinks, T.F32)
     if shape.qk_norms:
@@ -287,7 +284,6 @@ def main() -> None:
     parser.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0", dest="mix")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, help="default: the shape's (qwen3-30b-a3b: 8)")
-    # (gpt-oss-20b: 4)
     parser.add_argument("--no-check", action="store_true", help="write the file only")
     args = parser.parse_args()
     t = time.perf_counter()

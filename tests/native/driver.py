@@ -104,8 +104,12 @@ def expert_cases(products: Products) -> Iterator[Case]:
         yield Case(f"{qtype.name} {products.name}", "expert", data, len(rows) * w.n)
 
 
-def attention_case(kind: np.dtype, heads: int, kv_heads: int, dim: int) -> Case:
-    """Three rows of 1, 37 and 70 keys over a pool of `kind` (float32, float16, q8_0)."""
+def attention_case(
+    kind: np.dtype, heads: int, kv_heads: int, dim: int, window: int = 0, sinks: bool = False
+) -> Case:
+    """Three rows of 1, 37 and 70 keys over a pool of `kind` (float32, float16, q8_0), each
+    seeing its last `window` only where window > 0, with a sink logit per head where
+    `sinks` (gpt-oss's attention)."""
     rng = np.random.default_rng(37)
     rows, num_blocks, max_blocks = 3, 12, 5
     lengths = np.array([1, 37, 70], np.int32)  # up to 5 blocks of 16
@@ -117,6 +121,10 @@ def attention_case(kind: np.dtype, heads: int, kv_heads: int, dim: int) -> Case:
     code = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, Q8_0: 2}[kind]
     scale = np.array([dim**-0.5, 0], np.float32).tobytes()
     header = np.array([code, rows, heads, kv_heads, dim, max_blocks, k.nbytes, THREADS], np.int64)
-    data = header.tobytes() + scale + q.tobytes() + k.tobytes() + v.tobytes()
+    limits = np.array([window, int(sinks)], np.int64).tobytes()
+    data = header.tobytes() + scale + limits + q.tobytes() + k.tobytes() + v.tobytes()
     data += tables.tobytes() + lengths.tobytes()
-    return Case(f"{kind} {heads}/{kv_heads}x{dim}", "attention", data, rows * heads * dim)
+    if sinks:
+        data += rng.uniform(-2.0, 4.0, heads).astype(np.float32).tobytes()
+    label = f"{kind} {heads}/{kv_heads}x{dim} window {window} sinks {sinks}"
+    return Case(label, "attention", data, rows * heads * dim)

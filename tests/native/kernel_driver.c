@@ -4,7 +4,8 @@
 
      kernel_driver matmul IN OUT   wf_matmul (the decoded quantized matrices, qmatmul.c)
      kernel_driver expert IN OUT   wf_expert_matmul_as
-     kernel_driver attention IN OUT   wf_paged_rows (float32), _f16 or _q8 by the pool's kind
+     kernel_driver attention IN OUT   wf_paged_rows_windowed (float32), _f16 or _q8 by the
+                                      pool's kind, with a window and sinks where asked
 
    IN, little-endian: an int64 header, then the arrays in the order below; OUT: the float32
    outputs. Exit status 0, or 1 with a message on stderr. */
@@ -18,18 +19,25 @@ int64_t wf_expert_matmul_as(int products, int qtype, const uint8_t *w, int64_t e
                             int64_t n, int64_t k, const float *x, int64_t x_stride,
                             const int64_t *rows, const int64_t *starts, int64_t num_experts,
                             float *out, int64_t out_stride, int threads);
-int64_t wf_paged_rows(const float *q, const void *k, const void *v, const int32_t *tables,
-                      int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                      int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                      float *out, int num_threads);
-int64_t wf_paged_rows_f16(const float *q, const void *k, const void *v, const int32_t *tables,
-                          int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                          int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                          float *out, int num_threads);
-int64_t wf_paged_rows_q8(const float *q, const void *k, const void *v, const int32_t *tables,
-                         int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
-                         int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
-                         float *out, int num_threads);
+typedef int64_t (*Rows)(const float *q, const void *k, const void *v, const int32_t *tables,
+                        int64_t max_blocks, const int32_t *lengths, int64_t num_rows,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t dim, float scale,
+                        float *out, int num_threads, int64_t window, const float *sinks);
+int64_t wf_paged_rows_windowed(const float *q, const void *k, const void *v,
+                               const int32_t *tables, int64_t max_blocks, const int32_t *lengths,
+                               int64_t num_rows, int64_t num_heads, int64_t num_kv_heads,
+                               int64_t dim, float scale, float *out, int num_threads,
+                               int64_t window, const float *sinks);
+int64_t wf_paged_rows_windowed_f16(const float *q, const void *k, const void *v,
+                                   const int32_t *tables, int64_t max_blocks,
+                                   const int32_t *lengths, int64_t num_rows, int64_t num_heads,
+                                   int64_t num_kv_heads, int64_t dim, float scale, float *out,
+                                   int num_threads, int64_t window, const float *sinks);
+int64_t wf_paged_rows_windowed_q8(const float *q, const void *k, const void *v,
+                                  const int32_t *tables, int64_t max_blocks,
+                                  const int32_t *lengths, int64_t num_rows, int64_t num_heads,
+                                  int64_t num_kv_heads, int64_t dim, float scale, float *out,
+                                  int num_threads, int64_t window, const float *sinks);
 
 int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
                   const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
@@ -96,19 +104,20 @@ static int expert(Reader *r, const char *out_path) {
    pool_bytes (each of k and v), threads, scale (a float32 in the low half); then q [rows,
    heads * dim] float32, k and v pools, tables [rows, max_blocks] int32, lengths [rows] int32 */
 static int attention(Reader *r, const char *out_path) {
-    const int64_t *h = take(r, 9 * 8);
+    const int64_t *h = take(r, 11 * 8); /* h[8]: the scale; h[9] the window, h[10] sinks */
     int64_t rows = h[1], heads = h[2], kv_heads = h[3], dim = h[4], max_blocks = h[5];
     float scale;
     memcpy(&scale, h + 8, sizeof scale);
     const float *q = take(r, 4 * rows * heads * dim);
     const void *k = take(r, h[6]), *v = take(r, h[6]);
     const int32_t *tables = take(r, 4 * rows * max_blocks), *lengths = take(r, 4 * rows);
+    const float *sinks = h[10] ? take(r, 4 * heads) : NULL;
     float *out = calloc(rows * heads * dim + 1, sizeof(float));
-    int64_t (*fn)(const float *, const void *, const void *, const int32_t *, int64_t,
-                  const int32_t *, int64_t, int64_t, int64_t, int64_t, float, float *, int) =
-        h[0] == 0 ? wf_paged_rows : h[0] == 1 ? wf_paged_rows_f16 : wf_paged_rows_q8;
+    Rows fn = h[0] == 0   ? wf_paged_rows_windowed
+              : h[0] == 1 ? wf_paged_rows_windowed_f16
+                          : wf_paged_rows_windowed_q8;
     if (fn(q, k, v, tables, max_blocks, lengths, rows, heads, kv_heads, dim, scale, out,
-           (int)h[7])) {
+           (int)h[7], h[9], sinks)) {
         fprintf(stderr, "kernel_driver: the attention kernel refused its scratch\n");
         return 1;
     }
