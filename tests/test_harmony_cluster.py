@@ -1,9 +1,9 @@
 """gpt-oss's harmony through the whole system (real Redis, a worker, the official clients):
 a hand-built gpt-oss model (tests/harmony_model.py) writes its reasoning then a final
-answer, or, offered a tool, its reasoning then a call; each HTTP face returns the analysis
-channel as its reasoning, the final channel as the answer and the call as its structured
-tool call, streamed and not; the next turn, with the call and its result in the history,
-renders through gpt-oss's template and is served."""
+answer, or, offered a tool, its reasoning then a call; each HTTP face (OpenAI chat,
+Responses, Anthropic) returns the analysis channel as its reasoning, the final channel as
+the answer and the call as its structured tool call, streamed and not; the next turn, with
+the call and its result in the history, renders through gpt-oss's template and is served."""
 
 from __future__ import annotations
 
@@ -142,3 +142,26 @@ def test_anthropic_thinking_text_and_tool_use(cluster: Cluster) -> None:
     assert [b.type for b in streamed.content] == ["thinking", "tool_use"]
     assert streamed.content[0].thinking == THOUGHT
     assert streamed.content[1].input == ARGUMENTS
+
+
+def test_responses_reasoning_item_answer_and_function_call(cluster: Cluster) -> None:
+    """The Responses API (Codex's face): a reasoning item then the message, or then a
+    function_call item; streamed, the reasoning's text and the call's arguments."""
+    create = oai(cluster).responses.create
+    question = "What is the weather in Paris?"
+    reply = create(model=MODEL, input=question, max_output_tokens=100, temperature=0)
+    assert [o.type for o in reply.output] == ["reasoning", "message"]
+    assert [c.text for c in reply.output[0].content] == [THOUGHT]
+    assert reply.output_text == ANSWER
+    tools = [{"type": "function", "name": "get_weather", "parameters": SCHEMA}]
+    called = create(model=MODEL, input=question, tools=tools, max_output_tokens=100, temperature=0)
+    assert [o.type for o in called.output] == ["reasoning", "function_call"]
+    call = called.output[1]
+    assert call.name == "get_weather" and json.loads(call.arguments) == ARGUMENTS
+    streamed = {"tools": tools, "max_output_tokens": 100, "temperature": 0, "stream": True}
+    events = list(create(model=MODEL, input=question, **streamed))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == THOUGHT
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and json.loads(done[0].arguments) == ARGUMENTS
+    assert [o.type for o in events[-1].response.output] == ["reasoning", "function_call"]

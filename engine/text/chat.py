@@ -17,7 +17,13 @@ from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from common.errors import InvalidRequestError
-from engine.text.chat_tools import Message, check_tool_calls, check_tools, tools_as_text
+from engine.text.chat_tools import (
+    Message,
+    check_tool_calls,
+    check_tools,
+    described,
+    tools_as_text,
+)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -158,6 +164,7 @@ def render_chat(
         raise InvalidRequestError("chat_template_kwargs", f"cannot set {', '.join(taken)}")
     if tools is not None:
         check_tools(tools)
+        tools = described(tools)
     if reads_thinking(template) and not reads_reasoning(template):
         messages = thoughts_as_thinking(messages)
     elif not reads_reasoning(template):

@@ -66,6 +66,16 @@ def call_text(call: Message) -> str:
     return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
 
 
+def described(tools: list[Message]) -> list[Message]:
+    """The tools, each function with a description (empty where the request gave none):
+    templates such as gpt-oss's write it unguarded, and a missing one fails them."""
+    out = []
+    for tool in tools:
+        fn = tool["function"]
+        out.append(tool if "description" in fn else {**tool, "function": {**fn, "description": ""}})
+    return out
+
+
 def tools_as_text(messages: list[Message], tools: list[Message] | None) -> list[Message]:
     """The chat with its tools, calls and results written as text: the offered tools after
     the system message (one is added when there is none), each call as a block in its

@@ -207,3 +207,11 @@ def test_the_gpt_oss_template_renders_tools_calls_results_and_reasoning() -> Non
         TEMPLATE, messages, tools=tools, template_kwargs={"reasoning_effort": "high"}
     )
     assert "Reasoning: high" in high  # as OpenAI's reasoning_effort asks (openai_messages.py)
+
+
+def test_a_tool_without_a_description_renders() -> None:
+    """gpt-oss's template writes each tool's description unguarded: a tool sent without one
+    (the APIs allow it) gets an empty one rather than failing the request."""
+    tools = [{"type": "function", "function": {"name": "ping", "parameters": {}}}]
+    prompt = render_chat(TEMPLATE, [{"role": "user", "content": "Hi"}], tools=tools)
+    assert "// \ntype ping = () => any;" in prompt
