@@ -17,7 +17,16 @@ from common.enums import FinishReason
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.anthropic_messages import chat_of, template_kwargs_of, tools_of
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Part, Reader, Started, collect, scanned, start
+from gateway.http_jobs import (
+    HttpContext,
+    Part,
+    Reader,
+    Started,
+    collect,
+    read_whole,
+    scanned,
+    start,
+)
 from gateway.http_request import Body, get, number, session_of, string_list, tenant_of
 from gateway.reasoning import Thought
 from gateway.sampling_defaults import Defaults
@@ -91,7 +100,7 @@ async def messages(ctx: HttpContext, request: Request) -> Response:
         events = _events(started, message, reader)
         return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
-    thought, text, calls = reader.whole(chunks)
+    thought, text, calls = read_whole(reader, chunks)
     content = [thinking(thought)] if thought else []
     content += [{"type": "text", "text": text}] if text or not (calls or thought) else []
     content += [{**tool_use(call), "input": call.arguments} for call in calls]

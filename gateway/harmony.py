@@ -15,12 +15,10 @@ object. The tokenizer keeps harmony's markers in the reply's text for this
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass
 
-from broker.messages import TokenChunk
 from gateway.reasoning import Thought
-from gateway.tool_calls import Piece, ToolCall, merge_text, parsed_json, partial_suffix
+from gateway.tool_calls import Piece, ToolCall, parsed_json, partial_suffix
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 MARKERS = (START, CHANNEL, MESSAGE, END, "<|constrain|>", "<|call|>", "<|return|>")
@@ -71,12 +69,8 @@ class HarmonyReader:
         self.header: Header | None = None  # the open message's (None: reading a header)
         self.head_text = ""  # the open message's header as written, <|message|> included
         self.raw = False  # the grammar broke: the rest is text as it comes
-        self.calls = 0
+        self.num_calls = 0
         self.reasoning_tokens = 0
-
-    @property
-    def num_calls(self) -> int:
-        return self.calls
 
     def feed(self, text: str, num_tokens: int) -> list[Part]:
         if self.header is not None and self.header.channel == "analysis":
@@ -92,13 +86,6 @@ class HarmonyReader:
             return [rest] if rest else []
         return self._ended(rest)
 
-    def whole(self, chunks: list[TokenChunk]) -> tuple[str, str, list[ToolCall]]:
-        """A reply read at once: its reasoning, its text and its calls."""
-        parts = [p for ch in chunks for p in self.feed(ch.text, len(ch.token_ids))]
-        parts += self.finish()
-        thought = "".join(p.text for p in parts if isinstance(p, Thought))
-        return (thought, *merge_text([p for p in parts if not isinstance(p, Thought)]))
-
     def _scan(self) -> list[Part]:
         out: list[Part] = []
         while self.pending:
@@ -106,13 +93,13 @@ class HarmonyReader:
                 out.append(self.pending)
                 self.pending = ""
             elif self.header is None:
-                if not self._read_header(out):
+                if not self._read_header():
                     break
             elif not self._read_body(out):
                 break
         return out
 
-    def _read_header(self, out: list[Part]) -> bool:
+    def _read_header(self) -> bool:
         """Take the header before <|message|> when it is whole; False while it is not."""
         at = self.pending.find(MESSAGE)
         if at < 0:
@@ -166,5 +153,5 @@ class HarmonyReader:
         offered = self.header.channel == "commentary" and name in self.names
         if not offered or not isinstance(arguments, dict):
             return [self.head_text + body]  # the message as it was written
-        self.calls += 1
-        return [ToolCall(self.calls - 1, uuid.uuid4().hex[:24], name, arguments)]
+        self.num_calls += 1
+        return [ToolCall.new(self.num_calls - 1, name, arguments)]

@@ -40,7 +40,13 @@ class Reader(Protocol):
 
     def finish(self) -> list[Part]: ...
 
-    def whole(self, chunks: list[TokenChunk]) -> tuple[str, str, list[ToolCall]]: ...
+
+def read_whole(reader: Reader, chunks: list[TokenChunk]) -> tuple[str, str, list[ToolCall]]:
+    """A reply read at once: its reasoning, its text and its calls."""
+    parts = [p for ch in chunks for p in reader.feed(ch.text, len(ch.token_ids))]
+    parts += reader.finish()
+    thought = "".join(p.text for p in parts if isinstance(p, Thought))
+    return (thought, *merge_text([p for p in parts if not isinstance(p, Thought)]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +127,6 @@ class ReplyReader:
 
     def finish(self) -> list[Part]:
         return self._answer(self.splitter.finish()) + self.scanner.finish()
-
-    def whole(self, chunks: list[TokenChunk]) -> tuple[str, str, list[ToolCall]]:
-        """A reply read at once: its reasoning, its text and its calls."""
-        parts = [p for ch in chunks for p in self.feed(ch.text, len(ch.token_ids))]
-        parts += self.finish()
-        thought = "".join(p.text for p in parts if isinstance(p, Thought))
-        return (thought, *merge_text([p for p in parts if not isinstance(p, Thought)]))
 
     def _answer(self, parts: list[Thought | str]) -> list[Part]:
         out: list[Part] = []

@@ -15,7 +15,16 @@ from broker.messages import Completion, TokenChunk
 from common.enums import FinishReason, Priority
 from common.errors import InvalidRequestError, WarmfleetError
 from gateway.http_errors import Shape, error_body
-from gateway.http_jobs import HttpContext, Part, Reader, Started, collect, scanned, start
+from gateway.http_jobs import (
+    HttpContext,
+    Part,
+    Reader,
+    Started,
+    collect,
+    read_whole,
+    scanned,
+    start,
+)
 from gateway.http_request import Body, get, number, session_of, string_list
 from gateway.openai_messages import chat_messages, template_kwargs_of, tools_of
 from gateway.reasoning import Thought
@@ -83,7 +92,7 @@ async def chat_completions(ctx: HttpContext, request: Request) -> Response:
         chunks = _chat_chunks(started, base, reader, bool(options.get("include_usage")))
         return EventStream(chunks, started.headers)  # type: ignore[return-value]
     chunks_got, c = await collect(started)
-    thought, text, calls = reader.whole(chunks_got)
+    thought, text, calls = read_whole(reader, chunks_got)
     message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
     if thought:
         message["reasoning_content"] = thought

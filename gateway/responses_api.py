@@ -19,7 +19,16 @@ from broker.messages import Completion
 from common.enums import FinishReason
 from common.errors import WarmfleetError
 from gateway.http_errors import describe
-from gateway.http_jobs import HttpContext, Part, Reader, Started, collect, scanned, start
+from gateway.http_jobs import (
+    HttpContext,
+    Part,
+    Reader,
+    Started,
+    collect,
+    read_whole,
+    scanned,
+    start,
+)
 from gateway.http_request import Body, get, number, session_of
 from gateway.responses_input import chat_of, check_format, template_kwargs_of, tools_of
 from gateway.sampling_defaults import Defaults
@@ -121,7 +130,7 @@ async def responses(ctx: HttpContext, request: Request) -> Response:
         events = _Stream(head, started.job.request_id).events(started, reader)
         return EventStream(events, started.headers)  # type: ignore[return-value]
     chunks, c = await collect(started)
-    thought, text, calls = reader.whole(chunks)
+    thought, text, calls = read_whole(reader, chunks)
     output: list[dict[str, Any]] = []
     for kind, content in ((REASONING, thought), (MESSAGE, text)):
         if content:

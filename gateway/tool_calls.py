@@ -25,6 +25,11 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
 
+    @classmethod
+    def new(cls, index: int, name: str, arguments: dict[str, Any]) -> ToolCall:
+        """The reply's call number `index`, with a fresh id."""
+        return cls(index, uuid.uuid4().hex[:24], name, arguments)
+
     @property
     def arguments_json(self) -> str:
         return json.dumps(self.arguments, ensure_ascii=False)
@@ -148,7 +153,7 @@ class ToolCallScanner:
 
     def _new(self, name: str, arguments: dict[str, Any]) -> ToolCall:
         self.calls += 1
-        return ToolCall(self.calls - 1, uuid.uuid4().hex[:24], name, arguments)
+        return ToolCall.new(self.calls - 1, name, arguments)
 
 
 def partial_suffix(text: str, tag: str) -> int:

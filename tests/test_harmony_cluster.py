@@ -22,8 +22,16 @@ from warmfleet.launcher import Cluster
 pytestmark = pytest.mark.slow
 MODEL = "harmony-gpt-oss"  # the file's name
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather",
-                 "description": "The weather in a city", "parameters": SCHEMA}}]  # fmt: skip
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": SCHEMA,
+        },
+    }
+]
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather", "input_schema": SCHEMA}]
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0}  # (anthropic 2.17's create takes no temperature argument)
@@ -44,38 +52,25 @@ def claude(c: Cluster) -> Any:
     return anthropic.Anthropic(base_url=c.http_url, api_key="x", timeout=120, max_retries=0)
 
 
+def chat(c: Cluster, **kw: Any) -> Any:
+    """chat.completions.create, greedy, on the question unless `messages` says otherwise."""
+    kw = {"messages": QUESTION, **kw}
+    return oai(c).chat.completions.create(model=MODEL, max_tokens=100, temperature=0, **kw)
+
+
 def test_openai_reasoning_and_answer(cluster: Cluster) -> None:
-    reply = oai(cluster).chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,
-        max_tokens=100,
-        temperature=0,
-    )
+    reply = chat(cluster)
     message = reply.choices[0].message
     assert (message.model_extra or {}).get("reasoning_content") == THOUGHT
     assert message.content == ANSWER and not message.tool_calls
     assert reply.choices[0].finish_reason == "stop"
-    stream = oai(cluster).chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,
-        max_tokens=100,
-        temperature=0,
-        stream=True,
-    )
-    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+    deltas = [chunk.choices[0].delta for chunk in chat(cluster, stream=True) if chunk.choices]
     assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == THOUGHT
     assert "".join(d.content or "" for d in deltas) == ANSWER
 
 
 def test_openai_tool_call(cluster: Cluster) -> None:
-    client = oai(cluster)
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,
-        tools=OPENAI_TOOLS,
-        max_tokens=100,
-        temperature=0,
-    )
+    reply = chat(cluster, tools=OPENAI_TOOLS)
     message, choice = reply.choices[0].message, reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert (message.model_extra or {}).get("reasoning_content") == THOUGHT
@@ -83,31 +78,30 @@ def test_openai_tool_call(cluster: Cluster) -> None:
     call = (message.tool_calls or [])[0]
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == ARGUMENTS
-    stream = client.chat.completions.create(
-        model=MODEL, messages=QUESTION, tools=OPENAI_TOOLS, max_tokens=100, temperature=0,
-        stream=True,
-    )  # fmt: skip
+    stream = chat(cluster, tools=OPENAI_TOOLS, stream=True)
     calls = [
         c for chunk in stream if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
     ]
     assert [c.function.name for c in calls if c.function and c.function.name] == ["get_weather"]
     arguments = "".join(c.function.arguments or "" for c in calls if c.function)
     assert json.loads(arguments) == ARGUMENTS
-    # the next turn: the call (with its reasoning) and its result in the history
+
+
+def test_openai_next_turn_with_the_call_and_its_result(cluster: Cluster) -> None:
+    """The call (with its reasoning) and its result in the history render through
+    gpt-oss's template and are served."""
+    function = {"name": "get_weather", "arguments": json.dumps(ARGUMENTS)}
     history: list[dict[str, Any]] = [
         *QUESTION,
-        {"role": "assistant", "content": None, "reasoning_content": THOUGHT,
-         "tool_calls": [{"id": call.id, "type": "function",
-                         "function": {"name": "get_weather", "arguments": json.dumps(ARGUMENTS)}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
-    ]  # fmt: skip
-    again = client.chat.completions.create(
-        model=MODEL,
-        messages=history,
-        tools=OPENAI_TOOLS,
-        max_tokens=100,
-        temperature=0,
-    )
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": THOUGHT,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": function}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    again = chat(cluster, messages=history, tools=OPENAI_TOOLS)
     assert again.choices[0].finish_reason == "tool_calls"  # the model knows no other reply
 
 

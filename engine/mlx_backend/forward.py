@@ -57,19 +57,20 @@ class AttentionCall:
         queries = np.zeros((s, span), dtype=np.int32)
         keys = np.zeros((s, width), dtype=np.int32)
         mask = np.zeros((s, 1, span, width), dtype=bool)
-        recent = np.zeros((s, 1, span, width), dtype=bool)
+        positions = np.zeros((s, span), dtype=np.int64)  # each query's
         valid: list[int] = []
         for i, (seg, row) in enumerate(segments):
             n, t = seg.length, seg.start + seg.length
             queries[i] = row + np.minimum(np.arange(span), n - 1)  # padding: the last row
             keys[i, :t] = pool.rows(*seg.kv.slots(0, t))
-            seen = seg.start + np.minimum(np.arange(span), n - 1)  # each query's position
-            mask[i, 0] = np.arange(width)[None, :] <= seen[:, None]
-            if window:
-                recent[i, 0] = mask[i, 0] & (np.arange(width)[None, :] > seen[:, None] - window)
+            positions[i] = seg.start + np.minimum(np.arange(span), n - 1)
+            mask[i, 0] = np.arange(width)[None, :] <= positions[i][:, None]
             valid += range(i * span, i * span + n)
         valid_rows = mx.array(np.asarray(valid, dtype=np.int32))
-        windowed = mx.array(recent) if window else None
+        windowed = None  # the keys each query still sees: its last `window`
+        if window:
+            recent = np.arange(width) > positions[:, None, :, None] - window
+            windowed = mx.array(mask & recent)
         return cls(mx.array(queries), mx.array(keys), mx.array(mask), valid_rows, windowed)
 
     def attend(

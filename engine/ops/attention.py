@@ -30,7 +30,6 @@ from engine.ops.attention_rows import NO_SINKS, rows_kernel
 Array = Any
 
 
-# what the C kernels' pools may hold, and their functions
 @dataclass(frozen=True, slots=True)
 class AttentionPlan:
     """Where a step's rows attend, worked out once for all layers.

@@ -135,6 +135,17 @@ def kernel_row_limit(num_heads: int, num_kv_heads: int, dim: int) -> int | None:
     return None if fits else SMALL_ROWS
 
 
+def _bound(lib: ctypes.CDLL, name: str) -> Any:
+    """The library's function `name` (wf_paged_rows_windowed and its twins), its argument
+    types set."""
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn = getattr(lib, name)
+    fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
+    fn.argtypes += [i64, p]  # the window, the sinks
+    fn.restype = i64  # 0, or the scratch bytes refused
+    return fn
+
+
 @functools.cache
 def rows_kernel() -> RowsKernel:
     """paged_rows's signature, in C where the engine's C kernels build: the function of
@@ -143,18 +154,19 @@ def rows_kernel() -> RowsKernel:
     lib = native.library()
     if lib is None:
         return _widened
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fns = {}
-    for dtype, name in KERNEL_KV_DTYPES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int]
-        fn.argtypes += [i64, p]
-        fn.restype = i64  # 0, or the scratch bytes refused
-        fns[dtype] = fn
+    fns = {dtype: _bound(lib, name) for dtype, name in KERNEL_KV_DTYPES.items()}
 
-    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
-            lengths: np.ndarray, scale: float, out: np.ndarray, window: int = 0,
-            sinks: np.ndarray = NO_SINKS) -> None:  # fmt: skip
+    def run(
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        tables: np.ndarray,
+        lengths: np.ndarray,
+        scale: float,
+        out: np.ndarray,
+        window: int = 0,
+        sinks: np.ndarray = NO_SINKS,
+    ) -> None:
         num_rows, num_heads, dim = q.shape
         fn = fns.get(k.dtype)
         if fn is None or not c_kernel_fits(num_heads, k.shape[1], dim):
@@ -163,23 +175,10 @@ def rows_kernel() -> RowsKernel:
         assert sinks.dtype == np.float32 and len(sinks) in (0, num_heads)
         assert k.flags.c_contiguous and v.flags.c_contiguous and tables.dtype == np.int32
         assert v.dtype == k.dtype
-        refused = fn(
-            address(q),
-            address(k),
-            address(v),
-            address(tables),
-            tables.shape[1],
-            address(lengths),
-            num_rows,
-            num_heads,
-            k.shape[1],
-            dim,
-            scale,
-            address(out),
-            get_num_threads(),
-            window,
-            address(sinks) if len(sinks) else None,
-        )
+        arrays = (address(q), address(k), address(v), address(tables), tables.shape[1])
+        shape = (address(lengths), num_rows, num_heads, k.shape[1], dim, scale)
+        at_sinks = address(sinks) if len(sinks) else None
+        refused = fn(*arrays, *shape, address(out), get_num_threads(), window, at_sinks)
         if refused:
             raise native.scratch_refused("wf_paged_rows", refused, f"a {num_rows}-row attention")
 

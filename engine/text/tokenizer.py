@@ -91,22 +91,22 @@ def _pre_tokenizer(pattern: str | None) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([split, byte_level])
 
 
-def _turn_ends(meta: dict[str, Any], tokens: list[str]) -> frozenset[int]:
+def _turn_ends(meta: dict[str, Any], tokens: list[str], ids: dict[str, int]) -> frozenset[int]:
     """The tokens that end a turn: the known end-of-turn spellings and the file's EOS, EOT and
     EOM ids (Llama 3: end_of_text and eot_id)."""
     ends = {i for i, t in enumerate(tokens) if t in _TURN_END_TOKENS}
     ends.update(
         meta[f"tokenizer.ggml.{k}"] for k in _TURN_END_KEYS if f"tokenizer.ggml.{k}" in meta
     )
-    if _harmony(tokens):
-        ends |= {i for i, t in enumerate(tokens) if t in _HARMONY_ENDS}
-        ends -= {i for i, t in enumerate(tokens) if t == "<|end|>"}
+    if _harmony(ids):
+        ends |= {ids[t] for t in _HARMONY_ENDS}
+        ends.discard(ids["<|end|>"])
     return frozenset(ends)
 
 
-def _harmony(tokens: list[str]) -> bool:
-    """Whether a vocabulary is harmony's: its markers and both of its ends."""
-    return all(t in tokens for t in (*_HARMONY_MARKERS, *_HARMONY_ENDS))
+def _harmony(ids: dict[str, int]) -> bool:
+    """Whether a vocabulary (its ids by token) is harmony's: its markers and both ends."""
+    return all(t in ids for t in (*_HARMONY_MARKERS, *_HARMONY_ENDS))
 
 
 class Tokenizer:
@@ -147,7 +147,7 @@ class Tokenizer:
 
         self._backend = backend
         # harmony's markers are control tokens the reply's text keeps
-        kept = set(_HARMONY_MARKERS) if _harmony(tokens) else set()
+        kept = set(_HARMONY_MARKERS) if _harmony(vocab) else set()
         self._special_ids = frozenset(i for i in special if tokens[i] not in kept)
         # The ByteLevel decoder's rule, so these agree with decode(); ASCII special tokens give
         # their own text. One buffer and the offsets into it: 0.3 MB, where a bytes object
@@ -160,7 +160,7 @@ class Tokenizer:
         self.eos_id: int | None = meta.get("tokenizer.ggml.eos_token_id")
         self.add_bos: bool = bool(meta.get("tokenizer.ggml.add_bos_token", False))
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
-        self.eot_ids: frozenset[int] = _turn_ends(meta, tokens)
+        self.eot_ids: frozenset[int] = _turn_ends(meta, tokens, vocab)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any]) -> Tokenizer:

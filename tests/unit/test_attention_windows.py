@@ -17,8 +17,15 @@ NUM_BLOCKS = 200
 SINKS = np.array([-2.0, 0.0, 1.5, 3.0, -0.5, 0.7, 2.2, 8.0], dtype=np.float32)  # 8: dominates
 
 
-def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, n: int,
-          window: int, sinks: np.ndarray | None) -> np.ndarray:  # fmt: skip
+def dense(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    table: np.ndarray,
+    n: int,
+    window: int,
+    sinks: np.ndarray | None,
+) -> np.ndarray:
     """One row's attention in float64 over keys (n - window, n]: [H, D]."""
     lo = n - window if 0 < window < n else 0
     keys = k[table].transpose(1, 0, 2, 3).reshape(HKV, -1, D)[:, lo:n].astype(np.float64)
@@ -37,8 +44,10 @@ def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, n: int
 def pool() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)
     shape = (NUM_BLOCKS, HKV, BLOCK, D)
-    return (rng.standard_normal(shape).astype(np.float32) * 2,
-            rng.standard_normal(shape).astype(np.float32))  # fmt: skip
+    return (
+        rng.standard_normal(shape).astype(np.float32) * 2,
+        rng.standard_normal(shape).astype(np.float32),
+    )
 
 
 def kernels() -> list[RowsKernel]:
@@ -79,8 +88,17 @@ def test_windows_and_sinks_match_a_dense_softmax_and_each_row_is_alone(
             want = dense(q[r], k, v, tables[r], n, window, SINKS if with_sinks else None)
             np.testing.assert_allclose(out[r], want, atol=2e-5)
             alone = np.empty((1, H, D), dtype=np.float32)
-            kernel(q[r : r + 1], k, v, tables[r : r + 1], lens[r : r + 1], D**-0.5, alone,
-                   window, sinks)  # fmt: skip
+            kernel(
+                q[r : r + 1],
+                k,
+                v,
+                tables[r : r + 1],
+                lens[r : r + 1],
+                D**-0.5,
+                alone,
+                window,
+                sinks,
+            )
             assert np.array_equal(alone[0], out[r]), (r, n)
 
 
@@ -107,8 +125,10 @@ def test_the_gather_path_applies_windows_and_sinks(pool: tuple[np.ndarray, np.nd
     same rows through the kernel."""
     k, v = pool
     rng = np.random.default_rng(11)
-    segments = [(rng.permutation(NUM_BLOCKS)[:40].tolist(), start, n)
-                for start, n in ((300, 1), (100, 200), (0, 70))]  # fmt: skip
+    segments = [
+        (rng.permutation(NUM_BLOCKS)[:40].tolist(), start, n)
+        for start, n in ((300, 1), (100, 200), (0, 70))
+    ]
     q = rng.standard_normal((271, H, D)).astype(np.float32)
     through_kernel = AttentionPlan.build(segments, None, compiled=True)
     gathered = AttentionPlan.build(segments, 32, compiled=True)

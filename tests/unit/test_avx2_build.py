@@ -103,7 +103,19 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
         avx512(q, k, v, tables, lens, d**-0.5, want, *limits)
         pointers = [a.ctypes.data for a in (q, k, v, tables)]
         at_sinks = sinks.ctypes.data if window else None
-        rc = fn(*pointers, 70, lens.ctypes.data, len(lengths), h, hkv, d, d**-0.5,
-                got.ctypes.data, 2, window, at_sinks)  # fmt: skip
+        rc = fn(
+            *pointers,
+            70,
+            lens.ctypes.data,
+            len(lengths),
+            h,
+            hkv,
+            d,
+            d**-0.5,
+            got.ctypes.data,
+            2,
+            window,
+            at_sinks,
+        )
         assert rc == 0
         assert np.array_equal(got, want), f"{heads} {lengths}"

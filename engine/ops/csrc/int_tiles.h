@@ -112,7 +112,10 @@ static inline __attribute__((always_inline)) void int_tile(int t, int mr, const 
 #if INT_SIMD == 512
 static inline int raw_tiles(int t) { return k_quant(t) || small_raw(t); }
 #else
-static inline int raw_tiles(int t) { return 0 && t; }
+static inline int raw_tiles(int t) {
+    (void)t;
+    return 0;
+}
 #endif
 
 /* Part `part` of `parts` of the bytes at `ahead` (the next task's rows; NULL: none) on their
