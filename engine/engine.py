@@ -63,8 +63,9 @@ class Engine:
         c = model.config
         self.pool = model.new_pool(self.config.pool_bytes(model.bytes_per_token, c.context_length))
         self.runner = ModelRunner(model, self.pool)
+        sizes = self.pool.group_block_bytes  # a block's bytes in each of the pool's groups
         self.sessions: SessionPool[PagedKV] = SessionPool(
-            self.config.session_budget_bytes, lambda kv: kv.blocks, self.pool.block_bytes
+            self.config.session_budget_bytes, PagedKV.held, lambda part: sizes[part[0]]
         )
         self.sequences: dict[str, Sequence] = {}
         self.paused: dict[str, Sequence] = {}  # preempted: active but not stepped
@@ -155,10 +156,10 @@ class Engine:
         for key, kv in entries:
             self.evicted_sessions.append((key, detach(kv)))
 
-    def load_kv(self, scope: str, k: np.ndarray, v: np.ndarray, token_ids: list[int]) -> PagedKV:
-        """A session's keys and values ([layers, kv_heads, n, head_dim], e.g. read from
-        disk) put into the pool, sharing the blocks it holds already."""
-        return self.pool.load(scope, k, v, token_ids)
+    def load_kv(self, scope: str, kv: SpilledKV) -> PagedKV:
+        """A session's keys and values (e.g. read from disk) put into the pool in `scope`,
+        sharing the blocks it holds already."""
+        return self.pool.load(scope, kv.k, kv.v, kv.token_ids, kv.held_from)
 
     def _count(
         self, batch: ScheduledBatch, prefills: list[bool], sampled: int, took_s: float
@@ -239,8 +240,7 @@ class Engine:
         # at least the prompt's last token is recomputed: its logits give the first token
         ids = request.prompt_ids + request.generated
         reuse = min(common_prefix_len(cached.token_ids, ids), len(ids) - 1)
-        cached.trim(reuse)
-        return cached, reuse
+        return cached, cached.trim(reuse)  # less where windowed layers cannot resume there
 
     def _postprocess(self, seq: Sequence, logits: np.ndarray) -> StepOutput:
         params = seq.request.sampling

@@ -65,10 +65,11 @@ class StepOps:
 
     def attend(self, qkv: Array, layer: int, window: int = 0, sinks: Array | None = None) -> Array:
         # qkv: [N, q_dim + 2 * kv_dim]; this step's keys and values into the pool first
-        c, pool, step, xp = self.config, self.step.pool, self.step, self.xp
+        c, pool, xp = self.config, self.step.pool, self.xp
         hd, qd, kvd = c.head_dim, c.q_dim, c.kv_dim
         tables, positions = (self.rope.cos, self.rope.sin), self.positions
-        if gpu_ops.gpu_float32(qkv, pool.k):  # CuPy: q, k and v in one launch
+        kv_rows, plan = self.step.for_layer(layer)
+        if gpu_ops.gpu_float32(qkv, pool.k) and len(pool.groups) == 1:  # CuPy: one launch
             q = gpu_ops.rope_into_pool(
                 qkv,
                 c.num_heads,
@@ -76,7 +77,7 @@ class StepOps:
                 hd,
                 tables,
                 positions,
-                step.kv_rows,
+                kv_rows,
                 pool.row_shift(layer),
                 pool.k,
                 pool.v,
@@ -85,8 +86,8 @@ class StepOps:
             q = apply_rope(qkv, 0, c.num_heads, hd, tables, positions, xp)  # [N, H, D]
             k = apply_rope(qkv, qd, c.num_kv_heads, hd, tables, positions, xp)
             v = qkv[:, qd + kvd :].reshape(qkv.shape[0], -1, hd)
-            pool.write_layer(layer, step.kv_rows, k, v)
-        return paged_attention(q, pool.k[layer], pool.v[layer], step.attention, xp, window, sinks)
+            pool.write_layer(layer, kv_rows, k, v)
+        return paged_attention(q, *pool.layer_kv(layer), plan, xp, window, sinks)
 
     def silu_mul(self, gate_up: Array) -> Array:
         return silu_mul(gate_up, self.config.ffn_dim, self.xp)

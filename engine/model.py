@@ -111,7 +111,10 @@ class Model:
             return MLXKVPool.sized(
                 self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint
             )
-        return KVPool.sized(self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint)
+        windows = [lw.window for lw in self.weights.layers]  # windowed layers: their own blocks
+        return KVPool.sized(
+            self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint, windows=windows
+        )
 
     def run(
         self, pool: KVPool, tokens: list[int], positions: list[int], segments: list[Segment]

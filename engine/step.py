@@ -60,27 +60,41 @@ class RopeTables:
 @dataclass(frozen=True, slots=True)
 class StepLayout:
     """Where a step's rows go, worked out once for all layers: the matrix kernels' row
-    runs, where each token's keys and values go in the pool, and the attention plan."""
+    runs, and per block group of the pool (engine/kv/block_groups.py) where each token's
+    keys and values go and the attention plan (kv_rows and attention: the first group's)."""
 
     pool: KVPool
     runs: RowRuns
-    kv_rows: Array  # [N * Hkv] see KVPool.flat_rows
-    attention: AttentionPlan
+    group_rows: tuple[Array, ...]  # [N * Hkv] each, see KVPool.flat_rows
+    group_plans: tuple[AttentionPlan, ...]
+
+    @property
+    def kv_rows(self) -> Array:
+        return self.group_rows[0]
+
+    @property
+    def attention(self) -> AttentionPlan:
+        return self.group_plans[0]
+
+    def for_layer(self, layer: int) -> tuple[Array, AttentionPlan]:
+        """The rows and attention plan of a layer's group."""
+        g = self.pool.group_of[layer]
+        return self.group_rows[g], self.group_plans[g]
 
     @classmethod
     def build(cls, pool: KVPool, segments: list[Segment]) -> StepLayout:
-        where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
         c = pool.config
-        spans = [(seg.kv.blocks, seg.start, seg.length) for seg in segments]
         if pool.xp is np:
-            plan = AttentionPlan.build(
-                spans,
-                kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim),
-                compiled=kernel_reads(pool.dtype),
-            )
+            limit = kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim)
+            compiled = kernel_reads(pool.dtype)
         else:  # CuPy: every row in the kernel where it takes this pool
-            gpu = pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
-            plan = AttentionPlan.build(spans, None, compiled=gpu).to(pool.xp)
-        blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))
-        rows = pool.xp.asarray(pool.flat_rows(blocks, slots))
-        return cls(pool, plan_rows([seg.length for seg in segments]), rows, plan)
+            limit, compiled = None, pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
+        rows, plans = [], []
+        for g in range(len(pool.groups)):
+            spans = [(seg.kv.tables[g], seg.start, seg.length) for seg in segments]
+            plan = AttentionPlan.build(spans, limit, compiled)
+            plans.append(plan if pool.xp is np else plan.to(pool.xp))
+            where = [seg.kv.slots(seg.start, seg.length, g) for seg in segments]
+            blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))
+            rows.append(pool.xp.asarray(pool.flat_rows(blocks, slots)))
+        return cls(pool, plan_rows([seg.length for seg in segments]), tuple(rows), tuple(plans))

@@ -197,7 +197,9 @@ class Residency:
         """DeleteSession: forget the KV here and on disk; the event answers the command."""
         self.forget(key, deleted=True)
         if self.s.spiller is not None:  # its blocks the pool kept when it went to disk
-            self.s.engine.pool.alloc.forget_unheld(self.s.spiller.drop(key))
+            hashes = self.s.spiller.drop(key)
+            for alloc in self.s.engine.pool.allocs:
+                alloc.forget_unheld(hashes)
         self.s.outbox.events.append(
             self.s.event(EventKind.GONE, key, None, reason=GoneReason.DROPPED, reply_to=reply_to)
         )

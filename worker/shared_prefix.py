@@ -84,13 +84,16 @@ class SharedPrefixes:
     def hold(self, d: Delivery, key: str) -> bool:
         """Hold `d` while its prompt's prefix is read from the blocks its holder writes;
         False when there is nothing to read (no holder named, the holder is this worker or
-        of another host, or this worker's pool holds the prefix)."""
+        of another host, this worker's pool holds the prefix, or the model has windowed
+        layers: engine/kv_files/spill_file.py)."""
         job, spiller = d.job, self.s.spiller
         assert job is not None
         if spiller is None or job.prefix_from in ("", self.s.config.worker_id):
             return False
         if key in self.s.engine.sessions:  # its own KV here: nothing to hash or read
             return False
+        if len(self.s.engine.pool.groups) > 1:  # a windowed model: its sessions' blocks
+            return False  # are whole in the full layers only, and none goes to disk
         store, pool = spiller.store, self.s.engine.pool
         size = pool.block_size
         ids = list(job.prompt_ids[: (len(job.prompt_ids) - 1) // size * size])  # one computed

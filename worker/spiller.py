@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import SpillFileError
-from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore, read_summary
+from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore
 from engine.model import Model
 
 log = logging.getLogger("warmfleet.worker")
@@ -139,17 +139,15 @@ class Spiller:
         return self._io.submit(read, scope, ids, like=self._shape(), dtype=self.model.kv_dtype)
 
     def drop(self, key: str) -> list[bytes]:
-        """Forget the session everywhere (DeleteSession); the hashes of the blocks its file
-        listed (which the pool may still know)."""
+        """Forget the session everywhere (DeleteSession); the hashes of its file's whole
+        blocks (which the pool may still know: those it listed, and a windowed model's that
+        its windowed layers released)."""
         pending = self._pending.pop(key, None)
         if pending is not None:
             pending[1].exception(timeout=RECLAIM_WAIT_S)
-        summary = read_summary(self.store.path_for(key))
+        hashes = self.store.token_hashes(key)
         self.store.delete(key)
-        try:
-            return [bytes.fromhex(h) for h in summary.blocks] if summary else []
-        except (ValueError, TypeError):  # a header not of this program's writing
-            return []
+        return hashes
 
     def close(self) -> None:
         self._io.shutdown(wait=True)

@@ -64,7 +64,7 @@ class WorkerState:
     def load(self, key: str, kv: SpilledKV) -> PagedKV:
         """A session's KV read back, put into the engine's pool (within its tenant)."""
         tenant, _ = keys.split_cache_key(key)
-        return self.engine.load_kv(tenant, kv.k, kv.v, kv.token_ids)
+        return self.engine.load_kv(tenant, kv)
 
     def running(self, key: str) -> bool:
         """Whether a request of session `key` runs here."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class Sized(Protocol):
@@ -21,8 +21,8 @@ class SessionPool(Generic[EntryT]):
     A running request takes its session's entry out (`take`) and puts it back when it ends
     (`put`), so an entry in the pool is always idle and may be evicted, and it does not
     change while it is in. `nbytes` is the sum of the entries' sizes or, given `parts` (the
-    blocks an entry holds, each `part_bytes`), the bytes of the distinct blocks they hold:
-    entries that share a block count it once. Both are kept up to date as entries come and
+    blocks an entry holds, of `part_bytes` each), the bytes of the distinct blocks they
+    hold: entries that share a block count it once. Both are kept up to date as entries come and
     go, not recounted.
     """
 
@@ -30,7 +30,7 @@ class SessionPool(Generic[EntryT]):
         self,
         budget_bytes: int,
         parts: Callable[[EntryT], Iterable[Hashable]] | None = None,
-        part_bytes: int = 0,
+        part_bytes: Callable[[Any], int] = lambda part: 0,
     ) -> None:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[str, EntryT] = OrderedDict()
@@ -70,10 +70,12 @@ class SessionPool(Generic[EntryT]):
             self.nbytes += sign * entry.nbytes
             return
         for part in set(self._parts(entry)):
+            if not self._held[part]:
+                self.nbytes += self._part_bytes(part)
             self._held[part] += sign
             if not self._held[part]:
                 del self._held[part]
-        self.nbytes = len(self._held) * self._part_bytes
+                self.nbytes -= self._part_bytes(part)
 
     def put(self, key: str, entry: EntryT) -> list[tuple[str, EntryT]]:
         """Store `entry` as the most recent; returns what was evicted to stay in budget,

@@ -6,16 +6,14 @@ block_file); its own file lists them and holds the positions past the last full 
 Layout: a kv_frame with magic b"WFKV", its JSON header holding the session key, tenant,
 model fingerprint, layout, block size, token ids and the blocks' hashes; its payload is the
 tail, keys and values each [layers, kv_heads, tail tokens, head_dim]. The blocks are written
-before the file that lists them.
+before the file that lists them. A windowed model's session whose windowed layers hold less
+than every position (PagedKV.held_from) lists no blocks: its header says where each layer
+starts ("held_from") and its payload holds each layer's part (engine/kv_files/ragged.py).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +26,12 @@ from common.errors import SpillFileError
 from engine.kv_files.block_file import block_path, read_block, write_block
 from engine.kv_files.chain import kv_root
 from engine.kv_files.kv_dtypes import kv_dtype_named, kv_name, row_items
-from engine.kv_files.kv_frame import PREFIX, read_header, read_payload, write_frame
-
-MAGIC = b"WFKV"
-VERSION = 3  # 2: the header names the session (key); 3: full blocks in block files
-LAYOUT = "k,v;layers,kv_heads,tokens,head_dim"
-MAX_HEADER_BYTES = 16 << 20
-
-
-def spill_path(directory: Path, key: str) -> Path:
-    """A fixed, filesystem-safe name for a session key (tenant/session id)."""
-    return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.wfkv"
-
+from engine.kv_files.kv_frame import read_header, read_payload, write_frame
+from engine.kv_files.ragged import checked_held_from, pack, packed_items, ragged, unpack
+from engine.kv_files.spill_summary import LAYOUT, MAGIC, MAX_HEADER_BYTES, VERSION, read_head
+from engine.kv_files.spill_summary import FileSummary as FileSummary
+from engine.kv_files.spill_summary import read_summary as read_summary
+from engine.kv_files.spill_summary import spill_path as spill_path
 
 # (file's KV dtype, worker's) read back by conversion: float16 to float32 is exact, float32
 # to float16 rounds each value as a float16 worker's own writes do
@@ -57,31 +49,6 @@ def _readers() -> ThreadPoolExecutor:
 
 
 @dataclass(frozen=True, slots=True)
-class FileSummary:
-    key: str
-    size: int  # bytes the write added: its own file and the blocks not there before
-    mtime_ns: int
-    num_tokens: int
-    blocks: tuple[str, ...] = ()  # hashes (hex) of the block files it lists
-
-
-def read_summary(path: Path) -> FileSummary | None:
-    """The session a spill file holds, from its header alone (no payload check); None when
-    the file is gone or its header cannot be read."""
-    try:
-        with path.open("rb") as f:
-            st = os.fstat(f.fileno())
-            magic, version, header_len = PREFIX.unpack(f.read(PREFIX.size))
-            if magic != MAGIC or version != VERSION or header_len > MAX_HEADER_BYTES:
-                return None
-            h = json.loads(f.read(header_len))
-        return FileSummary(str(h["key"]), st.st_size, st.st_mtime_ns, len(h["token_ids"]),
-                           tuple(h["blocks"]))  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None
-
-
-@dataclass(frozen=True, slots=True)
 class SpilledKV:
     k: np.ndarray  # [layers, kv_heads, tokens, head_dim]
     v: np.ndarray
@@ -89,6 +56,9 @@ class SpilledKV:
     scope: str = ""  # the tenant: blocks are shared within it only
     incomplete: str = ""  # read back: why only a prefix of what was written came back
     converted_from: str = ""  # read back: the file's KV dtype, where it was converted
+    # each layer's first position held (a windowed layer's before it are zeros: PagedKV
+    # releases what its window no longer sees); empty: every layer holds every position
+    held_from: tuple[int, ...] | list[int] = ()
 
 
 class SpillStore:
@@ -111,7 +81,10 @@ class SpillStore:
         """Write the block files of the KV's whole blocks that are not on disk yet; their
         hashes (hex) in order, and the bytes newly written."""
         size, ids = self.block_size, list(kv.token_ids)
-        previous, hashes, added = self._root(kv.k.dtype, kv.scope), [], 0
+        previous, added = self._root(kv.k.dtype, kv.scope), 0
+        hashes: list[str] = []
+        if ragged(kv.held_from):  # some layer's blocks are not all there: none is whole
+            return hashes, added
         for i in range(len(ids) // size):
             part, cols = ids[i * size : (i + 1) * size], slice(i * size, (i + 1) * size)
             k, v = kv.k[:, :, cols], kv.v[:, :, cols]
@@ -128,7 +101,11 @@ class SpillStore:
         start, path = len(hashes) * size, self.path_for(key)
         header: dict[str, Any] = {"key": key, "scope": kv.scope, "fingerprint": self.fingerprint}
         header |= {"layout": LAYOUT, "block_size": size, "token_ids": ids, "blocks": hashes}
-        write_frame(path, MAGIC, VERSION, header, kv.k[:, :, start:], kv.v[:, :, start:])
+        k, v = kv.k[:, :, start:], kv.v[:, :, start:]
+        if ragged(kv.held_from):
+            header["held_from"] = list(kv.held_from)
+            k, v = pack(kv.k, kv.v, kv.held_from)
+        write_frame(path, MAGIC, VERSION, header, k, v)
         st = path.stat()
         return FileSummary(key, st.st_size + added, st.st_mtime_ns, len(ids), tuple(hashes))
 
@@ -159,7 +136,8 @@ class SpillStore:
             return kv
         self.num_converted += 1
         k, v = kv.k.astype(dtype), kv.v.astype(dtype)
-        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, kv_name(kv.k.dtype))
+        was = kv_name(kv.k.dtype)
+        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, was, kv.held_from)
 
     def read_prefix(
         self, scope: str, ids: list[int], *, like: tuple[int, int, int], dtype: np.dtype[Any]
@@ -180,6 +158,10 @@ class SpillStore:
         """The listed blocks read back and followed by the tail (or as many blocks as
         passed their checks)."""
         ids = [int(t) for t in h["token_ids"]]
+        if "held_from" in h:  # checked by _parse: no blocks, every layer's own part
+            shape = (like[0], like[1], len(ids), row_items(like[2], dtype))
+            k, v = (unpack(a, h["held_from"], shape, dtype) for a in (k_tail, v_tail))
+            return SpilledKV(k, v, ids, str(h["scope"]), held_from=tuple(h["held_from"]))
         listed = len(h["blocks"]) * self.block_size
         k, v = self._arrays(like, len(ids), dtype)
         k[:, :, listed:], v[:, :, listed:] = k_tail, v_tail
@@ -241,6 +223,8 @@ class SpillStore:
         layers, kv_heads, head_dim = like
         row = row_items(head_dim, dtype)
         shape = [layers, kv_heads, len(ids) - len(blocks) * self.block_size, row]
+        if "held_from" in h:
+            shape = [packed_items(checked_held_from(h, layers, name), shape)]
         k, v = read_payload(h, payload, shape, dtype, name)
         return h, k, v
 
@@ -250,6 +234,17 @@ class SpillStore:
     def chain(self, scope: str, ids: list[int], dtype: Any) -> list[bytes]:
         """The hash after each whole block of `ids` (their block files' names)."""
         return prefix_hashes(self._root(dtype, scope), ids, self.block_size)
+
+    def token_hashes(self, key: str) -> list[bytes]:
+        """The chain hash after each whole block of a session's file's tokens (what a pool
+        may still know of it), from its header alone; [] when there is none to read."""
+        head = read_head(self.path_for(key))
+        try:
+            h = head[0] if head else {}
+            ids, dtype = [int(t) for t in h["token_ids"]], kv_dtype_named(h["dtype"])
+            return self.chain(str(h["scope"]), ids, dtype)
+        except (KeyError, TypeError, ValueError):
+            return []
 
     def has_block(self, h: bytes) -> bool:
         return block_path(self.blocks, h).exists()

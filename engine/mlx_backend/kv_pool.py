@@ -33,7 +33,11 @@ FIRST_BLOCKS = 64  # blocks the arrays hold at first
 
 
 class MLXKVPool(KVPool):
+    """One block group: a windowed model's layers keep every block here (their windows
+    applied as masks), which Model.new_pool asks by giving no windows."""
+
     def _allocate(self) -> None:
+        assert len(self.groups) == 1, "MLX pools have one block group"
         self.k_layers: list[list[Any]] = []  # each layer's planes
         self.v_layers: list[list[Any]] = []
         self.allocated_blocks = 0
@@ -107,13 +111,13 @@ class MLXKVPool(KVPool):
         blocks = codes.astype(mx.float32).reshape(*codes.shape[:-1], -1, Q8_VALUES)
         return (blocks * scales.astype(mx.float32)[..., None]).reshape(codes.shape)
 
-    def copy_block(self, dst: int, src: int) -> None:
+    def copy_block(self, dst: int, src: int, group: int = 0) -> None:  # one group on MLX
         self.rows(np.asarray([dst, src]), np.zeros(2, dtype=np.int64))
         b = self.block_size
         for a in self.arrays():
             a[dst * b : (dst + 1) * b] = a[src * b : (src + 1) * b]
 
-    def put(self, blocks: np.ndarray, slots: np.ndarray, k: Any, v: Any) -> None:
+    def put(self, blocks: np.ndarray, slots: np.ndarray, k: Any, v: Any, group: int = 0) -> None:
         rows = mx.array(self.rows(blocks, slots))
         for layer in range(self.config.num_layers):  # [kv_heads, n, D] -> [n, kv_heads, D]
             for planes, x in ((self.k_layers[layer], k), (self.v_layers[layer], v)):
@@ -121,7 +125,9 @@ class MLXKVPool(KVPool):
                 for plane, part in zip(planes, self._split(host), strict=True):
                     plane[rows] = mx.array(part).astype(plane.dtype)
 
-    def take(self, blocks: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def take(
+        self, blocks: np.ndarray, slots: np.ndarray, group: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [layers, kv_heads, n, head_dim] (what spill files hold)."""
         rows = mx.array(self.rows(blocks, slots))
         k, v = (

@@ -52,7 +52,8 @@ class AttentionPlan:
     def build(
         cls, segments: list[tuple[list[int], int, int]], small_rows: int | None, compiled: bool
     ) -> AttentionPlan:
-        """segments: (block ids, start position, length) in row order; chunks longer than
+        """segments: (block ids, start position, length) in row order (-1: a block that
+        left the window, never read); chunks longer than
         `small_rows` (None: no limit), or every segment when there is no compiled kernel,
         gather."""
         rows: list[int] = []
@@ -74,6 +75,9 @@ class AttentionPlan:
         for blocks, n in kernel_segments:  # a segment's rows share its table
             tables[i : i + n, : len(blocks)] = blocks
             i += n
+        # a windowed table's released blocks (-1) are never read: any block id will do
+        np.maximum(tables, 0, out=tables)
+        chunks = [(r, n, s, np.maximum(b, 0)) for r, n, s, b in chunks]
         return cls(
             np.asarray(rows, dtype=np.int64), tables, np.asarray(lengths, dtype=np.int32),
             tuple(chunks),

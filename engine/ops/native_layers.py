@@ -65,7 +65,6 @@ class _Shape(ctypes.Structure):
         ("kv_heads", _i64),
         ("head_dim", _i64),
         ("ffn_dim", _i64),
-        ("layer_items", _i64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("moe_stats", _ptr),
@@ -146,7 +145,7 @@ class NativeLayers:
             return None
         fn = lib.wf_layers
         p = _ptr
-        fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]
+        fn.argtypes = [p, _i64, p, p, _i64, p, p, p, p, p, p, p, p, _i64, p, ctypes.c_int]
         fn.restype = _i64  # 0, or the scratch bytes refused
         return cls((_Layer * len(descriptors))(*descriptors), config, weights, fn)
 
@@ -172,26 +171,26 @@ class NativeLayers:
         if not (
             every_row and len(plan.kernel_rows) == x.shape[0]
             and pool.xp is np and pool.dtype in KERNEL_KV_DTYPES
-            and pool.k.flags.c_contiguous and pool.v.flags.c_contiguous
+            and all(a.flags.c_contiguous for a in (*pool.k_groups, *pool.v_groups))
             and x.dtype == np.float32 and x.flags.c_contiguous
             and positions.dtype == np.int64 and positions.flags.c_contiguous
             and _vector(rope.cos) is not None and _vector(rope.sin) is not None
         ):  # fmt: skip
             return False
-        layer_items = pool.k[0].size
         shape = _Shape(
             c.dim,
             c.num_heads,
             c.num_kv_heads,
             c.head_dim,
             self.dense_ffn_dim,
-            layer_items,
             c.rms_eps,
             c.head_dim**-0.5,
             self.moe_stats,
             list(KERNEL_KV_DTYPES).index(pool.dtype),  # the order of layers.c's kv_kind
         )
-        kv_rows = np.ascontiguousarray(step.kv_rows, dtype=np.int64)
+        k_groups, v_groups, kv_layout = _pool_layout(pool)
+        kv_rows = np.ascontiguousarray(np.concatenate(step.group_rows), dtype=np.int64)
+        tables = _tables(step)
         refused = self.fn(
             self.layers,
             len(self.layers),
@@ -201,17 +200,42 @@ class NativeLayers:
             address(positions),
             address(rope.cos),
             address(rope.sin),
-            address(pool.k),
-            address(pool.v),
+            address(k_groups),
+            address(v_groups),
+            address(kv_layout),
             address(kv_rows),
-            address(plan.tables),
-            plan.tables.shape[1],
+            address(tables),
+            tables.shape[2],
             address(plan.lengths),
             threads,
         )
         if refused:
             raise native.scratch_refused("wf_layers", refused, f"a {x.shape[0]}-row step")
         return True
+
+
+def _pool_layout(pool: KVPool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """layers.c's k_groups and v_groups (each group's array's address) and kv_layout (each
+    layer's group and where its keys start in the group's arrays, in items)."""
+    k_groups = np.asarray([address(a) for a in pool.k_groups], dtype=np.uint64)
+    v_groups = np.asarray([address(a) for a in pool.v_groups], dtype=np.uint64)
+    layout = [
+        (g, pool.index_in_group[layer] * pool.k_groups[g][0].size)
+        for layer, g in enumerate(pool.group_of)
+    ]
+    return k_groups, v_groups, np.asarray(layout, dtype=np.int64)
+
+
+def _tables(step: StepLayout) -> np.ndarray:
+    """Every group's attention tables in one array [groups, rows, widest] (int32)."""
+    plans = step.group_plans
+    if len(plans) == 1:
+        return np.ascontiguousarray(plans[0].tables)[None]
+    width = max(p.tables.shape[1] for p in plans)
+    out = np.zeros((len(plans), plans[0].tables.shape[0], width), dtype=np.int32)
+    for g, p in enumerate(plans):
+        out[g, :, : p.tables.shape[1]] = p.tables
+    return out
 
 
 def native_layers(weights: Weights, config: ModelConfig) -> NativeLayers | None:

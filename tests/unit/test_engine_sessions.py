@@ -68,7 +68,7 @@ def test_a_restored_cache_is_used_by_its_request_not_the_pool(tiny_model: Model)
     assert engine.sessions.keys() == [] and len(engine.evicted_sessions) == 1
     _, kv = engine.evicted_sessions.pop()  # copied out, its blocks back in the pool
     assert engine.pool.alloc.num_held == 0
-    restored = engine.load_kv("", kv.k, kv.v, kv.token_ids)
+    restored = engine.load_kv("", kv)
     again = [*PROMPTS["c"], *first.ids, *PROMPTS["a"]]
     seq = engine.add(Request("2", again, GREEDY, cache_key="s"), restored)
     assert seq.cache is restored and seq.num_cached == len(PROMPTS["c"]) + 7

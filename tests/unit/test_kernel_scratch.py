@@ -119,7 +119,7 @@ LAYERS = LIMIT + textwrap.dedent(
     keys, plan = 1 << 22, layout.attention
     long = dataclasses.replace(plan, tables=np.zeros((4, keys // 16), np.int32),
                                lengths=np.full(4, keys, np.int32))
-    layout = dataclasses.replace(layout, attention=long)
+    layout = dataclasses.replace(layout, group_plans=(long,))
     x, pool_k, pool_v = np.full_like(x, np.nan), pool.k.copy(), pool.v.copy()
 
     limited()

@@ -150,7 +150,7 @@ def test_a_session_spilled_on_one_device_restores_on_the_other(
     back = read_back(models[dst], tmp_path, engine.pool.block_size)
     assert back.token_ids == held and back.scope == TENANT and not back.incomplete
     assert_same_bits((back.k, back.v), first.kv)
-    restored = engine.load_kv(TENANT, back.k, back.v, back.token_ids)  # as WorkerState.load
+    restored = engine.load_kv(TENANT, back)  # as WorkerState.load
     k, v, ids = restored.state()
     assert ids == held
     assert_same_bits((k, v), first.kv)  # through the other device's pool, unchanged

@@ -6,10 +6,12 @@
    cores). q's width, heads * head_dim, need not be dim (Qwen 3).
 
    For quantized weights with every row in the kernels (engine/ops/native_layers.py decides).
-   Shapes: x [R, dim]; k_pool, v_pool [layers, num_blocks, Hkv, 16, D] (float32, float16,
-   or D / 32 q8_0 blocks, as WfShape.kv_kind says); kv_rows [R * Hkv]
-   (KVPool.flat_rows: the row of D floats in layer 0 where each (row, KV head) goes);
-   tables [R, max_blocks] int32; lengths [R] int32; pos [R] int64. */
+   Shapes: x [R, dim]; the pool's block groups (engine/kv/block_groups.py), G of them:
+   k_groups[g], v_groups[g] [group's layers, its blocks, Hkv, 16, D] (float32, float16, or
+   D / 32 q8_0 blocks, as WfShape.kv_kind says); kv_layout [layers, 2]: each layer's group
+   and where its keys start in the group's arrays (items); kv_rows [G, R * Hkv]
+   (KVPool.flat_rows: the row of D floats in the group's first layer where each (row, KV
+   head) goes); tables [G, R, max_blocks] int32; lengths [R] int32; pos [R] int64. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,8 +43,8 @@ typedef struct {
 } WfLayer;
 
 typedef struct {
-    int64_t dim, heads, kv_heads, head_dim, ffn_dim, layer_items; /* pool items per layer */
-    float eps, scale;                                              /* scale: head_dim^-0.5 */
+    int64_t dim, heads, kv_heads, head_dim, ffn_dim;
+    float eps, scale; /* scale: head_dim^-0.5 */
     int64_t *moe_stats; /* wf_moe_ffn's counts, summed over the layers, or NULL */
     int kv_kind; /* the pool holds 0: float32; 1: float16 (the keys and values rounded to
                     nearest even as they are written, as NumPy's cast); 2: q8_0 blocks of 32
@@ -95,12 +97,12 @@ static void put_kv(const WfShape *s, void *kv, int64_t at, const float *src, int
     }
 }
 
-/* Layer i's attention over the pool (the kind s says), with its window and sinks */
+/* A layer's attention over its keys and values, `shift` items into its group's arrays (the
+   kind s says), with its window and sinks */
 static void attend(const WfShape *s, const WfLayer *l, const float *q, const void *k_pool,
-                   const void *v_pool, int64_t i, const int32_t *tables, int64_t max_blocks,
-                   const int32_t *lengths, int64_t rows, float *att, int threads,
-                   float *scratch) {
-    int64_t shift = i * s->layer_items;
+                   const void *v_pool, int64_t shift, const int32_t *tables,
+                   int64_t max_blocks, const int32_t *lengths, int64_t rows, float *att,
+                   int threads, float *scratch) {
     if (s->kv_kind == 1)
         wf_paged_rows_with_f16(q, (const _Float16 *)k_pool + shift,
                                (const _Float16 *)v_pool + shift, tables, max_blocks, lengths,
@@ -158,8 +160,9 @@ static void add_into(float *x, const float *y, int64_t n) {
    products' and attention's too, is taken before the first layer. */
 int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, float *x,
                   int64_t rows, const int64_t *pos, const float *cos_t, const float *sin_t,
-                  void *k_pool, void *v_pool, const int64_t *kv_rows, const int32_t *tables,
-                  int64_t max_blocks, const int32_t *lengths, int threads) {
+                  void *const *k_groups, void *const *v_groups, const int64_t *kv_layout,
+                  const int64_t *kv_rows, const int32_t *tables, int64_t max_blocks,
+                  const int32_t *lengths, int threads) {
     int64_t d = s->head_dim, q_dim = s->heads * d, kv_dim = s->kv_heads * d;
     int64_t qkv_cols = q_dim + 2 * kv_dim, wide = s->dim > q_dim ? s->dim : q_dim;
     /* scratch: h [R, dim], qkv [R, qkv_cols], q and attention out [R, q_dim], k [R, kv_dim],
@@ -208,14 +211,17 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         }
         wf_rope(qkv, qkv_cols, 0, rows, s->heads, d, cos_t, sin_t, pos, q);
         wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
+        int64_t g = kv_layout[2 * i], shift = kv_layout[2 * i + 1];
+        void *k_pool = k_groups[g], *v_pool = v_groups[g];
+        const int64_t *at_rows = kv_rows + g * rows * s->kv_heads;
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */
             for (int64_t j = 0; j < s->kv_heads; j++) {
-                int64_t at = i * s->layer_items + kv_rows[r * s->kv_heads + j] * row_items(s, d);
+                int64_t at = shift + at_rows[r * s->kv_heads + j] * row_items(s, d);
                 put_kv(s, k_pool, at, k + (r * s->kv_heads + j) * d, d);
                 put_kv(s, v_pool, at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, d);
             }
-        attend(s, l, q, k_pool, v_pool, i, tables, max_blocks, lengths, rows, att, threads,
-               scratch);
+        attend(s, l, q, k_pool, v_pool, shift, tables + g * rows * max_blocks, max_blocks,
+               lengths, rows, att, threads, scratch);
         attn_product(l, 1, att, rows, ids, o, s->dim, threads, scratch);
         if (l->o_bias) /* as forward.py's o += bo */
             for (int64_t r = 0; r < rows; r++) add_into(o + r * s->dim, l->o_bias, s->dim);

@@ -1,0 +1,53 @@
+"""Which layers share a block table: the groups of a KV pool.
+
+A model whose layers all see every position has one group. One whose layers attend to a
+sliding window (gpt-oss: every other layer, 128 positions) keeps those layers in a group of
+their own, with their own blocks and block ids: a sequence's table in that group holds only
+the blocks its window can still see, so its bytes there are bounded whatever its length.
+A block that leaves the window is released to the pool, where it stays known by its hash
+until its room is needed: a later prompt that resumes inside the window history (a turn
+whose template rewrote the previous reply, an edited message) takes it back from there
+(PagedKV.trim) rather than recomputing from the start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# A windowed group has a quarter of the full group's block ids: room for its sequences'
+# windows (about ceil(window / block) + 1 blocks each, a chunk more while prefilling) and
+# for the blocks that left the windows, kept for resumes, where sessions are longer than a
+# few windows. At least WINDOW_MIN_BLOCKS (never more than the full group) for small pools.
+WINDOW_SHARE = 4
+WINDOW_MIN_BLOCKS = 256
+RELEASED = -1  # a windowed table's entry for a block that left the window
+
+
+@dataclass(frozen=True, slots=True)
+class BlockGroup:
+    window: int  # the positions its layers attend to (0: every position)
+    layers: tuple[int, ...]  # the model's layers in it, in order
+
+
+def block_groups(windows: Sequence[int]) -> tuple[BlockGroup, ...]:
+    """The groups of layers with these windows (one per layer, 0: none): the layers that
+    see every position first, then one group per window, smallest first."""
+    kinds = sorted(set(windows))
+    return tuple(BlockGroup(w, tuple(i for i, x in enumerate(windows) if x == w)) for w in kinds)
+
+
+def window_group_blocks(full_blocks: int) -> int:
+    """Block ids of a windowed group in a pool whose first group has `full_blocks`."""
+    return min(full_blocks, max(full_blocks // WINDOW_SHARE, WINDOW_MIN_BLOCKS))
+
+
+def first_needed(end: int, window: int, block: int) -> int:
+    """The first block whose keys a row at position `end` or later can still see."""
+    return max(0, end + 1 - window) // block if window else 0
+
+
+def needed_blocks(end: int, window: int, block: int) -> range:
+    """The blocks holding the keys a sequence needs to go on computing at position `end`:
+    those of positions [end + 1 - window, end) (all of [0, end) without a window)."""
+    return range(first_needed(end, window, block), -(-end // block))
