@@ -105,14 +105,13 @@ class Model:
 
     def new_pool(self, pool_bytes: int) -> KVPool:
         """A KV pool on this model's device of as many blocks as fit `pool_bytes`."""
+        kind: type[KVPool] = KVPool
         if on_mlx(self.xp):
             from engine.mlx_backend.kv_pool import MLXKVPool
 
-            return MLXKVPool.sized(
-                self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint
-            )
+            kind = MLXKVPool
         windows = [lw.window for lw in self.weights.layers]  # windowed layers: their own blocks
-        return KVPool.sized(
+        return kind.sized(
             self.config, pool_bytes, self.kv_dtype, self.xp, self.fingerprint, windows=windows
         )
 

@@ -11,7 +11,7 @@ import redis as redis_lib
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
-from tests.cluster_helpers import reference, worker_status
+from tests.cluster_helpers import reference, wait_for, worker_status
 from warmfleet.client import Client, collect
 from warmfleet.launcher import Cluster
 
@@ -113,7 +113,8 @@ def test_session_id_from_metadata_and_delete(client: Client) -> None:
         "", prompt="Hello", max_tokens=3, metadata=[("x-session-id", "from-metadata")]
     )
     assert reply.completion.usage.completion_tokens >= 1
-    assert client.get_session("from-metadata").num_tokens > 0
+    # the session's record follows the worker's event, which may land after the reply
+    wait_for(lambda: client.get_session("from-metadata").num_tokens > 0, "its tokens indexed")
     assert client.delete_session("from-metadata") is True
     with pytest.raises(grpc.RpcError) as err:
         client.get_session("from-metadata")

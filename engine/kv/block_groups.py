@@ -14,6 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.kv.blocks import BlockAllocator
+from engine.text.model_config import ModelConfig
 
 # A windowed group has a quarter of the full group's block ids: room for its sequences'
 # windows (about ceil(window / block) + 1 blocks each, a chunk more while prefilling) and
@@ -51,3 +57,24 @@ def needed_blocks(end: int, window: int, block: int) -> range:
     """The blocks holding the keys a sequence needs to go on computing at position `end`:
     those of positions [end + 1 - window, end) (all of [0, end) without a window)."""
     return range(first_needed(end, window, block), -(-end // block))
+
+
+class Pool(Protocol):
+    """What a block table (engine/kv/paged_kv.py) needs of its pool (kv_pool.py's KVPool)."""
+
+    config: ModelConfig
+    dtype: np.dtype[Any]
+    fingerprint: str
+    block_size: int
+    groups: tuple[BlockGroup, ...]
+    allocs: list[BlockAllocator]
+
+    @property
+    def group_block_bytes(self) -> list[int]: ...
+
+    @property
+    def bytes_per_token(self) -> int: ...
+
+    def copy_block(self, dst: int, src: int, group: int = 0) -> None: ...
+
+    def take_kv(self, kv: Any) -> tuple[Any, Any]: ...  # kv: a PagedKV of it

@@ -163,18 +163,20 @@ class KVPool:
         return out[0], out[1]
 
     def take_kv(self, kv: PagedKV) -> tuple[Array, Array]:
-        """Copies of a table's valid keys and values [layers, kv_heads, offset, head_dim];
-        a windowed layer's positions before kv.held_from() are zeros."""
+        """Copies of a table's valid keys and values [layers, kv_heads, offset, head_dim]
+        (on the host where the pool has windowed groups); a windowed layer's positions
+        before kv.held_from() are zeros."""
         if len(self.groups) == 1:
             return self.take(*kv.slots(0, kv.offset))
         c, n = self.config, kv.offset
         shape = (c.num_layers, c.num_kv_heads, n, row_items(c.head_dim, self.dtype))
-        k, v = self.xp.zeros(shape, self.dtype), self.xp.zeros(shape, self.dtype)
+        k, v = np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)  # on the host
         held_from = kv.held_from()
         for g, group in enumerate(self.groups):
             start = held_from[group.layers[0]]
             gk, gv = self.take(*kv.slots(start, n - start, g), g)
-            k[list(group.layers), :, start:], v[list(group.layers), :, start:] = gk, gv
+            at = (list(group.layers), slice(None), slice(start, None))
+            k[at], v[at] = to_host(gk), to_host(gv)
         return k, v
 
     @classmethod

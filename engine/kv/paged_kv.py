@@ -9,16 +9,13 @@ only those its window can still see, from `first_held` on; the entries before ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from common.block_hash import chain_hash, scope_hash
-from engine.kv.block_groups import RELEASED, first_needed, needed_blocks
+from engine.kv.block_groups import RELEASED, Pool, first_needed, needed_blocks
 from engine.kv_files.chain import kv_root
-
-if TYPE_CHECKING:
-    from engine.kv.kv_pool import KVPool
 
 Array = Any
 
@@ -29,7 +26,7 @@ class PagedKV:
 
     __slots__ = ("first_held", "hashes", "offset", "pool", "root", "scope", "tables", "token_ids")
 
-    def __init__(self, pool: KVPool, scope: str) -> None:
+    def __init__(self, pool: Pool, scope: str) -> None:
         self.pool = pool
         self.scope = scope
         self.root = scope_hash(kv_root(pool.fingerprint, pool.dtype), scope)  # block 0's previous

@@ -47,10 +47,10 @@ class AttentionCall:
 
     @classmethod
     def build(
-        cls, pool: MLXKVPool, segments: list[tuple[Segment, int]], window: int = 0
+        cls, pool: MLXKVPool, segments: list[tuple[Segment, int]], window: int = 0, group: int = 0
     ) -> AttentionCall:
-        """segments: (segment, its first row in the step); window: the model's sliding
-        window (0: none)."""
+        """segments: (segment, its first row in the step); window: the sliding window of
+        the pool's block `group` these keys are in (0: none)."""
         width = max(seg.start + seg.length for seg, _ in segments)
         span = max(seg.length for seg, _ in segments)
         s = len(segments)
@@ -62,7 +62,7 @@ class AttentionCall:
         for i, (seg, row) in enumerate(segments):
             n, t = seg.length, seg.start + seg.length
             queries[i] = row + np.minimum(np.arange(span), n - 1)  # padding: the last row
-            keys[i, :t] = pool.rows(*seg.kv.slots(0, t))
+            keys[i, :t] = pool.rows(*seg.kv.slots(0, t, group), group)
             positions[i] = seg.start + np.minimum(np.arange(span), n - 1)
             mask[i, 0] = np.arange(width)[None, :] <= positions[i][:, None]
             valid += range(i * span, i * span + n)
@@ -97,17 +97,16 @@ class AttentionCall:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Where a step's rows go, worked out once for all layers."""
+    """Where a step's rows go, worked out once for all layers, per block group of the pool
+    (engine/kv/block_groups.py)."""
 
-    rows: Any  # [N] int32: the pool row each token's keys and values go to
-    calls: tuple[AttentionCall, ...]
+    rows: tuple[Any, ...]  # per group, [N] int32: the pool row each token's keys go to
+    calls: tuple[tuple[AttentionCall, ...], ...]  # per group
     order: Any  # [N] int32 or None: the step's rows from the calls' outputs, concatenated
     last_rows: Any  # [M] int32: the rows whose logits are wanted
 
     @classmethod
-    def build(cls, pool: MLXKVPool, segments: list[Segment], window: int = 0) -> StepPlan:
-        where = [seg.kv.slots(seg.start, seg.length) for seg in segments]
-        rows = np.concatenate([pool.rows(b, s) for b, s in where])
+    def build(cls, pool: MLXKVPool, segments: list[Segment]) -> StepPlan:
         placed, row, last = [], 0, []
         for seg in segments:
             placed.append((seg, row))
@@ -115,18 +114,24 @@ class StepPlan:
             if seg.want_logits:
                 last.append(row - 1)
         short = [p for p in placed if p[0].length <= SMALL_ROWS]
-        groups = ([short] if short else []) + [[p] for p in placed if p[0].length > SMALL_ROWS]
-        calls = tuple(AttentionCall.build(pool, g, window) for g in groups)
-        first_rows = np.concatenate([np.arange(r, r + s.length) for g in groups for s, r in g])
+        runs = ([short] if short else []) + [[p] for p in placed if p[0].length > SMALL_ROWS]
+        rows, calls = [], []
+        for g, group in enumerate(pool.groups):
+            where = [seg.kv.slots(seg.start, seg.length, g) for seg in segments]
+            rows.append(mx.array(np.concatenate([pool.rows(b, s, g) for b, s in where])))
+            calls.append(tuple(AttentionCall.build(pool, r, group.window, g) for r in runs))
+        first_rows = np.concatenate([np.arange(r, r + s.length) for run in runs for s, r in run])
         inverse = np.argsort(first_rows).astype(np.int32)  # calls' order -> the step's
         identity = bool((first_rows == np.arange(row)).all())
         order = None if identity else mx.array(inverse)
-        return cls(mx.array(rows), calls, order, mx.array(np.asarray(last, dtype=np.int32)))
+        last_rows = mx.array(np.asarray(last, dtype=np.int32))
+        return cls(tuple(rows), tuple(calls), order, last_rows)
 
     def attend(
         self, q: Any, pool: MLXKVPool, layer: int, scale: float, window: int = 0, sinks: Any = None
     ) -> Any:
-        outs = [c.attend(q, pool, layer, scale, window, sinks) for c in self.calls]
+        calls = self.calls[pool.group_of[layer]]
+        outs = [c.attend(q, pool, layer, scale, window, sinks) for c in calls]
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if self.order is None else out[self.order]
 
@@ -173,7 +178,8 @@ class MLXOps:
         q = _rope(qkv[:, :qd].reshape(n, c.num_heads, hd), *self.rope)
         k = _rope(qkv[:, qd : qd + kvd].reshape(n, c.num_kv_heads, hd), *self.rope)
         v = qkv[:, qd + kvd :].reshape(n, c.num_kv_heads, hd)
-        self.pool.write(layer, self.plan.rows, k, v)  # this step's keys and values first
+        rows = self.plan.rows[self.pool.group_of[layer]]
+        self.pool.write(layer, rows, k, v)  # this step's keys and values first
         return self.plan.attend(q, self.pool, layer, hd**-0.5, window, sinks)
 
     def silu_mul(self, gate_up: Any) -> Any:
@@ -198,7 +204,7 @@ def forward(
     """As engine/forward.py's forward, computing in `dtype`: the keys and values written
     into the pool, and the logits [segments wanting them, vocab] of each such segment's
     last token (host float32)."""
-    plan = StepPlan.build(pool, segments, config.sliding_window)
+    plan = StepPlan.build(pool, segments)
     pos = mx.array(np.asarray(positions, dtype=np.int32))
     tables = (rope.cos[pos][:, None, :], rope.sin[pos][:, None, :])
     x = weights.embed.rows(mx.array(np.asarray(tokens, dtype=np.int32)))

@@ -15,7 +15,9 @@ other device's worker writes. Attention reads rows widened to the compute dtype.
 
 MLX fills a new array at once (NumPy's zero pages are taken only as written), so the arrays
 start small and grow, by doubling, to the highest block id in use (the allocator hands out
-the lowest free ids first): memory is taken as the pool fills, as on the other devices.
+the lowest free ids first): memory is taken as the pool fills, as on the other devices. A
+windowed model's windowed layers have block ids of their own (engine/kv/block_groups.py),
+so their arrays grow only as far as the windows in use.
 """
 
 from __future__ import annotations
@@ -33,15 +35,20 @@ FIRST_BLOCKS = 64  # blocks the arrays hold at first
 
 
 class MLXKVPool(KVPool):
-    """One block group: a windowed model's layers keep every block here (their windows
-    applied as masks), which Model.new_pool asks by giving no windows."""
+    """Each block group's layers grow their arrays to the group's own highest block id in
+    use: a windowed group's stay as small as its windows (engine/kv/block_groups.py)."""
 
     def _allocate(self) -> None:
-        assert len(self.groups) == 1, "MLX pools have one block group"
-        self.k_layers: list[list[Any]] = []  # each layer's planes
-        self.v_layers: list[list[Any]] = []
-        self.allocated_blocks = 0
-        self._grow(min(self.num_blocks, FIRST_BLOCKS))
+        self.k_layers: list[list[Any]] = [[] for _ in range(self.config.num_layers)]
+        self.v_layers: list[list[Any]] = [[] for _ in range(self.config.num_layers)]
+        self.group_allocated = [0] * len(self.groups)  # blocks each group's arrays hold
+        for g, blocks in enumerate(self.group_blocks):
+            self._grow(g, min(blocks, FIRST_BLOCKS))
+
+    @property
+    def allocated_blocks(self) -> int:
+        """Blocks the first group's arrays hold."""
+        return self.group_allocated[0]
 
     def _planes(self) -> list[tuple[int, Any]]:
         """(values a row of a head holds, dtype) of each plane."""
@@ -50,32 +57,33 @@ class MLXKVPool(KVPool):
             return [(d, mx.int8), (d // Q8_VALUES, mx.float16)]
         return [(d, mx_dtype(self.dtype))]
 
-    def _grow(self, blocks: int) -> None:
-        """Room for `blocks` blocks in every layer's arrays (zeros appended)."""
-        c = self.config
-        more = (blocks - self.allocated_blocks) * self.block_size
+    def _grow(self, group: int, blocks: int) -> None:
+        """Room for `blocks` blocks in the arrays of every layer of a group (zeros
+        appended)."""
+        heads = self.config.num_kv_heads
+        more = (blocks - self.group_allocated[group]) * self.block_size
         for layers in (self.k_layers, self.v_layers):
-            for layer in range(c.num_layers):
-                if layer == len(layers):
-                    layers.append(
-                        [mx.zeros((0, c.num_kv_heads, n), dtype=t) for n, t in self._planes()]
-                    )
+            for layer in self.groups[group].layers:
                 planes = layers[layer]
+                if not planes:
+                    planes += [mx.zeros((0, heads, n), dtype=t) for n, t in self._planes()]
                 for i, (n, t) in enumerate(self._planes()):
-                    zeros = mx.zeros((more, c.num_kv_heads, n), dtype=t)
-                    planes[i] = mx.concatenate([planes[i], zeros])
-        self.allocated_blocks = blocks
+                    planes[i] = mx.concatenate([planes[i], mx.zeros((more, heads, n), dtype=t)])
+        self.group_allocated[group] = blocks
         mx.eval(self.arrays())
 
     def arrays(self) -> list[Any]:
         """Every plane of every layer (to evaluate a step's writes)."""
         return [a for planes in (*self.k_layers, *self.v_layers) for a in planes]
 
-    def rows(self, blocks: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """The row of each (block, slot) in a layer's array (grown to hold them)."""
-        blocks = np.asarray(blocks, dtype=np.int64)
-        if len(blocks) and blocks.max() >= self.allocated_blocks:
-            self._grow(min(self.num_blocks, max(2 * self.allocated_blocks, blocks.max() + 1)))
+    def rows(self, blocks: np.ndarray, slots: np.ndarray, group: int = 0) -> np.ndarray:
+        """The row of each (block, slot) in the arrays of a group's layers (grown to hold
+        them); a windowed table's released blocks (-1, never read) as block 0's."""
+        blocks = np.maximum(np.asarray(blocks, dtype=np.int64), 0)
+        held = self.group_allocated[group]
+        if len(blocks) and blocks.max() >= held:
+            limit = self.group_blocks[group]
+            self._grow(group, min(limit, max(2 * held, int(blocks.max()) + 1)))
         return (blocks * self.block_size + slots).astype(np.int32)
 
     def write(self, layer: int, rows: Any, k: Any, v: Any) -> None:
@@ -111,31 +119,31 @@ class MLXKVPool(KVPool):
         blocks = codes.astype(mx.float32).reshape(*codes.shape[:-1], -1, Q8_VALUES)
         return (blocks * scales.astype(mx.float32)[..., None]).reshape(codes.shape)
 
-    def copy_block(self, dst: int, src: int, group: int = 0) -> None:  # one group on MLX
-        self.rows(np.asarray([dst, src]), np.zeros(2, dtype=np.int64))
+    def copy_block(self, dst: int, src: int, group: int = 0) -> None:
+        self.rows(np.asarray([dst, src]), np.zeros(2, dtype=np.int64), group)
         b = self.block_size
-        for a in self.arrays():
-            a[dst * b : (dst + 1) * b] = a[src * b : (src + 1) * b]
+        for layer in self.groups[group].layers:
+            for a in (*self.k_layers[layer], *self.v_layers[layer]):
+                a[dst * b : (dst + 1) * b] = a[src * b : (src + 1) * b]
 
     def put(self, blocks: np.ndarray, slots: np.ndarray, k: Any, v: Any, group: int = 0) -> None:
-        rows = mx.array(self.rows(blocks, slots))
-        for layer in range(self.config.num_layers):  # [kv_heads, n, D] -> [n, kv_heads, D]
+        """k, v: [group's layers, kv_heads, n, D] (host)."""
+        rows = mx.array(self.rows(blocks, slots, group))
+        for i, layer in enumerate(self.groups[group].layers):  # [kv_heads, n, D] -> [n, ...]
             for planes, x in ((self.k_layers[layer], k), (self.v_layers[layer], v)):
-                host = np.asarray(x[layer]).transpose(1, 0, 2)
+                host = np.asarray(x[i]).transpose(1, 0, 2)
                 for plane, part in zip(planes, self._split(host), strict=True):
                     plane[rows] = mx.array(part).astype(plane.dtype)
 
     def take(
         self, blocks: np.ndarray, slots: np.ndarray, group: int = 0
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies [layers, kv_heads, n, head_dim] (what spill files hold)."""
-        rows = mx.array(self.rows(blocks, slots))
+        """Host copies [group's layers, kv_heads, n, head_dim] (what spill files hold)."""
+        rows = mx.array(self.rows(blocks, slots, group))
+        layers = self.groups[group].layers
         k, v = (
-            [
-                self._join([np.array(p[rows]) for p in planes]).transpose(1, 0, 2)
-                for planes in layers
-            ]
-            for layers in (self.k_layers, self.v_layers)
+            [self._join([np.array(p[rows]) for p in planes[i]]).transpose(1, 0, 2) for i in layers]
+            for planes in (self.k_layers, self.v_layers)
         )
         return np.ascontiguousarray(np.stack(k)), np.ascontiguousarray(np.stack(v))
 

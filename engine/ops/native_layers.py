@@ -161,23 +161,9 @@ class NativeLayers:
         moe = self.weights.layers[0].moe
         return None if moe is None else address(moe.stats)
 
-    def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
-            step: StepLayout, threads: int) -> bool:  # fmt: skip
-        """Every layer over x [N, dim] in place, writing the step's keys and values into
-        `pool`; False (nothing done) where this step has rows outside the kernels. Raises
-        MemoryError (nothing done) where the step's scratch cannot be allocated."""
-        c, plan = self.config, step.attention
-        every_row = quant_kernels().every_row or all(kernel for *_, kernel in step.runs)
-        if not (
-            every_row and len(plan.kernel_rows) == x.shape[0]
-            and pool.xp is np and pool.dtype in KERNEL_KV_DTYPES
-            and all(a.flags.c_contiguous for a in (*pool.k_groups, *pool.v_groups))
-            and x.dtype == np.float32 and x.flags.c_contiguous
-            and positions.dtype == np.int64 and positions.flags.c_contiguous
-            and _vector(rope.cos) is not None and _vector(rope.sin) is not None
-        ):  # fmt: skip
-            return False
-        shape = _Shape(
+    def _shape(self, pool: KVPool) -> _Shape:
+        c = self.config
+        return _Shape(
             c.dim,
             c.num_heads,
             c.num_kv_heads,
@@ -188,6 +174,24 @@ class NativeLayers:
             self.moe_stats,
             list(KERNEL_KV_DTYPES).index(pool.dtype),  # the order of layers.c's kv_kind
         )
+
+    def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,
+            step: StepLayout, threads: int) -> bool:  # fmt: skip
+        """Every layer over x [N, dim] in place, writing the step's keys and values into
+        `pool`; False (nothing done) where this step has rows outside the kernels. Raises
+        MemoryError (nothing done) where the step's scratch cannot be allocated."""
+        plan = step.attention
+        every_row = quant_kernels().every_row or all(kernel for *_, kernel in step.runs)
+        if not (
+            every_row and len(plan.kernel_rows) == x.shape[0]
+            and pool.xp is np and pool.dtype in KERNEL_KV_DTYPES
+            and all(a.flags.c_contiguous for a in (*pool.k_groups, *pool.v_groups))
+            and x.dtype == np.float32 and x.flags.c_contiguous
+            and positions.dtype == np.int64 and positions.flags.c_contiguous
+            and _vector(rope.cos) is not None and _vector(rope.sin) is not None
+        ):  # fmt: skip
+            return False
+        shape = self._shape(pool)
         k_groups, v_groups, kv_layout = _pool_layout(pool)
         kv_rows = np.ascontiguousarray(np.concatenate(step.group_rows), dtype=np.int64)
         tables = _tables(step)

@@ -17,6 +17,15 @@ def tiny_model(tiny_path: Path) -> Model:
 
 
 @pytest.fixture(scope="session")
-def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Model:
-    path = write_tiny_gpt_oss(tmp_path_factory.mktemp("gpt-oss") / "tiny-gpt-oss.gguf")
-    return Model.load(path, device="cpu")
+def tiny_gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gpt_oss(tmp_path_factory.mktemp("gpt-oss") / "tiny-gpt-oss.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss(tiny_gpt_oss_path: Path) -> Model:
+    return Model.load(tiny_gpt_oss_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss_mlx(tiny_gpt_oss_path: Path) -> Model:
+    return Model.load(tiny_gpt_oss_path, device="mlx")

@@ -193,19 +193,19 @@ def test_block_table_offset_ids_and_bytes(case: tuple[Model, Reference]) -> None
     block = kv.pool.block_size
     assert kv.bytes_per_token == bytes_per_token and block == 16
     assert (kv.offset, kv.token_ids, kv.nbytes) == (0, [], 0)
-    free = kv.pool.alloc.num_free
+    free = kv.pool.allocs[0].num_free
     run_segments(model, [(kv, PROMPT[:10])])
     assert kv.offset == 10 and kv.token_ids == PROMPT[:10]
     assert kv.capacity == block and kv.nbytes == block * bytes_per_token
-    assert kv.pool.alloc.num_free == free - 1
+    assert kv.pool.allocs[0].num_free == free - 1
     kv.reserve(33)
     assert kv.capacity == 48 and kv.nbytes == 3 * block * bytes_per_token
     assert kv.offset == 10 and kv.token_ids == PROMPT[:10]
     kv.compact()
-    assert kv.capacity == block and kv.pool.alloc.num_free == free - 1
+    assert kv.capacity == block and kv.pool.allocs[0].num_free == free - 1
     kv.release()
-    assert (kv.offset, kv.nbytes, kv.pool.alloc.num_free) == (0, 0, free)
-    kv.pool.alloc.check()
+    assert (kv.offset, kv.nbytes, kv.pool.allocs[0].num_free) == (0, 0, free)
+    kv.pool.allocs[0].check()
 
 
 def test_kv_survives_trim_state_roundtrip_and_fork(case: tuple[Model, Reference]) -> None:
@@ -252,6 +252,6 @@ def test_float16_pool_bytes(tmp_path: Path) -> None:
     model = Model.load(write_tiny_llama(tmp_path / "m.gguf"), device="cpu", dtype="float16")
     kv = new_kv(model)
     run_segments(model, [(kv, PROMPT[:4])])
-    assert kv.pool.k.dtype == np.float16
+    assert pool_of(model).k.dtype == np.float16
     assert kv.bytes_per_token == 2 * 2 * 32 * 2
     assert kv.nbytes == 16 * 2 * 2 * 32 * 2

@@ -86,7 +86,7 @@ def test_one_call_writes_and_reads_the_float16_pool_as_the_per_op_loop(
         ffn_dim=256,
     )
     model = Model.load(path, device="cpu", weights="quantized", kv_dtype="float16")
-    assert model.kv_dtype == F16 and new_kv(model).pool.k.dtype == F16
+    assert model.kv_dtype == F16 and pool_of(model).k.dtype == F16
     assert_one_call_equals_per_op(model, monkeypatch, lowest_id=3)
 
 

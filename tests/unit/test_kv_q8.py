@@ -22,7 +22,7 @@ from engine.ops import native
 from engine.ops.attention_rows import rows_kernel
 from tests.batch_invariance import check_random_prompts
 from tests.native_checks import assert_one_call_equals_per_op
-from tests.paged import new_kv, run_segments
+from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import write_tiny_llama
 from worker.spiller import Spiller
 
@@ -85,7 +85,7 @@ def test_one_call_writes_and_reads_the_q8_pool_as_the_per_op_loop(
     tiny_q8: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = Model.load(tiny_q8, device="cpu", weights="quantized", kv_dtype="q8_0")
-    assert model.kv_dtype == Q8_0 and new_kv(model).pool.k.dtype == Q8_0
+    assert model.kv_dtype == Q8_0 and pool_of(model).k.dtype == Q8_0
     assert model.bytes_per_token == 2 * 2 * 2 * 34  # 2 layers, 2 KV heads of one block
     assert_one_call_equals_per_op(model, monkeypatch, lowest_id=3)
 
