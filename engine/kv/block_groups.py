@@ -21,12 +21,14 @@ import numpy as np
 from engine.kv.blocks import BlockAllocator
 from engine.text.model_config import ModelConfig
 
-# A windowed group has a quarter of the full group's block ids: room for its sequences'
-# windows (about ceil(window / block) + 1 blocks each, a chunk more while prefilling) and
-# for the blocks that left the windows, kept for resumes, where sessions are longer than a
-# few windows. At least WINDOW_MIN_BLOCKS (never more than the full group) for small pools.
+# A pool is sized as if a windowed group took a quarter of the full group's bytes: its
+# sequences' windows (about ceil(window / block) + 1 blocks each, a chunk more while
+# prefilling) and room for the blocks that left the windows, kept for resumes. It has as
+# many block ids as the full group, so that sessions shorter than a few windows never run
+# it out first, but takes them lazily (BlockAllocator's soft_limit, that quarter): past it,
+# a block that left a window is reused before a new one is taken, so its arrays' pages are
+# written only as far as the most blocks held at once.
 WINDOW_SHARE = 4
-WINDOW_MIN_BLOCKS = 256
 RELEASED = -1  # a windowed table's entry for a block that left the window
 
 
@@ -41,11 +43,6 @@ def block_groups(windows: Sequence[int]) -> tuple[BlockGroup, ...]:
     see every position first, then one group per window, smallest first."""
     kinds = sorted(set(windows))
     return tuple(BlockGroup(w, tuple(i for i, x in enumerate(windows) if x == w)) for w in kinds)
-
-
-def window_group_blocks(full_blocks: int) -> int:
-    """Block ids of a windowed group in a pool whose first group has `full_blocks`."""
-    return min(full_blocks, max(full_blocks // WINDOW_SHARE, WINDOW_MIN_BLOCKS))
 
 
 def first_needed(end: int, window: int, block: int) -> int:

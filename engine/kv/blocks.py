@@ -20,12 +20,21 @@ class PoolExhaustedError(WarmfleetError):
 
 
 class BlockAllocator:
-    def __init__(self, num_blocks: int) -> None:
+    """With `soft_limit`, blocks are taken lazily: one never used only while fewer than
+    soft_limit were, or when no used one is free or cached, so the pages of the pool's
+    arrays written grow past soft_limit only as far as the most blocks held at once (a
+    windowed group's: block_groups.py). Without, every free block goes before a cached one,
+    so cached prefixes last as long as the pool has room."""
+
+    def __init__(self, num_blocks: int, soft_limit: int | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"a pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.refs = [0] * num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))  # pop() gives the lowest id first
+        self.soft_limit = num_blocks if soft_limit is None else max(1, soft_limit)
+        # pop() gives the lowest id first; a lazy allocator's never used ids are _fresh on
+        self._fresh = num_blocks if soft_limit is None else 0
+        self._free = list(range(self._fresh - 1, -1, -1))
         self._cached: OrderedDict[int, None] = OrderedDict()  # unheld but hashed, LRU first
         self._hash_of: dict[int, bytes] = {}
         self._by_hash: dict[bytes, int] = {}
@@ -33,7 +42,12 @@ class BlockAllocator:
     @property
     def num_free(self) -> int:
         """Blocks that an allocation may take (free, or cached and given up)."""
-        return len(self._free) + len(self._cached)
+        return len(self._free) + len(self._cached) + self.num_blocks - self._fresh
+
+    @property
+    def num_used(self) -> int:
+        """Ids ever handed out (all of them but a lazy allocator's)."""
+        return self._fresh
 
     @property
     def num_held(self) -> int:
@@ -43,6 +57,8 @@ class BlockAllocator:
         """A block for this caller alone (reference count 1), not known by any hash."""
         if self._free:
             block = self._free.pop()
+        elif self._fresh < self.soft_limit or (not self._cached and self._fresh < self.num_blocks):
+            block, self._fresh = self._fresh, self._fresh + 1
         elif self._cached:
             block, _ = self._cached.popitem(last=False)
             del self._by_hash[self._hash_of.pop(block)]
@@ -118,7 +134,8 @@ class BlockAllocator:
         assert len(set(self._free)) == len(self._free)
         assert not set(self._free) & set(self._cached)
         assert not set(held) & (set(self._free) | set(self._cached))
-        assert len(self._free) + len(self._cached) + len(held) == self.num_blocks
+        assert len(self._free) + len(self._cached) + len(held) == self._fresh
+        assert all(b < self._fresh for b in (*self._free, *self._cached, *held))
         assert all(self._by_hash[h] == b for b, h in self._hash_of.items())
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine.device import to_host
-from engine.kv.block_groups import WINDOW_SHARE, block_groups, window_group_blocks
+from engine.kv.block_groups import WINDOW_SHARE, block_groups
 from engine.kv.blocks import BlockAllocator
 from engine.kv.paged_kv import PagedKV
 from engine.kv_files.kv_dtypes import Q8_0, quantize, row_items, token_bytes
@@ -56,11 +56,13 @@ class KVPool:
         for g, group in enumerate(self.groups):
             for i, layer in enumerate(group.layers):
                 self.group_of[layer], self.index_in_group[layer] = g, i
-        more = len(self.groups) - 1
-        self.group_blocks = [num_blocks] + [window_group_blocks(num_blocks)] * more
+        self.group_blocks = [num_blocks] * len(self.groups)
         self.num_blocks = num_blocks
         self._allocate()
-        self.allocs = [BlockAllocator(n) for n in self.group_blocks]
+        self.allocs = [
+            BlockAllocator(num_blocks, num_blocks // WINDOW_SHARE if g.window else None)
+            for g in self.groups
+        ]
         self.alloc = self.allocs[0]
 
     def _allocate(self) -> None:
@@ -185,7 +187,7 @@ class KVPool:
         fingerprint: str = "", block_size: int = BLOCK_TOKENS, windows: Sequence[int] = (),
     ) -> KVPool:  # fmt: skip
         """A pool of as many blocks as fit `pool_bytes` (at least one), a windowed group
-        having 1 / WINDOW_SHARE of the first group's (block_groups.py)."""
+        counted at 1 / WINDOW_SHARE of its blocks' bytes (block_groups.py)."""
         c = config
         sizes = [
             token_bytes(len(g.layers), c.num_kv_heads, c.head_dim, dtype) * block_size

@@ -50,28 +50,31 @@ class AttentionCall:
         cls, pool: MLXKVPool, segments: list[tuple[Segment, int]], window: int = 0, group: int = 0
     ) -> AttentionCall:
         """segments: (segment, its first row in the step); window: the sliding window of
-        the pool's block `group` these keys are in (0: none)."""
-        width = max(seg.start + seg.length for seg, _ in segments)
+        the pool's block `group` these keys are in (0: none): each segment's keys then
+        start at the first its first query sees (a windowed layer reads its window, not
+        the whole sequence)."""
+        firsts = [max(0, seg.start + 1 - window) if window else 0 for seg, _ in segments]
+        ends = [seg.start + seg.length for seg, _ in segments]
+        width = max(t - first for t, first in zip(ends, firsts, strict=True))
         span = max(seg.length for seg, _ in segments)
         s = len(segments)
         queries = np.zeros((s, span), dtype=np.int32)
         keys = np.zeros((s, width), dtype=np.int32)
-        mask = np.zeros((s, 1, span, width), dtype=bool)
         positions = np.zeros((s, span), dtype=np.int64)  # each query's
         valid: list[int] = []
         for i, (seg, row) in enumerate(segments):
-            n, t = seg.length, seg.start + seg.length
+            n, t, first = seg.length, ends[i], firsts[i]
             queries[i] = row + np.minimum(np.arange(span), n - 1)  # padding: the last row
-            keys[i, :t] = pool.rows(*seg.kv.slots(0, t, group), group)
+            keys[i, : t - first] = pool.rows(*seg.kv.slots(first, t - first, group), group)
             positions[i] = seg.start + np.minimum(np.arange(span), n - 1)
-            mask[i, 0] = np.arange(width)[None, :] <= positions[i][:, None]
             valid += range(i * span, i * span + n)
+        key_positions = np.asarray(firsts)[:, None] + np.arange(width)  # [S, W]
+        mask = key_positions[:, None, None, :] <= positions[:, None, :, None]
+        if window:  # the keys each query still sees: its last `window`
+            mask &= key_positions[:, None, None, :] > positions[:, None, :, None] - window
         valid_rows = mx.array(np.asarray(valid, dtype=np.int32))
-        windowed = None  # the keys each query still sees: its last `window`
-        if window:
-            recent = np.arange(width) > positions[:, None, :, None] - window
-            windowed = mx.array(mask & recent)
-        return cls(mx.array(queries), mx.array(keys), mx.array(mask), valid_rows, windowed)
+        masks = mx.array(mask)
+        return cls(mx.array(queries), mx.array(keys), masks, valid_rows, masks if window else None)
 
     def attend(
         self, q: Any, pool: MLXKVPool, layer: int, scale: float, window: int, sinks: Any

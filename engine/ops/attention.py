@@ -110,11 +110,13 @@ def attend_dense(
     xp: ModuleType,
     window: int = 0,
     sinks: Array | None = None,
+    key0: int = 0,
 ) -> Array:
     """Causal attention of one chunk's queries [n, H, D] (at positions start...) over its
-    sequence's keys and values [Hkv, T, D], T = start + n; returns [n, H * D]. With a
-    window, each query sees its last `window` keys only; with sinks [H], each head's joins
-    its softmax's denominator.
+    sequence's keys and values [Hkv, T, D] of positions key0 .. start + n - 1 (key0 > 0
+    only with a window: the first any query sees); returns [n, H * D]. With a window, each
+    query sees its last `window` keys only; with sinks [H], each head's joins its
+    softmax's denominator.
 
     The queries go QUERY_BLOCK at a time, each block over the keys up to its last position
     only: about half the work of one [n, T] product for a chunk from an empty cache, and a
@@ -127,14 +129,15 @@ def attend_dense(
     head_sinks = None if sinks is None else sinks.reshape(hkv, 1, g, 1)
     for q0 in range(0, n, QUERY_BLOCK):
         m = min(QUERY_BLOCK, n - q0)
-        t = start + q0 + m  # the keys the block's last query sees
-        scores = qg[:, q0 : q0 + m].reshape(hkv, m * g, d) @ keys[:, :t].transpose(0, 2, 1)
-        scores *= d**-0.5  # [Hkv, m*G, t]
+        t = start + q0 + m  # the keys the block's last query sees: positions key0 .. t - 1
+        tk = t - key0
+        scores = qg[:, q0 : q0 + m].reshape(hkv, m * g, d) @ keys[:, :tk].transpose(0, 2, 1)
+        scores *= d**-0.5  # [Hkv, m*G, tk]
         if window:  # query i of the block sees keys (t - m + i - window, t - m + i]
             pos = xp.arange(t - m, t)[:, None]
-            gap = pos - xp.arange(t)[None, :]  # [m, t]
+            gap = pos - xp.arange(key0, t)[None, :]  # [m, tk]
             bias = xp.where((gap < 0) | (gap >= window), -xp.inf, 0.0).astype(scores.dtype)
-            scores.reshape(hkv, m, g, t)[...] += bias[None, :, None, :]
+            scores.reshape(hkv, m, g, tk)[...] += bias[None, :, None, :]
         elif m > 1:
             # query i of the block sees keys up to t - m + i: only the last m keys differ
             future = xp.arange(m)[None, :] > xp.arange(m)[:, None]  # [m, m]
@@ -144,7 +147,7 @@ def attend_dense(
         if head_sinks is not None:
             block_sinks = xp.broadcast_to(head_sinks, (hkv, m, g, 1)).reshape(hkv, m * g, 1)
         probs = softmax_inplace(scores, xp, block_sinks)
-        out[:, q0 : q0 + m] = (probs @ values[:, :t]).reshape(hkv, m, g, d)
+        out[:, q0 : q0 + m] = (probs @ values[:, :tk]).reshape(hkv, m, g, d)
     return out.transpose(1, 0, 2, 3).reshape(n, num_heads * d)
 
 
@@ -190,9 +193,11 @@ def paged_attention(
         qr = np.ascontiguousarray(q[rows], dtype=np.float32)
         rows_kernel()(qr, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5, got, *limits)
         out[rows] = got
+    size = k_layer.shape[2]
     for row, n, start, blocks in plan.chunks:
-        b = xp.asarray(blocks)
-        keys, values = (gather(a, b, start + n, q.dtype) for a in (k_layer, v_layer))
-        got = attend_dense(q[row : row + n], keys, values, start, xp, window, sinks)
+        skip = max(0, start + 1 - window) // size if window else 0  # blocks none sees
+        b = xp.asarray(blocks[skip:])
+        keys, values = (gather(a, b, start + n - skip * size, q.dtype) for a in (k_layer, v_layer))
+        got = attend_dense(q[row : row + n], keys, values, start, xp, window, sinks, skip * size)
         out[row : row + n] = got.reshape(n, num_heads, d)
     return out.reshape(n_tok, num_heads * d)

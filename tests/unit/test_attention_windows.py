@@ -140,3 +140,21 @@ def test_the_gather_path_applies_windows_and_sinks(pool: tuple[np.ndarray, np.nd
         row = 1 + 150  # chunk row 150: position 250 sees 251 keys
         expected = dense(q[row], k, v, np.asarray(segments[1][0]), 251, window, SINKS)
         np.testing.assert_allclose(got[row].reshape(H, D), expected, atol=2e-5)
+
+
+def test_the_gather_path_skips_the_blocks_a_chunk_has_left(
+    pool: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """A long chunk gathered for a windowed layer reads only the blocks its first row's
+    window starts in and after: here the others point past the pool's end."""
+    k, v = pool
+    rng = np.random.default_rng(5)
+    start, n, window = 300, 100, 64
+    table = rng.permutation(NUM_BLOCKS)[: (start + n) // BLOCK + 1]
+    wild = table.copy()
+    wild[: (start + 1 - window) // BLOCK] = 10**6
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    plans = [AttentionPlan.build([(t.tolist(), start, n)], 32, True) for t in (table, wild)]
+    assert len(plans[0].chunks) == 1
+    want, got = (paged_attention(q, k, v, plan, np, window, SINKS) for plan in plans)
+    assert np.array_equal(got, want)

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
+from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
+from engine.kv.blocks import BlockAllocator, PoolExhaustedError
 from engine.kv.kv_pool import PagedKV, detach
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
@@ -132,3 +134,36 @@ def test_a_turn_resuming_inside_the_window_history(model: Model, reused: bool) -
     assert redone.ids == run_alone(model, Request("cold", second, GREEDY)).ids
     kv = session(engine)
     assert len(kv.tables[1]) - kv.first_held[1] <= -(-WINDOW // BLOCK) + 1
+
+
+def test_a_lazy_allocator_reuses_released_blocks_past_its_soft_limit() -> None:
+    """A windowed group's allocator: never used ids up to the soft limit, then blocks that
+    left a window (cached) before more never used ones, and those only when nothing else is
+    left; every block accounted for throughout."""
+    alloc = BlockAllocator(8, soft_limit=2)
+    first = [alloc.allocate() for _ in range(2)]
+    assert first == [0, 1] and alloc.num_used == 2 and alloc.num_free == 6
+    alloc.publish(first[0], b"h0")
+    alloc.unref([first[0]])  # left the window: cached, known by its hash
+    assert alloc.allocate() == 0 and not alloc.knows(b"h0")  # reused, not id 2
+    assert [alloc.allocate() for _ in range(6)] == [2, 3, 4, 5, 6, 7]  # nothing else left
+    alloc.check()
+    with pytest.raises(PoolExhaustedError):
+        alloc.allocate()
+
+
+def test_many_short_sequences_do_not_run_a_windowed_group_out(tiny_gpt_oss: Model) -> None:
+    """300 sequences inside their window at once (20-token prompts, 8 tokens each: 2 blocks
+    in both groups), in a pool sized for them: the windowed group, sized as a quarter of the
+    full group's bytes, takes more ids than that quarter and none ends for lack of room."""
+    per_sequence, n = 64, 300  # positions each pool block pair is bought for
+    bytes_per = tiny_gpt_oss.bytes_per_token * 5 // 8  # full layers and a windowed quarter
+    pool_bytes = n * per_sequence * bytes_per
+    config = EngineConfig(max_running=n, kv_pool_bytes=pool_bytes, session_budget_bytes=0)
+    engine = Engine(tiny_gpt_oss, config)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    requests = [Request(f"r{i}", prompt(tiny_gpt_oss, 10 + i, 20), params) for i in range(n)]
+    done = engine.generate(requests)
+    assert sorted(len([t for o in out for t in o.token_ids]) for out in done.values()) == [8] * n
+    windowed = engine.pool.allocs[1]
+    assert windowed.num_used > windowed.soft_limit == engine.pool.num_blocks // 4
