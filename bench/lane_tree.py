@@ -22,12 +22,11 @@ import argparse
 import ctypes
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from bench.moe_parts import best_ms
 from bench.table import print_table
 from engine.device import set_threads
 from engine.model import Model
@@ -47,16 +46,6 @@ def build(directory: Path) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.wf_lane_rows.argtypes = [ctypes.c_int, p, i64, i64, ctypes.c_int, p, p, p, p, ctypes.c_int]
     return lib
-
-
-def best_ms(run: Callable[[], object], repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
 
 
 def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
