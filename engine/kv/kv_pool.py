@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine.device import to_host
-from engine.kv.block_groups import WINDOW_SHARE, block_groups
+from engine.kv.block_groups import WINDOW_SHARE, BlockGroup, block_groups
 from engine.kv.blocks import BlockAllocator
 from engine.kv.paged_kv import PagedKV
 from engine.kv_files.kv_dtypes import Q8_0, quantize, row_items, token_bytes
@@ -56,8 +56,8 @@ class KVPool:
         for g, group in enumerate(self.groups):
             for i, layer in enumerate(group.layers):
                 self.group_of[layer], self.index_in_group[layer] = g, i
-        self.group_blocks = [num_blocks] * len(self.groups)
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks  # every group's (block_groups.py)
+        self.group_block_bytes = group_bytes(config, self.groups, self.dtype, block_size)
         self._allocate()
         self.allocs = [
             BlockAllocator(num_blocks, num_blocks // WINDOW_SHARE if g.window else None)
@@ -70,8 +70,8 @@ class KVPool:
         row = row_items(c.head_dim, self.dtype)
         self.k_groups: list[Array] = []
         self.v_groups: list[Array] = []
-        for group, n in zip(self.groups, self.group_blocks, strict=True):
-            shape = (len(group.layers), n, c.num_kv_heads, self.block_size, row)
+        for group in self.groups:
+            shape = (len(group.layers), self.num_blocks, c.num_kv_heads, self.block_size, row)
             self.k_groups.append(self.xp.zeros(shape, dtype=self.dtype))  # zero pages:
             self.v_groups.append(self.xp.zeros(shape, dtype=self.dtype))  # taken as written
         self.k, self.v = self.k_groups[0], self.v_groups[0]
@@ -80,15 +80,6 @@ class KVPool:
         """A layer's keys and values [its group's blocks, kv_heads, block, head_dim]."""
         g, i = self.group_of[layer], self.index_in_group[layer]
         return self.k_groups[g][i], self.v_groups[g][i]
-
-    @property
-    def group_block_bytes(self) -> list[int]:
-        """Bytes of one block of each group (all its layers)."""
-        c = self.config
-        return [
-            token_bytes(len(g.layers), c.num_kv_heads, c.head_dim, self.dtype) * self.block_size
-            for g in self.groups
-        ]
 
     # The array operations, where another layout (engine/mlx_backend) differs.
     def copy_block(self, dst: int, src: int, group: int = 0) -> None:
@@ -132,8 +123,7 @@ class KVPool:
 
     def row_shift(self, layer: int) -> int:
         """What flat_rows' rows of its group's first layer add up to in `layer`."""
-        g = self.group_of[layer]
-        blocks = self.index_in_group[layer] * self.group_blocks[g]
+        blocks = self.index_in_group[layer] * self.num_blocks
         return blocks * self.config.num_kv_heads * self.block_size
 
     def write_layer(self, layer: int, rows: Array, k: Array, v: Array) -> None:
@@ -188,11 +178,8 @@ class KVPool:
     ) -> KVPool:  # fmt: skip
         """A pool of as many blocks as fit `pool_bytes` (at least one), a windowed group
         counted at 1 / WINDOW_SHARE of its blocks' bytes (block_groups.py)."""
-        c = config
-        sizes = [
-            token_bytes(len(g.layers), c.num_kv_heads, c.head_dim, dtype) * block_size
-            for g in block_groups(list(windows) or [0] * c.num_layers)
-        ]
+        groups = block_groups(list(windows) or [0] * config.num_layers)
+        sizes = group_bytes(config, groups, np.dtype(dtype), block_size)
         unit = sizes[0] + sum(sizes[1:]) / WINDOW_SHARE
         blocks = max(1, int(pool_bytes // unit))
         return cls(config, blocks, dtype, xp, fingerprint, block_size, windows)
@@ -222,7 +209,7 @@ class KVPool:
         for g, group in enumerate(self.groups):
             if held_from and held_from[group.layers[0]] > start:
                 firsts[g] = held_from[group.layers[0]]
-                kv.skip_to(g, firsts[g] // self.block_size)
+                kv.release_before(g, firsts[g] // self.block_size)
         kv.prepare_write(start, n - start)
         for g, group in enumerate(self.groups):
             if n > firsts[g]:
@@ -237,6 +224,16 @@ class KVPool:
         """Bytes of the distinct blocks these tables hold (shared blocks count once)."""
         sizes = self.group_block_bytes
         return sum(sizes[g] for g, _ in {part for t in tables for part in t.held()})
+
+
+def group_bytes(
+    config: ModelConfig, groups: Sequence[BlockGroup], dtype: np.dtype[Any], block_size: int
+) -> list[int]:
+    """Bytes of one block of each group (all its layers)."""
+    c = config
+    return [
+        token_bytes(len(g.layers), c.num_kv_heads, c.head_dim, dtype) * block_size for g in groups
+    ]
 
 
 def detach(kv: PagedKV) -> SpilledKV:

@@ -74,7 +74,7 @@ class PagedKV:
         self.reserve(start + n)
         size = self.pool.block_size
         for g, (table, alloc) in enumerate(zip(self.tables, self.pool.allocs, strict=True)):
-            # (a restored table's windowed group starts where its file's keys do: skip_to)
+            # (a restored table's windowed group starts where its file's keys do)
             for i in range(max(start // size, self.first_held[g]), (start + n - 1) // size + 1):
                 block = table[i]
                 assert block != RELEASED, "a write into a block that left the window"
@@ -105,7 +105,7 @@ class PagedKV:
             previous = self.hashes[-1] if self.hashes else self.root
             h = chain_hash(previous, self.token_ids[i * size : (i + 1) * size])
             for table, alloc in zip(self.tables, self.pool.allocs, strict=True):
-                if table[i] != RELEASED:  # (one skipped: skip_to)
+                if table[i] != RELEASED:  # (one a restored file did not hold)
                     table[i] = alloc.publish(table[i], h)
             self.hashes.append(h)
         self._release_behind()
@@ -114,11 +114,18 @@ class PagedKV:
         """Release each windowed table's blocks before those its window needs at offset."""
         size = self.pool.block_size
         for g, table in enumerate(self.tables):
-            first = min(first_needed(self.offset, self.pool.groups[g].window, size), len(table))
-            if first > self.first_held[g]:
-                self.pool.allocs[g].unref(table[self.first_held[g] : first])
-                table[self.first_held[g] : first] = [RELEASED] * (first - self.first_held[g])
-                self.first_held[g] = first
+            first = first_needed(self.offset, self.pool.groups[g].window, size)
+            self.release_before(g, min(first, len(table)))
+
+    def release_before(self, group: int, block: int) -> None:
+        """The group's table holds nothing before `block` any more: the blocks it held there
+        are released (a window left them, or a restored session's file starts there)."""
+        table, first = self.tables[group], self.first_held[group]
+        if block <= first:
+            return
+        self.pool.allocs[group].unref(table[first : min(block, len(table))])
+        table[first:block] = [RELEASED] * (block - first)  # grown to `block` if shorter
+        self.first_held[group] = block
 
     def _missing(self, end: int, ahead: Sequence[bytes] = ()) -> int | None:
         """The last block a windowed table would need to go on at position `end` and can
@@ -188,6 +195,7 @@ class PagedKV:
         end = start + len(ahead)
         for g, (table, alloc) in enumerate(zip(self.tables, self.pool.allocs, strict=True)):
             lo = first_needed(end * size, self.pool.groups[g].window, size)
+            self.release_before(g, lo)  # its own blocks the window leaves, reserved ones too
             for i, h in enumerate(ahead, start):
                 block = RELEASED
                 if i >= lo:
@@ -200,23 +208,7 @@ class PagedKV:
                     table[i] = block
                 else:
                     table.append(block)
-            if lo > self.first_held[g]:
-                kept = range(self.first_held[g], min(start, lo))
-                alloc.unref([table[i] for i in kept])
-                table[kept.start : kept.stop] = [RELEASED] * len(kept)
-                self.first_held[g] = lo
         self.hashes.extend(ahead)
-
-    def skip_to(self, group: int, block: int) -> None:
-        """The group's table holds nothing before `block` (a restored session whose file
-        holds a windowed group's keys from there on only)."""
-        table, first = self.tables[group], self.first_held[group]
-        end = min(block, len(table))
-        if end > first:
-            self.pool.allocs[group].unref(table[first:end])
-            table[first:end] = [RELEASED] * (end - first)
-        table.extend([RELEASED] * (block - len(table)))
-        self.first_held[group] = max(first, block)
 
     def trim(self, num_tokens: int) -> int:
         """Keep the first positions, up to `num_tokens`: as many as every windowed table

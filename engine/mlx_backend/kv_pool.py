@@ -42,8 +42,8 @@ class MLXKVPool(KVPool):
         self.k_layers: list[list[Any]] = [[] for _ in range(self.config.num_layers)]
         self.v_layers: list[list[Any]] = [[] for _ in range(self.config.num_layers)]
         self.group_allocated = [0] * len(self.groups)  # blocks each group's arrays hold
-        for g, blocks in enumerate(self.group_blocks):
-            self._grow(g, min(blocks, FIRST_BLOCKS))
+        for g in range(len(self.groups)):
+            self._grow(g, min(self.num_blocks, FIRST_BLOCKS))
 
     @property
     def allocated_blocks(self) -> int:
@@ -82,8 +82,7 @@ class MLXKVPool(KVPool):
         blocks = np.maximum(np.asarray(blocks, dtype=np.int64), 0)
         held = self.group_allocated[group]
         if len(blocks) and blocks.max() >= held:
-            limit = self.group_blocks[group]
-            self._grow(group, min(limit, max(2 * held, int(blocks.max()) + 1)))
+            self._grow(group, min(self.num_blocks, max(2 * held, int(blocks.max()) + 1)))
         return (blocks * self.block_size + slots).astype(np.int32)
 
     def write(self, layer: int, rows: Any, k: Any, v: Any) -> None:

@@ -9,6 +9,7 @@ bias, sinks and a sliding window where the weights have them."""
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -218,6 +219,7 @@ class NativeLayers:
         return True
 
 
+@functools.lru_cache(maxsize=8)  # once per pool, not every step
 def _pool_layout(pool: KVPool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """layers.c's k_groups and v_groups (each group's array's address) and kv_layout (each
     layer's group and where its keys start in the group's arrays, in items)."""
