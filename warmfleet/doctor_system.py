@@ -61,7 +61,8 @@ def kernels_row() -> Check:
     finally:
         logger.removeHandler(collect)
     if lib is not None:
-        what = f"built for this CPU ({native.isa()}): {lib._name}"
+        target = "this CPU" if native.march() == "native" else f"-march={native.march()}"
+        what = f"built for {target} ({native.isa()}): {lib._name}"
         return ok("C kernels", what, library=str(lib._name), isa=native.isa())
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"

@@ -1,9 +1,11 @@
 """The engine's C kernels (engine/ops/csrc/*.c), compiled for this machine on first use and
 cached: the quantized-weight products and the paged attention of decode rows.
 
-Compiled with -march=native, so the same source becomes AVX2, AVX-512 or NEON code; the
-cache key holds the sources, the flags, the compiler and the CPU's feature flags, so a
-cached library is never loaded on a machine it was not built for; a compiler without
+Compiled with -march=native, so the same source becomes AVX2, AVX-512 or NEON code
+(WARMFLEET_MARCH names another target: `haswell` builds them for AVX2 without AVX-512, to
+measure here what such a CPU runs); the cache key holds the sources, the flags, the
+compiler and the CPU's feature flags, so a cached library is never loaded on a machine it
+was not built for; a compiler without
 OpenMP (Apple's clang) builds them to run on one thread (csrc/omp_shim.h). One process compiles,
 under a lock file beside the library; the others (a cluster's workers starting together)
 wait for it, each showing the progress, and load the same file. A slow compile (a busy
@@ -58,21 +60,62 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def march() -> str:
+    """The kernels' build target: WARMFLEET_MARCH (a -march value: `haswell` builds them for
+    AVX2 without AVX-512), `native` (this CPU) by default."""
+    return os.environ.get("WARMFLEET_MARCH") or "native"
+
+
+def flags() -> tuple[str, ...]:
+    """FLAGS with -march set to march()."""
+    return tuple(f"-march={march()}" if f == "-march=native" else f for f in FLAGS)
+
+
+# the compiler's macros for a named -march, as /proc/cpuinfo's flags name the features
+_MACRO_FLAGS = {
+    "__AVX512F__": "avx512f",
+    "__AVX512VNNI__": "avx512_vnni",
+    "__AVX2__": "avx2",
+    "__ARM_NEON": "asimd",
+    "__ARM_FEATURE_DOTPROD": "asimddp",
+}
+
+
+@functools.cache
+def _target_flags() -> frozenset[str]:
+    """The vector features the kernels are built with: this CPU's, or for a named -march
+    what the compiler defines for it (none where it cannot say)."""
+    if march() == "native":
+        return frozenset(_cpu_flags().split())
+    cc = _compiler() or "cc"
+    argv = [cc, f"-march={march()}", "-dM", "-E", "-x", "c", os.devnull]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    defined = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define")}
+    return frozenset(flag for macro, flag in _MACRO_FLAGS.items() if macro in defined)
+
+
 def wide_vectors() -> bool:
-    """Whether the kernels' 16-lane vectors are single registers here (AVX-512)."""
-    return "avx512f" in _cpu_flags().split()
+    """Whether the kernels' 16-lane vectors are single registers in their build (AVX-512)."""
+    return "avx512f" in _target_flags()
 
 
 def isa() -> str:
-    """What -march=native makes of the kernels' vectors here, in words."""
-    flags = set(_cpu_flags().split())
+    """What the kernels' build target makes of their vectors, in words."""
+    flags = _target_flags()
     if "avx512f" in flags:
         return "AVX-512 with VNNI" if "avx512_vnni" in flags else "AVX-512"
     if "avx2" in flags:
         return "AVX2 (16-lane vectors as pairs of 8)"
-    if "asimd" in flags or platform.machine() in ("aarch64", "arm64"):
+    if "asimd" in flags or (march() == "native" and platform.machine() in ("aarch64", "arm64")):
         return "NEON with dot products" if "asimddp" in flags else "NEON"
     return "no vector extension known to the kernels (plain C)"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
@@ -189,7 +232,7 @@ def library() -> ctypes.CDLL | None:
     cannot be had."""
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = _compiler()
     if cc is None:
         log.warning(
             "no C compiler found (install gcc, or set CC): the engine runs its Numba kernels, "
@@ -198,13 +241,14 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         try:
-            return ctypes.CDLL(str(built(cc, _library_path(cc, FLAGS), SOURCES, FLAGS)))
+            build = flags()
+            return ctypes.CDLL(str(built(cc, _library_path(cc, build), SOURCES, build)))
         except OSError as e:
             if "omp" not in str(e).lower():
                 raise
             why = str(e).strip().splitlines()[-1][:200]
             log.warning("%s has no OpenMP (%s): the C kernels run on one thread", cc, why)
-        alone = tuple(f for f in FLAGS if f != "-fopenmp")
+        alone = tuple(f for f in flags() if f != "-fopenmp")
         return ctypes.CDLL(str(built(cc, _library_path(cc, alone), SOURCES, alone)))
     except (OSError, subprocess.SubprocessError) as e:  # TimeoutError is an OSError
         log.warning("the C kernels could not be built (%s): using the slower Numba kernels", e)

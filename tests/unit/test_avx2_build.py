@@ -119,3 +119,21 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
         )
         assert rc == 0
         assert np.array_equal(got, want), f"{heads} {lengths}"
+
+
+def test_warmfleet_march_sets_the_build_target_and_what_it_is_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WARMFLEET_MARCH=haswell: the kernels' flags name it, doctor's ISA reads AVX2 and long
+    chunks go to BLAS (the 16-lane vectors are not single registers there), on this AVX-512
+    CPU; x86-64 alone is plain C."""
+    for target, isa, wide in (("haswell", "AVX2", False), ("x86-64", "no vector", False)):
+        monkeypatch.setenv("WARMFLEET_MARCH", target)
+        native._target_flags.cache_clear()
+        assert f"-march={target}" in native.flags() and "-march=native" not in native.flags()
+        assert native.isa().startswith(isa)
+        assert native.wide_vectors() is wide
+    monkeypatch.delenv("WARMFLEET_MARCH")
+    native._target_flags.cache_clear()
+    assert "-march=native" in native.flags()
+    assert native.isa().startswith("AVX-512") and native.wide_vectors()
