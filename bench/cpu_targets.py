@@ -13,8 +13,9 @@ CPU's own (AVX-512 here). Each round measures llama.cpp, then warmfleet; every f
 best of R rounds:
 - prefill: one prompt of --prefill-tokens tokens from an empty cache (llama-batched-bench's
   S_PP at batch 1; warmfleet's engine in one chunk, its first token included);
-- decode: B prompts of 128 random tokens, then 64 steps of all B (bench.moe's measure, both
-  sides), at batch 1 and 8.
+- decode: B prompts of 128 tokens, then 64 steps of all B, at batch 1 and 8 (llama.cpp:
+  llama-batched-bench's S_TG, random tokens, no sampling; warmfleet: greedy, the prompts
+  shifted windows of one text).
 The table sets each figure against llama.cpp's and against the issue's target: single stream
 0.8x, batch 8's aggregate 2.5x llama.cpp's single stream, prefill 2x.
 """
@@ -26,8 +27,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.engine_measure import bench_prefill, make_workload
-from bench.moe import BATCHED_BENCH, ROW, log, measure_llamacpp, measure_warmfleet
+from bench.engine_measure import bench_decode, bench_prefill, make_workload
+from bench.moe import BATCHED_BENCH, ROW, log, measure_llamacpp
 from bench.table import print_table
 from engine.device import set_threads
 from engine.model import Model
@@ -35,6 +36,7 @@ from engine.ops import native
 from warmfleet.models import resolve_model
 
 DECODE_BATCHES = [1, 8]
+DECODE_PROMPT, DECODE_STEPS = 128, 64
 # (figure, warmfleet's key, llama.cpp's key, target ratio)
 FIGURES = (
     ("prefill", "prefill", "prefill", 2.0),
@@ -56,12 +58,17 @@ def llamacpp_prefill(binary: Path, model: Path, tokens: int, threads: int) -> fl
     return float(rows[0].group(6))
 
 
-def warmfleet_prefill(model: Path, tokens: int, threads: int) -> float:
+def warmfleet(model: Path, prefill_tokens: int, threads: int) -> dict[int | str, float]:
+    """warmfleet's prefill and decode figures (tok/s), each the best of two."""
     set_threads(threads)
     loaded = Model.load(model)
-    ids = make_workload(loaded, tokens, 1, (1,)).prompt_ids
-    bench_prefill(loaded, ids, 1)  # untimed: a first use builds the kernels
-    return bench_prefill(loaded, ids, 2)
+    text = make_workload(loaded, max(prefill_tokens, DECODE_PROMPT + 8), 1, (1,)).prompt_ids
+    bench_prefill(loaded, text[:prefill_tokens], 1)  # untimed: a first use builds the kernels
+    figures: dict[int | str, float] = {"prefill": bench_prefill(loaded, text[:prefill_tokens], 2)}
+    for b in DECODE_BATCHES:
+        log(f"warmfleet: batch {b}")
+        figures[b] = bench_decode(loaded, text, b, DECODE_STEPS, 2, DECODE_PROMPT)
+    return figures
 
 
 Figures = dict[int | str, float]
@@ -72,20 +79,17 @@ def rounds(args: argparse.Namespace, model: Path) -> tuple[Figures, Figures]:
     ours: Figures = {}
     theirs: Figures = {}
 
-    def keep(into: Figures, got: Mapping[int, float] | Mapping[str, float]) -> None:
+    def keep(into: Figures, got: Mapping[int, float] | Mapping[str, float] | Figures) -> None:
         for k, v in got.items():
             into[k] = max(v, into.get(k, 0.0))
 
     for r in range(args.repeats):
         log(f"round {r + 1} of {args.repeats}")
-        decode = measure_llamacpp(args.batched_bench, model, DECODE_BATCHES, threads=args.threads)
+        work = (DECODE_BATCHES, DECODE_PROMPT, DECODE_STEPS, args.threads)
+        keep(theirs, measure_llamacpp(args.batched_bench, model, *work))
         prefill = llamacpp_prefill(args.batched_bench, model, args.prefill_tokens, args.threads)
-        keep(theirs, decode)
         keep(theirs, {"prefill": prefill})
-        decode = measure_warmfleet(model, DECODE_BATCHES, threads=args.threads)
-        prefill = warmfleet_prefill(model, args.prefill_tokens, args.threads)
-        keep(ours, decode)
-        keep(ours, {"prefill": prefill})
+        keep(ours, warmfleet(model, args.prefill_tokens, args.threads))
     return ours, theirs
 
 

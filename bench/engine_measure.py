@@ -93,15 +93,22 @@ def bench_prefill(model: Model, ids: list[int], repeats: int) -> float:
 
 
 def bench_decode(
-    model: Model, prompt: list[int], batch: int, decode_tokens: int, repeats: int
+    model: Model,
+    prompt: list[int],
+    batch: int,
+    decode_tokens: int,
+    repeats: int,
+    prompt_tokens: int = 16,
 ) -> float:
-    """Aggregate tokens/s of `batch` sequences decoding `decode_tokens` each (after prefill)."""
+    """Aggregate tokens/s of `batch` sequences decoding `decode_tokens` each, greedily, after
+    prompts of `prompt_tokens` (prefill untimed)."""
     best = float("inf")
     for r in range(repeats):
         engine = Engine(model)
         for i in range(batch):
             # distinct prompts: the same prompt shifted by one token per sequence
-            ids = prompt[i : i + 16]
+            ids = prompt[i : i + prompt_tokens]
+            assert len(ids) == prompt_tokens, "the prompt is too short for the batch"
             engine.add(Request(f"d{r}-{i}", ids, SamplingParams(max_tokens=decode_tokens + 1)))
         while any(s.prefilling for s in engine.sequences.values()) or engine.scheduler.waiting:
             engine.step()

@@ -25,8 +25,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model",
         metavar="PATH",
-        help="a GGUF file of a llama, qwen2 or qwen3 model (default: the default model, "
-        "fetched first)",
+        help="a GGUF file of a llama, qwen2, qwen3, qwen3moe or gpt-oss model (default: the "
+        "default model, fetched first)",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="raw text, sent without a chat template")

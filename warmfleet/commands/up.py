@@ -59,8 +59,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model",
         metavar="PATH",
-        help="a GGUF file of a llama, qwen2 or qwen3 model (default: the default model, "
-        "fetched first)",
+        help="a GGUF file of a llama, qwen2, qwen3, qwen3moe or gpt-oss model (default: the "
+        "default model, fetched first)",
     )
     p.add_argument(
         "--threads", type=int, metavar="N", help="BLAS threads per worker (default: cores / N)"

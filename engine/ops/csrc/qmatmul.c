@@ -161,16 +161,46 @@ static void rows_at(int kind, int gshift, const uint8_t *codes, const void *scal
     }
 }
 
+#if WF_AVX2
+/* Weights 32 blk + 8 e .. 32 blk + 8 e + 7 of a row (e < 4): lanes 8 (e % 2) .. of deq32's
+   lo (e < 2) or hi, computed the same way. */
+static inline __m256 deq8(int kind, int gshift, const Row *r, int64_t blk, int e) {
+    int64_t g = (32 * blk + 16 * (e / 2)) >> gshift;
+    __m256 c;
+    if (kind == KIND_Q4) {
+        const __m128i *at = (const __m128i *)(r->q + 16 * blk + 8 * (e % 2));
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at));
+        b = e < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
+        c = _mm256_cvtepi32_ps(b);
+    } else if (kind == KIND_Q8) {
+        const __m128i *at = (const __m128i *)(r->q + 32 * blk + 8 * e);
+        c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
+    } else if (kind == KIND_F16) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r->q + 64 * blk + 16 * e)));
+    } else {
+        const __m128i *at = (const __m128i *)(r->q + 64 * blk + 16 * e);
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(at));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    }
+    return _mm256_fmadd_ps(c, _mm256_set1_ps(r->s[g]), _mm256_set1_ps(r->o[g]));
+}
+#endif
+
 /* Weight row `n` as float32 into dst[k]; kind and gshift are constants in each instance
    (dequant_row), so the block loop has no branch and a 32-weight group one scale. */
 static inline __attribute__((always_inline)) void dequant_kind(int kind, int gshift,
                                                                const Row *r, int64_t k,
                                                                float *dst) {
     for (int64_t b = 0; b < k / 32; b++) {
+#if WF_AVX2 /* deq32's values by 8-lane pieces: its 16-lane form is slow there */
+        for (int e = 0; e < 4; e++)
+            _mm256_storeu_ps(dst + 32 * b + 8 * e, deq8(kind, gshift, r, b, e));
+#else
         v16f lo, hi;
         deq32(kind, gshift, r->q, r->s, r->o, b, &lo, &hi);
         store16(dst + 32 * b, lo);
         store16(dst + 32 * b + 16, hi);
+#endif
     }
 }
 
@@ -208,7 +238,10 @@ static inline __attribute__((always_inline)) void half_tile(int mr, const float 
         for (int j = 0; j < ROWS; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t i = 8 * h; i < k; i += 16) {
         __m256 w[ROWS];
-        for (int j = 0; j < ROWS; j++) w[j] = _mm256_loadu_ps(buf + j * k + i);
+        for (int j = 0; j < ROWS; j++) {
+            w[j] = _mm256_loadu_ps(buf + j * k + i);
+            IN_REGISTER8(w[j]); /* loaded once, not once per row as an FMA's operand */
+        }
         for (int r = 0; r < mr; r++) {
             __m256 xv = _mm256_loadu_ps(x + r * k + i);
             for (int j = 0; j < ROWS; j++) acc[r][j] = _mm256_fmadd_ps(xv, w[j], acc[r][j]);
@@ -221,10 +254,14 @@ static inline __attribute__((always_inline)) void pair_tile(int mr, const float 
                                                             const float *buf, int nr,
                                                             float *out, int64_t ldo) {
     __m256 lo[2][ROWS], hi[2][ROWS];
+    float sums[2 * ROWS];
     half_tile(mr, x, k, buf, 0, lo);
     half_tile(mr, x, k, buf, 1, hi);
+    if (mr == 1)
+        for (int j = 0; j < ROWS; j++) lo[1][j] = hi[1][j] = _mm256_setzero_ps();
+    hsum_halves8(lo[0], hi[0], sums);
     for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++) out[r * ldo + j] = hsum_halves(lo[r][j], hi[r][j]);
+        for (int j = 0; j < nr; j++) out[r * ldo + j] = sums[r * ROWS + j];
 }
 
 static inline __attribute__((always_inline)) void dot_tile(int mr, const float *x, int64_t k,
@@ -302,29 +339,6 @@ static void prefetch_rows(int kind, int gshift, const uint8_t *codes, const void
 #define WIDE_ROWS 4 /* rows of 8- and 16-bit codes a single-row task takes: 8 halves */
 static inline int fused_rows(int kind) { return (void)kind, WIDE_ROWS; }
 
-/* Weights 32 blk + 8 e .. 32 blk + 8 e + 7 of a row (e < 4): lanes 8 (e % 2) .. of deq32's
-   lo (e < 2) or hi, computed the same way. */
-static inline __m256 deq8(int kind, int gshift, const Row *r, int64_t blk, int e) {
-    int64_t g = (32 * blk + 16 * (e / 2)) >> gshift;
-    __m256 c;
-    if (kind == KIND_Q4) {
-        const __m128i *at = (const __m128i *)(r->q + 16 * blk + 8 * (e % 2));
-        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at));
-        b = e < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
-        c = _mm256_cvtepi32_ps(b);
-    } else if (kind == KIND_Q8) {
-        const __m128i *at = (const __m128i *)(r->q + 32 * blk + 8 * e);
-        c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at)));
-    } else if (kind == KIND_F16) {
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r->q + 64 * blk + 16 * e)));
-    } else {
-        const __m128i *at = (const __m128i *)(r->q + 64 * blk + 16 * e);
-        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(at));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-    }
-    return _mm256_fmadd_ps(c, _mm256_set1_ps(r->s[g]), _mm256_set1_ps(r->o[g]));
-}
-
 /* fused_kind on AVX2: each 16-lane accumulator as two 8-lane halves (f = 4 rows: 8
    registers), the same multiply-adds per lane in the same order. */
 static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
@@ -340,7 +354,14 @@ static inline __attribute__((always_inline)) void fused_kind(int kind, int gshif
                 acc[j][e % 2] =
                     _mm256_fmadd_ps(xv[e], deq8(kind, gshift, &w[j], blk, e), acc[j][e % 2]);
     }
-    for (int j = 0; j < nr; j++) out[j] = hsum_halves(acc[j][0], acc[j][1]);
+    __m256 lo[8], hi[8];
+    float sums[8];
+    for (int j = 0; j < 8; j++) {
+        lo[j] = j < 4 ? acc[j][0] : _mm256_setzero_ps();
+        hi[j] = j < 4 ? acc[j][1] : _mm256_setzero_ps();
+    }
+    hsum_halves8(lo, hi, sums);
+    for (int j = 0; j < nr; j++) out[j] = sums[j];
 }
 #else
 #define WIDE_ROWS FUSED
