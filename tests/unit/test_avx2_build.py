@@ -37,12 +37,12 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 
 @pytest.fixture(scope="module")
 def haswell(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """qmatmul.c and attention.c (and its float16 and q8_0 builds) for Haswell, with the
-    engine's other flags."""
+    """qmatmul.c, attention.c (and its float16 and q8_0 builds) and elementwise.c for
+    Haswell, with the engine's other flags."""
     assert CC is not None
     out = tmp_path_factory.mktemp("haswell") / "kernels-haswell.so"
     flags = [f if f != "-march=native" else "-march=haswell" for f in native.FLAGS]
-    names = ("qmatmul.c", "attention.c", "attention_f16.c", "attention_q8.c")
+    names = ("qmatmul.c", "attention.c", "attention_f16.c", "attention_q8.c", "elementwise.c")
     sources = [native.CSRC / name for name in names]
     return ctypes.CDLL(str(built_driver(out, CC, flags, [], sources)))
 
@@ -71,8 +71,10 @@ def test_products_built_for_avx2_equal_the_avx512_builds_bit_for_bit(
         assert np.array_equal(outs["avx2"], outs["avx512"]), f"{rows} rows differ"
 
 
-@pytest.mark.parametrize("heads", [(9, 3, 64), (32, 8, 128), (32, 4, 128), (28, 4, 128),
-                                   (16, 16, 64), (8, 1, 64), (12, 4, 96)])  # fmt: skip
+@pytest.mark.parametrize(
+    "heads",
+    [(9, 3, 64), (32, 8, 128), (32, 4, 128), (28, 4, 128), (16, 16, 64), (8, 1, 64), (12, 4, 96)],
+)
 @pytest.mark.parametrize("kv_dtype", list(KERNEL_KV_DTYPES), ids=kv_name)
 def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
     haswell: ctypes.CDLL, heads: tuple[int, int, int], kv_dtype: str
@@ -119,6 +121,60 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
         )
         assert rc == 0
         assert np.array_equal(got, want), f"{heads} {lengths}"
+
+
+def test_elementwise_steps_built_for_avx2_equal_the_avx512_builds_bit_for_bit(
+    haswell: ctypes.CDLL,
+) -> None:
+    """SiLU(gate) * up (its e^x has an 8-lane form on AVX2, where GCC scalarized the 16-lane
+    comparisons), RMS norm and rope, over values from tiny to past e^x's clamps (-87, 88)."""
+    lib = native.library()
+    assert lib is not None
+    rng = np.random.default_rng(5)
+    rows, ffn, d, heads = 33, 1536, 64, 9
+    scale = np.array([1e-3, 1.0, 30.0, 100.0], np.float32)[rng.integers(0, 4, (rows, 2 * ffn))]
+    gate_up = (rng.standard_normal((rows, 2 * ffn)) * scale).astype(np.float32)
+    gate_up[0, :8] = [-88, -87, -86.9, 87.9, 88, 89, -1e30, 1e30]
+    w = rng.standard_normal(heads * d).astype(np.float32)
+    cos_t, sin_t = (rng.standard_normal((40, d // 2)).astype(np.float32) for _ in range(2))
+    pos = rng.integers(0, 40, rows).astype(np.int64)
+    f32, i64 = ctypes.c_float, ctypes.c_int64
+
+    def ptr(a: np.ndarray) -> ctypes.c_void_p:
+        return ctypes.c_void_p(a.ctypes.data)
+
+    def run(built: ctypes.CDLL) -> list[np.ndarray]:
+        silu = np.full((rows, ffn), np.nan, np.float32)
+        built.wf_silu_mul(ptr(gate_up), i64(rows), i64(ffn), ptr(silu))
+        x = np.ascontiguousarray(gate_up[:, : heads * d])
+        norm = np.full_like(x, np.nan)
+        built.wf_rms_norm(
+            ptr(x),
+            ptr(w),
+            f32(1e-5),
+            i64(rows),
+            i64(heads * d),
+            ptr(norm),
+        )
+        rope = np.full((rows, heads, d), np.nan, np.float32)
+        built.wf_rope(
+            ptr(gate_up),
+            i64(2 * ffn),
+            i64(0),
+            i64(rows),
+            i64(heads),
+            i64(d),
+            ptr(cos_t),
+            ptr(sin_t),
+            ptr(pos),
+            ptr(rope),
+        )
+        return [silu, norm, rope]
+
+    names = ("silu_mul", "rms_norm", "rope")
+    for name, mine, theirs in zip(names, run(haswell), run(lib), strict=True):
+        assert not np.isnan(mine).any(), name
+        assert np.array_equal(mine, theirs), f"{name}: the AVX2 build's bits differ"
 
 
 def test_warmfleet_march_sets_the_build_target_and_what_it_is_called(

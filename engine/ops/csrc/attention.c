@@ -127,7 +127,7 @@ INLINE void keep_scores(v16f sc, int64_t j, int64_t b, int64_t nb, int64_t n, in
         sc = select16(IOTA16 + (int32_t)(b * BLOCK) >= (int32_t)n, splat(-INFINITY), sc);
     if (b * BLOCK < lo) /* keys the window has left behind */
         sc = select16(IOTA16 + (int32_t)(b * BLOCK) < (int32_t)lo, splat(-INFINITY), sc);
-    top[j] = select16(sc > top[j], sc, top[j]);
+    top[j] = max16(sc, top[j]);
     store16(p + j * padded + b * BLOCK, sc);
 }
 
@@ -541,7 +541,7 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
             most[j] = tops[kh * g + j];
             for (int u = 1; u < num_threads; u++) {
                 v16f other = tops[u * num_heads + kh * g + j];
-                most[j] = select16(other > most[j], other, most[j]);
+                most[j] = max16(other, most[j]);
             }
         }
         softmax_rows(p + kh * g * padded, padded, first, nb, g, most, sinks ? sinks + kh * g : NULL);

@@ -120,28 +120,73 @@ static inline v16f select16(v16i mask, v16f a, v16f b) {
     return out;
 }
 
+/* a > b ? a : b, lane by lane (maxps's rule, NaN and -0 included): on AVX2 two maxps,
+   where GCC scalarizes the 16-lane comparison */
+static inline v16f max16(v16f a, v16f b) {
+#if WF_AVX2
+    __m256 x[2], y[2];
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    for (int h = 0; h < 2; h++) x[h] = _mm256_max_ps(x[h], y[h]);
+    memcpy(&a, x, sizeof x);
+    return a;
+#else
+    return select16(a > b, a, b);
+#endif
+}
+
+#if WF_AVX2
+/* exp16 on 8 lanes (exp16 below, the same operations on each lane) */
+static inline __m256 exp8(__m256 x0) {
+    __m256 under = _mm256_cmp_ps(x0, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    __m256 x = _mm256_blendv_ps(x0, _mm256_set1_ps(-87.0f), under);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ);
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(88.0f), over);
+    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504f), _mm256_set1_ps(0.5f));
+    __m256 k = _mm256_cvtepi32_ps(_mm256_cvttps_epi32(t));
+    __m256 above = _mm256_cmp_ps(k, t, _CMP_GT_OQ);
+    k = _mm256_blendv_ps(k, _mm256_sub_ps(k, _mm256_set1_ps(1.0f)), above); /* floor */
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);
+    static const float poly[6] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    for (int i = 0; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(poly[i]));
+    __m256i bits = _mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127));
+    __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, scale));
+}
+#endif
+
 /* e^x, relative error about 2e-7: x = k ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
    polynomial, 2^k put in the exponent bits. 0 below -87 (e^-inf: masked keys); x above
-   88 is taken as 88 (e^88 ~ 1.7e38, finite). */
+   88 is taken as 88 (e^88 ~ 1.7e38, finite). Its multiply-adds spelled out (fma16), as
+   GCC had contracted them, so that AVX2's 8-lane form (exp8: GCC scalarizes the 16-lane
+   comparisons there) gives the same bits. */
 static inline v16f exp16(v16f x0) {
+#if WF_AVX2
+    __m256 h[2];
+    memcpy(h, &x0, sizeof h);
+    h[0] = exp8(h[0]);
+    h[1] = exp8(h[1]);
+    memcpy(&x0, h, sizeof h);
+    return x0;
+#else
     v16i under = x0 < splat(-87.0f); /* e^x is 0 there (masked keys: -inf) */
     v16f x = select16(under, splat(-87.0f), x0);
     x = select16(x > splat(88.0f), splat(88.0f), x);
-    v16f k = __builtin_convertvector(__builtin_convertvector(x * splat(1.44269504f) +
-                                                             splat(0.5f), v16i), v16f);
-    k = select16(k > x * splat(1.44269504f) + splat(0.5f), k - splat(1.0f), k); /* floor */
-    v16f r = x - k * splat(0.693145752f) - k * splat(1.42860677e-6f);
+    v16f t = fma16(x, splat(1.44269504f), splat(0.5f));
+    v16f k = __builtin_convertvector(__builtin_convertvector(t, v16i), v16f);
+    k = select16(k > t, k - splat(1.0f), k); /* floor */
+    v16f r = fma16(-k, splat(0.693145752f), x);
+    r = fma16(-k, splat(1.42860677e-6f), r);
+    static const float poly[6] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
     v16f p = splat(1.0f / 720);
-    p = p * r + splat(1.0f / 120);
-    p = p * r + splat(1.0f / 24);
-    p = p * r + splat(1.0f / 6);
-    p = p * r + splat(0.5f);
-    p = p * r + splat(1.0f);
-    p = p * r + splat(1.0f);
+    for (int i = 0; i < 6; i++) p = fma16(p, r, splat(poly[i]));
     v16i bits = (__builtin_convertvector(k, v16i) + 127) << 23;
     v16f scale;
     memcpy(&scale, &bits, sizeof scale);
     return select16(under, splat(0.0f), p * scale);
+#endif
 }
 
 /* r[i] = sum of the lanes of a[i], for 16 vectors: four levels of pairwise shuffles, the
