@@ -104,6 +104,17 @@ def expert_cases(products: Products) -> Iterator[Case]:
         yield Case(f"{qtype.name} {products.name}", "expert", data, len(rows) * w.n)
 
 
+def silu_case() -> Case:
+    """SiLU(gate) * up over values from tiny to past e^x's clamps (-87, 88)."""
+    rng = np.random.default_rng(43)
+    rows, ffn = 5, 64
+    scale = np.array([1e-3, 1.0, 30.0, 100.0], np.float32)[rng.integers(0, 4, (rows, 2 * ffn))]
+    gate_up = (rng.standard_normal((rows, 2 * ffn)) * scale).astype(np.float32)
+    gate_up[0, :8] = [-88, -87, -86.9, 87.9, 88, 89, -1e30, 1e30]
+    data = np.array([rows, ffn], np.int64).tobytes() + gate_up.tobytes()
+    return Case("silu_mul", "silu", data, rows * ffn)
+
+
 def attention_case(
     kind: np.dtype, heads: int, kv_heads: int, dim: int, window: int = 0, sinks: bool = False
 ) -> Case:

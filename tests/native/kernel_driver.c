@@ -6,6 +6,7 @@
      kernel_driver expert IN OUT   wf_expert_matmul_as
      kernel_driver attention IN OUT   wf_paged_rows_windowed (float32), _f16 or _q8 by the
                                       pool's kind, with a window and sinks where asked
+     kernel_driver silu IN OUT        wf_silu_mul (its e^x: exp16's 4-lane form on NEON)
 
    IN, little-endian: an int64 header, then the arrays in the order below; OUT: the float32
    outputs. Exit status 0, or 1 with a message on stderr. */
@@ -42,6 +43,8 @@ int64_t wf_paged_rows_windowed_q8(const float *q, const void *k, const void *v,
 int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
                   const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
                   float *out, int64_t ldo, int num_threads);
+
+void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
 
 typedef struct {
     const uint8_t *at, *end;
@@ -124,9 +127,18 @@ static int attention(Reader *r, const char *out_path) {
     return write_out(out_path, out, rows * heads * dim);
 }
 
+/* header: rows, ffn; then gate_up [rows, 2 * ffn] float32 */
+static int silu(Reader *r, const char *out_path) {
+    const int64_t *h = take(r, 2 * 8);
+    const float *gate_up = take(r, 4 * 2 * h[0] * h[1]);
+    float *out = calloc(h[0] * h[1] + 1, sizeof(float));
+    wf_silu_mul(gate_up, h[0], h[1], out);
+    return write_out(out_path, out, h[0] * h[1]);
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: kernel_driver matmul|expert|attention IN OUT\n");
+        fprintf(stderr, "usage: kernel_driver matmul|expert|attention|silu IN OUT\n");
         return 1;
     }
     FILE *f = fopen(argv[2], "rb");
@@ -144,6 +156,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "matmul")) return matmul(&r, argv[3]);
     if (!strcmp(argv[1], "expert")) return expert(&r, argv[3]);
     if (!strcmp(argv[1], "attention")) return attention(&r, argv[3]);
+    if (!strcmp(argv[1], "silu")) return silu(&r, argv[3]);
     fprintf(stderr, "kernel_driver: unknown kernel %s\n", argv[1]);
     return 1;
 }

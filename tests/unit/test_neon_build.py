@@ -3,8 +3,8 @@ bits as this machine's native build: each kernel run by tests/native/kernel_driv
 once against the native library and once with Debian's aarch64 cross compiler (statically,
 OpenMP included), the latter under qemu-aarch64, on the same inputs. Speed cannot be
 measured here; correctness can. The decoded matrices' products and the expert products
-(every type the kernels read; integer and float) and the paged attention over float32,
-float16 and q8_0 pools."""
+(every type the kernels read; integer and float), the paged attention over float32,
+float16 and q8_0 pools, and SiLU(gate) * up."""
 
 from __future__ import annotations
 
@@ -67,3 +67,12 @@ def test_paged_attention_is_the_same_bits_on_arm(
         case = driver.attention_case(kind, h, hkv, d, window=window, sinks=sinks)
         mine, arm = (driver.outputs(cmd, case, tmp_path) for cmd in drivers)
         assert mine == arm, f"{case.label}: ARM's bits differ"
+
+
+def test_silu_mul_is_the_same_bits_on_arm(
+    drivers: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """Its e^x runs in 4-lane NEON vectors there (vec.h's exp4)."""
+    case = driver.silu_case()
+    mine, arm = (driver.outputs(cmd, case, tmp_path) for cmd in drivers)
+    assert mine == arm, f"{case.label}: ARM's bits differ"

@@ -120,14 +120,21 @@ static inline v16f select16(v16i mask, v16f a, v16f b) {
     return out;
 }
 
-/* a > b ? a : b, lane by lane (maxps's rule, NaN and -0 included): on AVX2 two maxps,
-   where GCC scalarizes the 16-lane comparison */
+/* a > b ? a : b, lane by lane (maxps's rule, NaN and -0 included): on AVX2 two maxps and
+   on NEON four compares and selects, where GCC scalarizes the 16-lane comparison */
 static inline v16f max16(v16f a, v16f b) {
 #if WF_AVX2
     __m256 x[2], y[2];
     memcpy(x, &a, sizeof x);
     memcpy(y, &b, sizeof y);
     for (int h = 0; h < 2; h++) x[h] = _mm256_max_ps(x[h], y[h]);
+    memcpy(&a, x, sizeof x);
+    return a;
+#elif defined(__ARM_NEON) /* and NEON (fmax's NaN rule differs: compare and select) */
+    float32x4_t x[4], y[4];
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    for (int h = 0; h < 4; h++) x[h] = vbslq_f32(vcgtq_f32(x[h], y[h]), x[h], y[h]);
     memcpy(&a, x, sizeof x);
     return a;
 #else
@@ -157,11 +164,31 @@ static inline __m256 exp8(__m256 x0) {
 }
 #endif
 
+#if defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+/* exp16 on 4 lanes (as exp8) */
+static inline float32x4_t exp4(float32x4_t x0) {
+    uint32x4_t under = vcltq_f32(x0, vdupq_n_f32(-87.0f));
+    float32x4_t x = vbslq_f32(under, vdupq_n_f32(-87.0f), x0);
+    x = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(88.0f)), vdupq_n_f32(88.0f), x);
+    float32x4_t t = vfmaq_f32(vdupq_n_f32(0.5f), x, vdupq_n_f32(1.44269504f));
+    float32x4_t k = vcvtq_f32_s32(vcvtq_s32_f32(t));
+    k = vbslq_f32(vcgtq_f32(k, t), vsubq_f32(k, vdupq_n_f32(1.0f)), k); /* floor */
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693145752f));
+    r = vfmsq_f32(r, k, vdupq_n_f32(1.42860677e-6f));
+    static const float poly[6] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    float32x4_t p = vdupq_n_f32(1.0f / 720);
+    for (int i = 0; i < 6; i++) p = vfmaq_f32(vdupq_n_f32(poly[i]), p, r);
+    int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    float32x4_t e = vmulq_f32(p, vreinterpretq_f32_s32(bits));
+    return vbslq_f32(under, vdupq_n_f32(0.0f), e);
+}
+#endif
+
 /* e^x, relative error about 2e-7: x = k ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
    polynomial, 2^k put in the exponent bits. 0 below -87 (e^-inf: masked keys); x above
    88 is taken as 88 (e^88 ~ 1.7e38, finite). Its multiply-adds spelled out (fma16), as
-   GCC had contracted them, so that AVX2's 8-lane form (exp8: GCC scalarizes the 16-lane
-   comparisons there) gives the same bits. */
+   GCC had contracted them, so that AVX2's 8-lane form (exp8) and NEON's 4-lane one (exp4)
+   give the same bits: GCC scalarizes the 16-lane comparisons on both. */
 static inline v16f exp16(v16f x0) {
 #if WF_AVX2
     __m256 h[2];
@@ -169,6 +196,12 @@ static inline v16f exp16(v16f x0) {
     h[0] = exp8(h[0]);
     h[1] = exp8(h[1]);
     memcpy(&x0, h, sizeof h);
+    return x0;
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+    float32x4_t q[4];
+    memcpy(q, &x0, sizeof q);
+    for (int i = 0; i < 4; i++) q[i] = exp4(q[i]);
+    memcpy(&x0, q, sizeof q);
     return x0;
 #else
     v16i under = x0 < splat(-87.0f); /* e^x is 0 there (masked keys: -inf) */
