@@ -270,6 +270,38 @@ static inline __attribute__((always_inline)) void dot_tile(int mr, const float *
     for (int r = 0; r + 2 <= mr; r += 2) pair_tile(2, x + r * k, k, buf, nr, out + r * ldo, ldo);
     if (mr % 2) pair_tile(1, x + (mr - 1) * k, k, buf, nr, out + (mr - 1) * ldo, ldo);
 }
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+/* NEON (32 registers of 4 lanes): a 16-lane accumulator is four quarters, each lane on its
+   own, so each quarter goes through k alone: the tile's MR x ROWS accumulators of one
+   quarter are 16 registers, beside its 4 weight and 4 activation vectors (the tile of
+   16-lane vectors needs 64 and spills). The hsum tree then joins the quarters: lanes i and
+   i + 8 (quarters 0 + 2, 1 + 3), then i + 4 (their sum), then the last two levels. */
+static inline __attribute__((always_inline)) void dot_tile(int mr, const float *x, int64_t k,
+                                                           const float *buf, int nr,
+                                                           float *out, int64_t ldo) {
+    float32x4_t part[4][MR][ROWS];
+    for (int q = 0; q < 4; q++) {
+        float32x4_t acc[MR][ROWS];
+        for (int r = 0; r < mr; r++)
+            for (int j = 0; j < ROWS; j++) acc[r][j] = vdupq_n_f32(0.0f);
+        for (int64_t i = 4 * q; i < k; i += 16) {
+            float32x4_t w[ROWS], xv[MR];
+            for (int j = 0; j < ROWS; j++) w[j] = vld1q_f32(buf + j * k + i);
+            for (int r = 0; r < mr; r++) xv[r] = vld1q_f32(x + r * k + i);
+            for (int j = 0; j < ROWS; j++)
+                for (int r = 0; r < mr; r++) acc[r][j] = vfmaq_f32(acc[r][j], xv[r], w[j]);
+        }
+        for (int r = 0; r < mr; r++)
+            for (int j = 0; j < ROWS; j++) part[q][r][j] = acc[r][j];
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) {
+            float32x4_t t = vaddq_f32(vaddq_f32(part[0][r][j], part[2][r][j]),
+                                      vaddq_f32(part[1][r][j], part[3][r][j]));
+            out[r * ldo + j] = (vgetq_lane_f32(t, 0) + vgetq_lane_f32(t, 2)) +
+                               (vgetq_lane_f32(t, 1) + vgetq_lane_f32(t, 3));
+        }
+}
 #else
 static inline __attribute__((always_inline)) void dot_tile(int mr, const float *x, int64_t k,
                                                            const float *buf, int nr,
