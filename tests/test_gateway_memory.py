@@ -3,10 +3,9 @@
 600 KB of prose tokenized then refused, 100k messages, JSON nested 1000 and 100k deep, a
 5 MB body): a few rounds of every kind at once leave its RSS within RSS_SLACK_MB of where
 it was before them, on a real cluster (the launcher, one worker, the real model). "Before"
-is after one round of them: what a first burst leaves for good (threads of the pools the
-bursts grew, their stacks, the allocator's arenas laid out around the gateway's own
-objects) was 2-10 MB alone and past 20 in some runs of the whole suite: a one-time cost, not
-what grows round after round."""
+is after one round of them (alone the gateway then settles 1-4 MB above its start). Known
+flaky inside the whole suite: there the gateway has stayed 27 MB above "before" (106 MB,
+peak 321) after 60 s, where alone it comes back within 2 MB; the cause is not found."""
 
 from __future__ import annotations
 
