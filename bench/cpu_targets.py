@@ -35,6 +35,7 @@ from engine.model import Model
 from engine.ops import native
 from warmfleet.models import resolve_model
 
+Figures = dict[int | str, float]  # tok/s by batch size, and "prefill"
 DECODE_BATCHES = [1, 8]
 DECODE_PROMPT, DECODE_STEPS = 128, 64
 # (figure, warmfleet's key, llama.cpp's key, target ratio)
@@ -58,20 +59,17 @@ def llamacpp_prefill(binary: Path, model: Path, tokens: int, threads: int) -> fl
     return float(rows[0].group(6))
 
 
-def warmfleet(model: Path, prefill_tokens: int, threads: int) -> dict[int | str, float]:
+def warmfleet(model: Path, prefill_tokens: int, threads: int) -> Figures:
     """warmfleet's prefill and decode figures (tok/s), each the best of two."""
     set_threads(threads)
     loaded = Model.load(model)
     text = make_workload(loaded, max(prefill_tokens, DECODE_PROMPT + 8), 1, (1,)).prompt_ids
     bench_prefill(loaded, text[:prefill_tokens], 1)  # untimed: a first use builds the kernels
-    figures: dict[int | str, float] = {"prefill": bench_prefill(loaded, text[:prefill_tokens], 2)}
+    figures: Figures = {"prefill": bench_prefill(loaded, text[:prefill_tokens], 2)}
     for b in DECODE_BATCHES:
         log(f"warmfleet: batch {b}")
         figures[b] = bench_decode(loaded, text, b, DECODE_STEPS, 2, DECODE_PROMPT)
     return figures
-
-
-Figures = dict[int | str, float]
 
 
 def rounds(args: argparse.Namespace, model: Path) -> tuple[Figures, Figures]:
