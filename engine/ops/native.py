@@ -6,7 +6,7 @@ Compiled with -march=native, so the same source becomes AVX2, AVX-512 or NEON co
 measure here what such a CPU runs); the cache key holds the sources, the flags, the
 compiler and the CPU's feature flags, so a cached library is never loaded on a machine it
 was not built for; a compiler without
-OpenMP (Apple's clang) builds them to run on one thread (csrc/omp_shim.h). One process compiles,
+OpenMP (Apple's clang) builds them on threads of their own (csrc/par.c). One process compiles,
 under a lock file beside the library; the others (a cluster's workers starting together)
 wait for it, each showing the progress, and load the same file. A slow compile (a busy
 machine: ~25 s on 2 idle cores) is waited for up to BUILD_DEADLINE_S, not given up; a
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(CSRC.glob("*.c")))
 HEADERS = tuple(sorted(CSRC.glob("*.h")))
-FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-pthread", "-shared", "-fPIC")
 BUILD_DEADLINE_S = 1800.0  # the longest a compile, or the wait for another's, may take
 PROGRESS_S = 10.0  # how often a wait for another process's compile says so
 LOCK_POLL_S = 0.2
@@ -198,9 +198,24 @@ def _compile(
     log.info("C kernels compiled in %.0f s", time.monotonic() - start)
 
 
+class CompilerError(OSError):
+    """The C compiler failed; `stderr` is what it said."""
+
+    def __init__(self, cc: str, stderr: str) -> None:
+        super().__init__(f"{cc} failed: {stderr.strip()[-2000:]}")
+        self.stderr = stderr
+
+
 def _check(cc: str, done: subprocess.CompletedProcess[str]) -> None:
     if done.returncode:
-        raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
+        raise CompilerError(cc, done.stderr)
+
+
+def _lacks_openmp(e: CompilerError) -> bool:
+    """Whether the compiler failed for want of OpenMP: Apple's clang refuses -fopenmp, a GCC
+    without libgomp finds no omp.h or -lgomp."""
+    said = e.stderr.lower()
+    return "openmp" in said or "omp.h" in said or "gomp" in said
 
 
 def _run_compiler(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -243,11 +258,11 @@ def library() -> ctypes.CDLL | None:
         try:
             build = flags()
             return ctypes.CDLL(str(built(cc, _library_path(cc, build), SOURCES, build)))
-        except OSError as e:
-            if "omp" not in str(e).lower():
+        except CompilerError as e:
+            if not _lacks_openmp(e):
                 raise
-            why = str(e).strip().splitlines()[-1][:200]
-            log.warning("%s has no OpenMP (%s): the C kernels run on one thread", cc, why)
+            why = e.stderr.strip().splitlines()[-1][:200]
+            log.warning("%s has no OpenMP (%s): the C kernels run on threads of their own", cc, why)
         alone = tuple(f for f in flags() if f != "-fopenmp")
         return ctypes.CDLL(str(built(cc, _library_path(cc, alone), SOURCES, alone)))
     except (OSError, subprocess.SubprocessError) as e:  # TimeoutError is an OSError

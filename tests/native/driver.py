@@ -64,12 +64,23 @@ def built_driver(
 
 def outputs(cmd: list[str], case: Case, tmp: Path) -> bytes:
     """What the driver `cmd` writes for the case (its length checked, not all zeros)."""
+    return run(cmd, case, tmp)[0]
+
+
+def run(cmd: list[str], case: Case, tmp: Path) -> tuple[bytes, int]:
+    """What the driver `cmd` writes for the case (its length checked, not all zeros), and
+    the threads the kernels' own pool started for it (par.h: 0 in an OpenMP build)."""
     (tmp / "in.bin").write_bytes(case.data)
     out = tmp / "out.bin"
     argv = [*cmd, case.kernel, str(tmp / "in.bin"), str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_S)
     assert done.returncode == 0, f"{case.label}: {done.stderr}"
-    got = out.read_bytes()
+    said = done.stdout.split("pool threads: ")
+    assert len(said) == 2, f"{case.label}: the driver did not say its threads: {done.stdout!r}"
+    return _checked(case, out.read_bytes()), int(said[1])
+
+
+def _checked(case: Case, got: bytes) -> bytes:
     assert len(got) == 4 * case.outputs and np.frombuffer(got, np.float32).any(), case.label
     return got
 

@@ -9,13 +9,15 @@
      kernel_driver silu IN OUT        wf_silu_mul (its e^x: exp16's 4-lane form on NEON)
 
    IN, little-endian: an int64 header, then the arrays in the order below; OUT: the float32
-   outputs. Exit status 0, or 1 with a message on stderr. */
+   outputs. Exit status 0, or 1 with a message on stderr. Prints the threads the kernels'
+   own pool started (par.h: none where built with OpenMP). */
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+int wf_pool_threads(void);
 int64_t wf_expert_matmul_as(int products, int qtype, const uint8_t *w, int64_t expert_bytes,
                             int64_t n, int64_t k, const float *x, int64_t x_stride,
                             const int64_t *rows, const int64_t *starts, int64_t num_experts,
@@ -153,10 +155,15 @@ int main(int argc, char **argv) {
     if (!data || fread(data, 1, size, f) != (size_t)size) return 1;
     fclose(f);
     Reader r = {data, data + size};
-    if (!strcmp(argv[1], "matmul")) return matmul(&r, argv[3]);
-    if (!strcmp(argv[1], "expert")) return expert(&r, argv[3]);
-    if (!strcmp(argv[1], "attention")) return attention(&r, argv[3]);
-    if (!strcmp(argv[1], "silu")) return silu(&r, argv[3]);
-    fprintf(stderr, "kernel_driver: unknown kernel %s\n", argv[1]);
-    return 1;
+    int status = !strcmp(argv[1], "matmul")      ? matmul(&r, argv[3])
+                 : !strcmp(argv[1], "expert")    ? expert(&r, argv[3])
+                 : !strcmp(argv[1], "attention") ? attention(&r, argv[3])
+                 : !strcmp(argv[1], "silu")      ? silu(&r, argv[3])
+                                                 : -1;
+    if (status < 0) {
+        fprintf(stderr, "kernel_driver: unknown kernel %s\n", argv[1]);
+        return 1;
+    }
+    printf("pool threads: %d\n", wf_pool_threads());
+    return status;
 }

@@ -42,7 +42,14 @@ def haswell(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     assert CC is not None
     out = tmp_path_factory.mktemp("haswell") / "kernels-haswell.so"
     flags = [f if f != "-march=native" else "-march=haswell" for f in native.FLAGS]
-    names = ("qmatmul.c", "attention.c", "attention_f16.c", "attention_q8.c", "elementwise.c")
+    names = (
+        "qmatmul.c",
+        "par.c",
+        "attention.c",
+        "attention_f16.c",
+        "attention_q8.c",
+        "elementwise.c",
+    )
     sources = [native.CSRC / name for name in names]
     return ctypes.CDLL(str(built_driver(out, CC, flags, [], sources)))
 

@@ -1,10 +1,12 @@
-"""The C kernels built for ARM (aarch64, NEON with the dot-product extension) give the same
-bits as this machine's native build: each kernel run by tests/native/kernel_driver.c, built
-once against the native library and once with Debian's aarch64 cross compiler (statically,
-OpenMP included), the latter under qemu-aarch64, on the same inputs. Speed cannot be
-measured here; correctness can. The decoded matrices' products and the expert products
-(every type the kernels read; integer and float), the paged attention over float32,
-float16 and q8_0 pools, and SiLU(gate) * up."""
+"""The C kernels built for ARM as Apple's clang builds them (aarch64, NEON with the
+dot-product extension, no OpenMP: engine/ops/csrc/par.c's own threads) give the same bits as
+this machine's native build with OpenMP: each kernel run by tests/native/kernel_driver.c on
+two threads, built once against the native library and once with Debian's aarch64 cross
+compiler (statically), the latter under qemu-aarch64, on the same inputs; the ARM build's
+parallel kernels run on its own pool of threads. Speed cannot be measured here; correctness
+can. The decoded matrices' products and the expert products (every type the kernels read;
+integer and float), the paged attention over float32, float16 and q8_0 pools, and
+SiLU(gate) * up."""
 
 from __future__ import annotations
 
@@ -33,19 +35,33 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def drivers(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
-    """The native driver, and the ARM build's under qemu."""
+    """The native driver, and the ARM build's (no OpenMP) under qemu."""
     out = tmp_path_factory.mktemp("drivers")
-    flags = [f if f != "-march=native" else ARM_MARCH for f in native.FLAGS if f != "-shared"]
+    flags = [ARM_MARCH if f == "-march=native" else f for f in native.FLAGS]
+    flags = [f for f in flags if f not in ("-shared", "-fopenmp")]
     arm = driver.built_driver(out / "arm", CROSS, flags, ["-static"])
     return driver.native_driver(out / "native"), [QEMU, str(arm)]
+
+
+def same_bits(drivers: tuple[list[str], list[str]], case: driver.Case, tmp: Path) -> int:
+    """Asserts both builds give the case the same bits; the threads ARM's pool started."""
+    (mine, openmp_pool), (arm, arm_pool) = (driver.run(cmd, case, tmp) for cmd in drivers)
+    assert mine == arm, f"{case.label}: ARM's bits differ"
+    assert openmp_pool == 0, f"{case.label}: the native build started a pool of its own"
+    return arm_pool
+
+
+def on_the_pool(drivers: tuple[list[str], list[str]], case: driver.Case, tmp: Path) -> None:
+    """Same bits, the ARM build's kernel spread over its own threads."""
+    threads = same_bits(drivers, case, tmp)
+    assert threads == driver.THREADS - 1, f"{case.label}: ARM's pool started {threads} threads"
 
 
 def test_products_of_decoded_matrices_are_the_same_bits_on_arm(
     drivers: tuple[list[str], list[str]], tmp_path: Path, stored: Stored
 ) -> None:
     for case in driver.matmul_cases(stored):
-        mine, arm = (driver.outputs(cmd, case, tmp_path) for cmd in drivers)
-        assert mine == arm, f"{case.label}: ARM's bits differ"
+        on_the_pool(drivers, case, tmp_path)
 
 
 @pytest.mark.parametrize("products", [Products.INTEGER, Products.FLOAT], ids=lambda p: p.name)
@@ -53,8 +69,7 @@ def test_expert_products_are_the_same_bits_on_arm(
     drivers: tuple[list[str], list[str]], tmp_path: Path, products: Products
 ) -> None:
     for case in driver.expert_cases(products):
-        mine, arm = (driver.outputs(cmd, case, tmp_path) for cmd in drivers)
-        assert mine == arm, f"{case.label}: ARM's bits differ"
+        on_the_pool(drivers, case, tmp_path)
 
 
 @pytest.mark.parametrize("kind", [np.dtype(np.float32), np.dtype(np.float16), Q8_0], ids=str)
@@ -64,15 +79,13 @@ def test_paged_attention_is_the_same_bits_on_arm(
 ) -> None:
     for window, sinks in ((0, False), (20, True)):  # and gpt-oss's window and sinks
         h, hkv, d = heads
-        case = driver.attention_case(kind, h, hkv, d, window=window, sinks=sinks)
-        mine, arm = (driver.outputs(cmd, case, tmp_path) for cmd in drivers)
-        assert mine == arm, f"{case.label}: ARM's bits differ"
+        on_the_pool(
+            drivers, driver.attention_case(kind, h, hkv, d, window=window, sinks=sinks), tmp_path
+        )
 
 
 def test_silu_mul_is_the_same_bits_on_arm(
     drivers: tuple[list[str], list[str]], tmp_path: Path
 ) -> None:
     """Its e^x runs in 4-lane NEON vectors there (vec.h's exp4)."""
-    case = driver.silu_case()
-    mine, arm = (driver.outputs(cmd, case, tmp_path) for cmd in drivers)
-    assert mine == arm, f"{case.label}: ARM's bits differ"
+    assert same_bits(drivers, driver.silu_case(), tmp_path) == 0  # one thread: no region

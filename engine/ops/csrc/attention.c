@@ -29,11 +29,11 @@
    is shorter, and within native.py's compile timeout on slow machines too. */
 #pragma GCC optimize("no-gcse", "no-gcse-after-reload")
 #include <math.h>
-#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "par.h"
 #include "vec.h"
 
 #define BLOCK 16
@@ -534,7 +534,7 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
                         top + kh * g, p + kh * g * padded, padded);
         }
     }
-#pragma omp barrier
+    wf_barrier();
     for (int64_t kh = t; kh < hkv; kh += num_threads) {
         v16f most[MAX_G];
         for (int64_t j = 0; j < g; j++) {
@@ -546,7 +546,7 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
         }
         softmax_rows(p + kh * g * padded, padded, first, nb, g, most, sinks ? sinks + kh * g : NULL);
     }
-#pragma omp barrier
+    wf_barrier();
     int64_t units = hkv * nv, u0 = units * t / num_threads, u1 = units * (t + 1) / num_threads;
     for (int64_t u = u0; u < u1; u++)
         for (int64_t j = 0; j < g; j++) acc[((u / nv) * g + j) * nv + u % nv] = (v16f){};
@@ -577,7 +577,7 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
             store16(out + (row * num_heads + kh * g + j) * dim + 16 * c,
                     acc[(kh * g + j) * nv + c]);
         }
-#pragma omp barrier /* p, tops and acc are the next row's */
+    wf_barrier(); /* p, tops and acc are the next row's */
 }
 
 /* Runs of rows for group_task: a row joins the previous one's run where it is the next
@@ -639,6 +639,62 @@ int64_t wf_paged_rows_scratch(const int32_t *lengths, int64_t num_rows, int64_t 
                               int64_t num_kv_heads, int64_t dim, int num_threads);
 #endif
 
+/* A call's arguments and plan, shared by its region's threads. */
+typedef struct {
+    const float *q;
+    const kv_t *k, *v;
+    const int32_t *tables, *lengths;
+    int64_t max_blocks, num_rows, num_heads, num_kv_heads, g, nv, padded, room, heads_room;
+    int64_t window, tasks, next; /* next: the first task no thread took yet */
+    float scale;
+    float *out, *scratch;
+    const float *sinks;
+    const int64_t *starts;
+    int grouped, whole_rows;
+} Paged;
+
+/* Every row spread over all the threads, one row after the other (row_split). */
+static void split_rows(void *ctx, int t, int threads) {
+    const Paged *a = ctx;
+    int64_t g = a->g, nv = a->nv;
+    v16f *acc = (v16f *)(a->scratch + a->heads_room * (a->padded + BLOCK)); /* thread 0's room */
+    v16f *tops = (v16f *)(a->scratch + a->room); /* the threads' maxima from thread 1's on */
+    for (int64_t row = 0; row < a->num_rows; row++) {
+#define SPLIT(G, NV)                                                                          \
+    if (g == G && nv == NV) {                                                                 \
+        row_split(a->q, a->k, a->v, a->tables + row * a->max_blocks, a->lengths[row], row,    \
+                  a->num_heads, a->num_kv_heads, G, NV, a->scale, a->scratch, a->padded,      \
+                  tops, acc, a->out, t, threads, a->window, a->sinks);                        \
+        continue;                                                                             \
+    }
+        SPLIT(3, 4) SPLIT(1, 8) SPLIT(2, 8) SPLIT(4, 4) SPLIT(7, 8) SPLIT(g, nv)
+    }
+}
+
+/* Tasks taken one at a time until none is left. */
+static void take_tasks(void *ctx, int t, int threads) {
+    (void)threads;
+    Paged *a = ctx;
+    const float *q = a->q, *sinks = a->sinks;
+    float scale = a->scale;
+    const kv_t *k = a->k, *v = a->v;
+    const int32_t *tables = a->tables, *lengths = a->lengths;
+    const int64_t *starts = a->starts;
+    int64_t max_blocks = a->max_blocks, num_heads = a->num_heads, num_kv_heads = a->num_kv_heads;
+    int64_t g = a->g, nv = a->nv, padded = a->padded, window = a->window;
+    int grouped = a->grouped, whole_rows = a->whole_rows;
+    float *out = a->out, *p = a->scratch + t * a->room;
+    v16f *acc = (v16f *)(p + a->heads_room * (padded + BLOCK));
+    for (int64_t task; (task = wf_take(&a->next, 1)) < a->tasks;) {
+        int64_t run = grouped ? task / num_kv_heads : 0;
+        int64_t row = grouped ? starts[run] : whole_rows ? task : task / num_kv_heads;
+        int64_t kh = whole_rows ? 0 : task % num_kv_heads, n = lengths[row];
+        SPECIALISED(3, 4) SPECIALISED(4, 8) SPECIALISED(8, 8) SPECIALISED(7, 8)
+        SPECIALISED(1, 4) SPECIALISED(1, 8) SPECIALISED(2, 8) SPECIALISED(4, 4)
+        SPECIALISED(g, nv) /* any other layout: the same code, not specialised */
+    }
+}
+
 /* scratch: wf_paged_rows_scratch(...) floats, 64-byte aligned. window: each row sees its
    last `window` keys only (0: all of them); sinks: NULL, or a learned logit per query head
    that joins each softmax's denominator (gpt-oss). */
@@ -655,47 +711,17 @@ static void KV_NAME(paged_rows)(const float *q, const kv_t *k, const kv_t *v, co
     int grouped = runs < num_rows; /* some chunk's rows: runs of rows per KV head */
     int whole_rows = !grouped && num_rows >= 2 * num_threads && num_kv_heads <= MAX_KV;
     int64_t tasks = grouped ? runs * num_kv_heads : whole_rows ? num_rows : num_rows * num_kv_heads;
-    int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
     int64_t shortest = lengths[0] - first_key(lengths[0], window); /* keys a row reads */
     for (int64_t r = 1; r < num_rows; r++) {
         int64_t keys = lengths[r] - first_key(lengths[r], window);
         shortest = keys < shortest ? keys : shortest;
     }
-    if (!grouped && !whole_rows && num_threads >= 2 && shortest >= SPLIT_MIN_KEYS &&
-        num_rows * num_kv_heads < 2 * num_threads) {
-        /* p, then acc, in thread 0's room; the threads' maxima from thread 1's on */
-        v16f *acc = (v16f *)(scratch + heads_room * (padded + BLOCK));
-        v16f *tops = (v16f *)(scratch + room);
-#pragma omp parallel num_threads(num_threads)
-        {
-            int t = omp_get_thread_num(), threads = omp_get_num_threads();
-            for (int64_t row = 0; row < num_rows; row++) {
-#define SPLIT(G, NV)                                                                         \
-    if (g == G && nv == NV) {                                                                \
-        row_split(q, k, v, tables + row * max_blocks, lengths[row], row, num_heads,          \
-                  num_kv_heads, G, NV, scale, scratch, padded, tops, acc, out, t, threads,   \
-                  window, sinks);                                                            \
-        continue;                                                                            \
-    }
-                SPLIT(3, 4) SPLIT(1, 8) SPLIT(2, 8) SPLIT(4, 4) SPLIT(7, 8) SPLIT(g, nv)
-            }
-        }
-        return;
-    }
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *p = scratch + omp_get_thread_num() * room;
-        v16f *acc = (v16f *)(p + heads_room * (padded + BLOCK));
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            int64_t run = grouped ? task / num_kv_heads : 0;
-            int64_t row = grouped ? starts[run] : whole_rows ? task : task / num_kv_heads;
-            int64_t kh = whole_rows ? 0 : task % num_kv_heads, n = lengths[row];
-            SPECIALISED(3, 4) SPECIALISED(4, 8) SPECIALISED(8, 8) SPECIALISED(7, 8)
-            SPECIALISED(1, 4) SPECIALISED(1, 8) SPECIALISED(2, 8) SPECIALISED(4, 4)
-            SPECIALISED(g, nv) /* any other layout: the same code, not specialised */
-        }
-    }
+    Paged a = {q, k, v, tables, lengths, max_blocks, num_rows, num_heads, num_kv_heads, g, nv,
+               padded, room, num_heads > GROUP * g ? num_heads : GROUP * g, window, tasks, 0,
+               scale, out, scratch, sinks, starts, grouped, whole_rows};
+    int split = !grouped && !whole_rows && num_threads >= 2 && shortest >= SPLIT_MIN_KEYS &&
+                num_rows * num_kv_heads < 2 * num_threads;
+    wf_parallel(num_threads, split ? split_rows : take_tasks, &a);
 }
 
 /* paged_rows for the all-layers call (layers.c) */

@@ -20,7 +20,6 @@
    thread count; keeping an accumulator in memory between chunks changes none of its
    roundings. No -ffast-math, so the compiler may not reassociate. */
 
-#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +27,7 @@
 #include "experts_int.h"
 #include "gguf_blocks.h"
 #include "moe.h"
+#include "par.h"
 #include "vec.h"
 
 #define ROWS 4 /* weight rows per task */
@@ -254,20 +254,59 @@ int64_t wf_expert_matmul_scratch(int64_t num_experts, int64_t x_rows, int64_t k,
            x_rows * wf_int_act_bytes(k) / (int64_t)sizeof(float);
 }
 
-/* The x rows the pairs use, each quantized once (before any task reads it). Inside the
-   caller's parallel region. */
-static void quantize_rows(int t, int64_t k, const float *x, int64_t x_stride,
-                          const int64_t *rows, int64_t num_pairs, int64_t x_rows,
-                          uint8_t *used, uint8_t *acts) {
-#pragma omp single
-    {
-        memset(used, 0, x_rows);
-        for (int64_t p = 0; p < num_pairs; p++) used[rows[p]] = 1;
+/* A grouped product's arguments and plan, shared by its region's threads. */
+typedef struct {
+    int qtype, in_integers;
+    const uint8_t *w;
+    int64_t expert_bytes, n, k, rb, tiles, x_stride, out_stride, num_pairs, x_rows;
+    int64_t num_tasks, run, next_row, next_task; /* next_*: the first no thread took yet */
+    const float *x;
+    const int64_t *rows, *starts, *touched;
+    float *out, *scratch;
+    uint8_t *used, *acts;
+} Grouped;
+
+/* The x rows the pairs use, each quantized once, before any thread's tasks read them. */
+static void quantize_rows(Grouped *g, int t) {
+    if (t == 0) {
+        memset(g->used, 0, g->x_rows);
+        for (int64_t p = 0; p < g->num_pairs; p++) g->used[g->rows[p]] = 1;
     }
-    int64_t ab = wf_int_act_bytes(k);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < x_rows; r++)
-        if (used[r]) wf_int_quantize(t, x + r * x_stride, k, acts + r * ab);
+    wf_barrier();
+    int64_t ab = wf_int_act_bytes(g->k);
+    for (int64_t r; (r = wf_take(&g->next_row, 1)) < g->x_rows;)
+        if (g->used[r]) wf_int_quantize(g->qtype, g->x + r * g->x_stride, g->k, g->acts + r * ab);
+    wf_barrier();
+}
+
+/* Tasks taken `run` at a time until none is left. */
+static void take_tasks(void *ctx, int t, int threads) {
+    (void)threads;
+    Grouped *g = ctx;
+    int64_t n = g->n, rb = g->rb;
+    float *buf = g->scratch + t * THREAD_FLOATS;
+    v16f *acc = (v16f *)(buf + ROWS * KC);
+    if (g->in_integers) quantize_rows(g, t);
+    for (int64_t first; (first = wf_take(&g->next_task, g->run)) < g->num_tasks;) {
+        int64_t last = first + g->run < g->num_tasks ? first + g->run : g->num_tasks;
+        for (int64_t task_id = first; task_id < last; task_id++) {
+            int64_t e = g->touched[task_id / g->tiles], n0 = task_id % g->tiles * ROWS;
+            int nr = n - n0 < ROWS ? (int)(n - n0) : ROWS;
+            const uint8_t *we = g->w + e * g->expert_bytes + n0 * rb;
+            /* the next task's rows, most likely this thread's */
+            const uint8_t *ahead = n0 + 2 * ROWS <= n ? we + ROWS * rb : NULL;
+            int64_t p0 = g->starts[e], p1 = g->starts[e + 1];
+            if (g->in_integers) {
+                wf_int_task(g->qtype, we, rb, nr, g->k, g->acts, g->rows, p0, p1, g->out + n0,
+                            g->out_stride, buf, ahead);
+                continue;
+            }
+            for (int64_t off = 0; ahead && off < ROWS * rb; off += 64)
+                __builtin_prefetch(ahead + off);
+            run_task(g->qtype, we, rb, nr, g->k, g->x, g->x_stride, g->rows, p0, p1, g->out + n0,
+                     g->out_stride, buf, acc);
+        }
+    }
 }
 
 void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t expert_bytes,
@@ -278,37 +317,16 @@ void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t ex
     int64_t rb = k / block_weights(qtype) * block_bytes(qtype);
     int64_t *touched = (int64_t *)(scratch + threads * THREAD_FLOATS), num_touched = 0;
     uint8_t *used = (uint8_t *)(scratch + threads * THREAD_FLOATS + touched_floats(num_experts));
-    int in_integers = products == WF_PRODUCTS_INTEGER && wf_int_products(qtype);
     for (int64_t e = 0; e < num_experts; e++) /* experts with no pairs are never read */
         if (starts[e + 1] > starts[e]) touched[num_touched++] = e;
     for (int64_t p = 0; p < num_pairs; p++) x_rows = rows[p] >= x_rows ? rows[p] + 1 : x_rows;
-    uint8_t *acts = (uint8_t *)(used + 4 * used_floats(x_rows));
     int64_t num_tasks = num_touched * tiles, run = num_tasks / (8 * threads);
     if (!num_tasks) return;
-    run = run < 1 ? 1 : run > MAX_RUN ? MAX_RUN : run;
-#pragma omp parallel num_threads(threads)
-    {
-        float *buf = scratch + omp_get_thread_num() * THREAD_FLOATS;
-        v16f *acc = (v16f *)(buf + ROWS * KC);
-        if (in_integers) quantize_rows(qtype, k, x, x_stride, rows, num_pairs, x_rows, used, acts);
-#pragma omp for schedule(dynamic, run)
-        for (int64_t task_id = 0; task_id < num_tasks; task_id++) {
-            int64_t e = touched[task_id / tiles], n0 = task_id % tiles * ROWS;
-            int nr = n - n0 < ROWS ? (int)(n - n0) : ROWS;
-            const uint8_t *we = w + e * expert_bytes + n0 * rb;
-            /* the next task's rows, most likely this thread's */
-            const uint8_t *ahead = n0 + 2 * ROWS <= n ? we + ROWS * rb : NULL;
-            if (in_integers) {
-                wf_int_task(qtype, we, rb, nr, k, acts, rows, starts[e], starts[e + 1],
-                            out + n0, out_stride, buf, ahead);
-                continue;
-            }
-            for (int64_t off = 0; ahead && off < ROWS * rb; off += 64)
-                __builtin_prefetch(ahead + off);
-            run_task(qtype, we, rb, nr, k, x, x_stride, rows, starts[e], starts[e + 1],
-                     out + n0, out_stride, buf, acc);
-        }
-    }
+    Grouped g = {qtype, products == WF_PRODUCTS_INTEGER && wf_int_products(qtype), w,
+                 expert_bytes, n, k, rb, tiles, x_stride, out_stride, num_pairs, x_rows,
+                 num_tasks, run < 1 ? 1 : run > MAX_RUN ? MAX_RUN : run, 0, 0, x, rows, starts,
+                 touched, out, scratch, used, used + 4 * used_floats(x_rows)};
+    wf_parallel(threads, take_tasks, &g);
 }
 
 int64_t wf_expert_matmul_as(int products, int qtype, const uint8_t *w, int64_t expert_bytes,

@@ -10,12 +10,12 @@
    Shapes: x, out [R, dim]; router [E, dim]; P = R * top_k pairs; g, u [P, ffn]; d [P, dim]. */
 
 #include <math.h>
-#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "moe.h"
+#include "par.h"
 #include "vec.h"
 
 #define GGML_F32 0
@@ -141,21 +141,40 @@ static void experts(const WfExperts *w, int products, const float *x, int64_t x_
                           rows, starts, num_experts, out, w->n, threads, scratch);
 }
 
+/* An elementwise step's arguments, shared by its region's threads. */
+typedef struct {
+    const WfMoE *m;
+    const Parts *p;
+    float *g, *out;
+    const float *u;
+    int64_t n;
+} Step;
+
+#define SPREAD_MIN 65536 /* elements a step needs to be spread over the threads */
+
+static void silu_share(void *ctx, int t, int threads) {
+    const Step *s = ctx;
+    int64_t lo, hi;
+    wf_share(s->n, t, threads, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) s->g[i] = s->g[i] / (1.0f + expf(-s->g[i])) * s->u[i];
+}
+
 /* g = silu(g) * u, element by element */
 static void silu_mul(float *g, const float *u, int64_t n, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    Step s = {.g = g, .u = u, .n = n};
+    wf_parallel(n >= SPREAD_MIN ? threads : 1, silu_share, &s);
 }
 
 #define OAI_ALPHA 1.702f /* gpt-oss's SwiGLU: SiLU's slope, and where gate and up clamp */
 #define OAI_LIMIT 7.0f
 
-/* gpt-oss: each pair's gate and up biases added (its expert's), then its clamped SwiGLU
-   into g: x = min(g, limit), y = clamp(u, -limit, limit), x sigmoid(alpha x) (y + 1) */
-static void swiglu_oai(const WfMoE *m, const Parts *p, int64_t pairs, int threads) {
-    int64_t ffn = m->ffn;
-#pragma omp parallel for num_threads(threads) schedule(static) if (pairs * ffn >= 65536)
-    for (int64_t q = 0; q < pairs; q++) {
+static void swiglu_oai_share(void *ctx, int t, int threads) {
+    const Step *s = ctx;
+    const WfMoE *m = s->m;
+    const Parts *p = s->p;
+    int64_t ffn = m->ffn, lo, hi;
+    wf_share(s->n, t, threads, &lo, &hi);
+    for (int64_t q = lo; q < hi; q++) {
         int64_t e = p->expert[q];
         for (int64_t i = 0; i < ffn; i++) {
             float x = p->g[q * ffn + i] + m->gate_bias[e * ffn + i];
@@ -167,6 +186,13 @@ static void swiglu_oai(const WfMoE *m, const Parts *p, int64_t pairs, int thread
     }
 }
 
+/* gpt-oss: each pair's gate and up biases added (its expert's), then its clamped SwiGLU
+   into g: x = min(g, limit), y = clamp(u, -limit, limit), x sigmoid(alpha x) (y + 1) */
+static void swiglu_oai(const WfMoE *m, const Parts *p, int64_t pairs, int threads) {
+    Step s = {.m = m, .p = p, .n = pairs};
+    wf_parallel(pairs * m->ffn >= SPREAD_MIN ? threads : 1, swiglu_oai_share, &s);
+}
+
 /* gpt-oss: each pair's down bias added (its expert's) */
 static void down_bias(const WfMoE *m, const Parts *p, int64_t pairs) {
     for (int64_t q = 0; q < pairs; q++)
@@ -174,21 +200,28 @@ static void down_bias(const WfMoE *m, const Parts *p, int64_t pairs) {
             p->d[q * m->dim + i] += m->down_bias[p->expert[q] * m->dim + i];
 }
 
-/* out[r] = sum over ranks j in order of w[r, j] * d[pair[r, j]]: each product and each add
-   rounded on its own. dim % 16 == 0. */
-static void combine(const WfMoE *m, int64_t rows, const Parts *p, float *out, int threads) {
-    int64_t k = m->top_k, dim = m->dim;
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * k * dim >= 65536)
-    for (int64_t r = 0; r < rows; r++)
+static void combine_share(void *ctx, int t, int threads) {
+    const Step *s = ctx;
+    const Parts *p = s->p;
+    int64_t k = s->m->top_k, dim = s->m->dim, lo, hi;
+    wf_share(s->n, t, threads, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
         for (int64_t i = 0; i < dim; i += 16) {
             v16f acc = splat(p->weights[r * k]) * load16(p->d + p->pair[r * k] * dim + i);
             for (int64_t j = 1; j < k; j++) {
-                v16f t = splat(p->weights[r * k + j]) * load16(p->d + p->pair[r * k + j] * dim + i);
-                OPAQUE(t);
-                acc = acc + t;
+                v16f term = splat(p->weights[r * k + j]) * load16(p->d + p->pair[r * k + j] * dim + i);
+                OPAQUE(term);
+                acc = acc + term;
             }
-            store16(out + r * dim + i, acc);
+            store16(s->out + r * dim + i, acc);
         }
+}
+
+/* out[r] = sum over ranks j in order of w[r, j] * d[pair[r, j]]: each product and each add
+   rounded on its own. dim % 16 == 0. */
+static void combine(const WfMoE *m, int64_t rows, const Parts *p, float *out, int threads) {
+    Step s = {.m = m, .p = p, .out = out, .n = rows};
+    wf_parallel(rows * m->top_k * m->dim >= SPREAD_MIN ? threads : 1, combine_share, &s);
 }
 
 void wf_moe_ffn_with(const WfMoE *m, const float *x, int64_t rows, float *out, int64_t *stats,

@@ -27,13 +27,13 @@
    reduce16 are the same tree); no -ffast-math, so the compiler may not reassociate.
 
    Written with GCC/Clang vector extensions: -march=native turns them into AVX2, AVX-512
-   or NEON as the machine has. Threads: OpenMP, the pool Numba's kernels use too. */
+   or NEON as the machine has. Threads: par.h (OpenMP where built with it). */
 
-#include "omp_shim.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "par.h"
 #include "vec.h"
 #include "widen.h"
 
@@ -444,39 +444,55 @@ int64_t wf_matmul_scratch(int kind, int gshift, int64_t k, int64_t m_rows, int n
     return num_threads * thread_floats(kind, gshift, k, m_rows);
 }
 
+/* A product's arguments, shared by its region's threads. */
+typedef struct {
+    int kind, gshift;
+    const uint8_t *codes;
+    const void *scale, *offset;
+    int64_t n_rows, k, m_rows, ldo, rows, room;
+    const float *x;
+    float *out, *scratch;
+} Product;
+
+/* Thread t's share of the product's tasks: `rows` weight rows each. */
+static void product_share(void *ctx, int t, int threads) {
+    const Product *p = ctx;
+    int kind = p->kind, gshift = p->gshift;
+    int64_t k = p->k, rows = p->rows, lo, hi;
+    float *buf = p->scratch + t * p->room;
+    float *scratch_groups = p->m_rows == 1 ? buf : buf + ROWS * k; /* widened float16 */
+    wf_share((p->n_rows + rows - 1) / rows, t, threads, &lo, &hi);
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t n0 = task * rows;
+        int nr = p->n_rows - n0 < rows ? (int)(p->n_rows - n0) : (int)rows;
+        if (p->m_rows == 1) {
+            Row w[FUSED]; /* a short last task repeats its last row */
+            rows_at(kind, gshift, p->codes, p->scale, p->offset, k, n0, nr, scratch_groups, w);
+            for (int j = nr; j < rows; j++) w[j] = w[nr - 1];
+            if (n0 + 2 * rows <= p->n_rows)
+                prefetch_rows(kind, gshift, p->codes, p->scale, p->offset, k, n0 + rows, rows);
+            dot_row_fused(code_kind(kind), gshift, w, p->x, k, nr, p->out + n0);
+            continue;
+        }
+        for (int j = 0; j < ROWS; j++)
+            dequant_row(kind, gshift, p->codes, p->scale, p->offset, k,
+                        n0 + (j < nr ? j : nr - 1), buf + j * k, scratch_groups);
+        if (n0 + 2 * ROWS <= p->n_rows)
+            prefetch_rows(kind, gshift, p->codes, p->scale, p->offset, k, n0 + ROWS, ROWS);
+        dot_rows(p->x, p->m_rows, k, buf, nr, p->out + n0, p->ldo);
+    }
+}
+
 /* out[m, n] (row stride ldo) = x[m, :] . w[n, :] for m < m_rows, n < n_rows; k % 32 == 0.
    scratch: wf_matmul_scratch(kind, gshift, k, m_rows, num_threads) floats, 64-byte aligned
    (on the heap: the groups of a long row would not fit a thread's stack). */
 void wf_matmul_with(int kind, int gshift, const uint8_t *codes, const void *scale,
                     const void *offset, int64_t n_rows, int64_t k, const float *x,
                     int64_t m_rows, float *out, int64_t ldo, int num_threads, float *scratch) {
-    int64_t rows = m_rows == 1 ? fused_rows(kind) : ROWS; /* weight rows per task */
-    int64_t num_tasks = (n_rows + rows - 1) / rows, room = thread_floats(kind, gshift, k, m_rows);
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *buf = scratch + omp_get_thread_num() * room;
-        float *scratch_groups = m_rows == 1 ? buf : buf + ROWS * k; /* widened float16 */
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < num_tasks; t++) {
-            int64_t n0 = t * rows;
-            int nr = n_rows - n0 < rows ? (int)(n_rows - n0) : (int)rows;
-            if (m_rows == 1) {
-                Row w[FUSED]; /* a short last task repeats its last row */
-                rows_at(kind, gshift, codes, scale, offset, k, n0, nr, scratch_groups, w);
-                for (int j = nr; j < rows; j++) w[j] = w[nr - 1];
-                if (n0 + 2 * rows <= n_rows)
-                    prefetch_rows(kind, gshift, codes, scale, offset, k, n0 + rows, rows);
-                dot_row_fused(code_kind(kind), gshift, w, x, k, nr, out + n0);
-                continue;
-            }
-            for (int j = 0; j < ROWS; j++)
-                dequant_row(kind, gshift, codes, scale, offset, k, n0 + (j < nr ? j : nr - 1),
-                            buf + j * k, scratch_groups);
-            if (n0 + 2 * ROWS <= n_rows)
-                prefetch_rows(kind, gshift, codes, scale, offset, k, n0 + ROWS, ROWS);
-            dot_rows(x, m_rows, k, buf, nr, out + n0, ldo);
-        }
-    }
+    Product p = {kind, gshift, codes, scale, offset, n_rows, k, m_rows, ldo,
+                 m_rows == 1 ? fused_rows(kind) : ROWS, /* weight rows per task */
+                 thread_floats(kind, gshift, k, m_rows), x, out, scratch};
+    wf_parallel(num_threads, product_share, &p);
 }
 
 /* wf_matmul_with with scratch of its own: 0, or the bytes it could not allocate (nothing
@@ -494,6 +510,25 @@ int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
     return 0;
 }
 
+typedef struct {
+    int kind, gshift;
+    const uint8_t *codes;
+    const void *scale, *offset;
+    int64_t k, num, room;
+    const int64_t *rows;
+    float *out, *scratch;
+} Dequant;
+
+static void dequant_share(void *ctx, int t, int threads) {
+    const Dequant *d = ctx;
+    float *groups = d->scratch ? d->scratch + t * d->room : NULL;
+    int64_t lo, hi;
+    wf_share(d->num, t, threads, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++)
+        dequant_row(d->kind, d->gshift, d->codes, d->scale, d->offset, d->k, d->rows[i],
+                    d->out + i * d->k, groups);
+}
+
 /* out[i] = weight row rows[i] as float32: 0, or the bytes it could not allocate (nothing
    done). Only the float16 kinds take scratch (their rows' groups widened, a thread's share
    on the heap: a long row's would overflow a thread's stack). */
@@ -504,13 +539,8 @@ int64_t wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale
     int64_t bytes = sizeof(float) * room * num_threads;
     float *scratch = NULL;
     if (bytes && !(scratch = malloc(bytes))) return bytes;
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *groups = scratch ? scratch + omp_get_thread_num() * room : NULL;
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < num; i++)
-            dequant_row(kind, gshift, codes, scale, offset, k, rows[i], out + i * k, groups);
-    }
+    Dequant d = {kind, gshift, codes, scale, offset, k, num, room, rows, out, scratch};
+    wf_parallel(num_threads, dequant_share, &d);
     free(scratch);
     return 0;
 }
