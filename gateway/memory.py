@@ -4,12 +4,16 @@ only what lies at a heap's top; Python's own (pymalloc) keeps every 1 MiB arena 
 objects in which any object still lives, and a large body or a long prompt's token ids are
 hundreds of thousands of small objects, among which the gateway's own objects settle.
 
-`tune_malloc` (at start, before any thread) keeps glibc to MALLOC_ARENAS arenas and has the
-gateway's objects allocated by glibc's malloc instead of pymalloc (PYTHONMALLOC=malloc: the
-process starts itself again with it); `HeapTrimmer` runs malloc_trim for a few seconds after
-large input, which gives back the free pages inside the heaps too, small objects' included,
-and every TRIM_ANYWAY_S in any case (what a busy box frees after those few seconds; a trim
-that finds nothing to give back takes about 0.1 ms).
+`tune_malloc` (at start, before any thread) keeps glibc to one arena and has the gateway's
+objects allocated by glibc's malloc instead of pymalloc (PYTHONMALLOC=malloc: the process
+starts itself again with it). One arena because malloc_trim gives back the free pages of a
+thread's arena but never the free memory at its top, which glibc keeps while it is under
+its trim threshold, and that threshold grows with the largest block freed (up to 64 MiB):
+with two arenas, a thread that tokenized 600 KB prompts kept ~46 MB there, in processes
+where that thread happened to get the second arena. `HeapTrimmer` runs malloc_trim for a
+few seconds after large input, which gives back the free pages inside the heap too, small
+objects' included, and every TRIM_ANYWAY_S in any case (what a busy box frees after those
+few seconds; a trim that finds nothing to give back takes about 0.1 ms).
 glibc's own thresholds stay (mapping each large block on its own, or keeping large blocks in
 the heap for reuse, were both tried: the first makes refusals slower, page faults on every
 large message; the second keeps memory that malloc_trim then does not give back). All of it
@@ -37,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.work_gate import LARGE_BYTES
 
 M_ARENA_MAX = -8  # mallopt's parameter (malloc.h)
-MALLOC_ARENAS = 2  # the event loop's and one for every other thread together
+MALLOC_ARENAS = 1  # malloc_trim gives back all of it (bench/RESULTS.md: no slower to tokenize)
 TRIM_EVERY_S = 1.0
 SYSTEM_MALLOC = "malloc"  # PYTHONMALLOC's value for glibc's malloc
 TRIMS_AFTER_LARGE = 3  # trims after the last large input (its objects may outlive the first)
