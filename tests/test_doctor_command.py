@@ -217,6 +217,7 @@ def test_every_engine_row_on_a_tiny_model(
     reads = checks["weight reads cpu float32"]["values"]
     assert reads["gbs"] > 0 and reads["machine_gbs"] > 0
     assert checks["C kernels"]["values"]["isa"]
+    assert checks["C kernels"]["values"]["threads"] == "OpenMP's threads"  # GCC has OpenMP
 
 
 def test_a_missing_model_file_fails_its_row(

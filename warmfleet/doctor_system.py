@@ -62,8 +62,9 @@ def kernels_row() -> Check:
         logger.removeHandler(collect)
     if lib is not None:
         target = "this CPU" if native.march() == "native" else f"-march={native.march()}"
-        what = f"built for {target} ({native.isa()}): {lib._name}"
-        return ok("C kernels", what, library=str(lib._name), isa=native.isa())
+        threads = native.threads(lib)
+        what = f"built for {target} ({native.isa()}, {threads}): {lib._name}"
+        return ok("C kernels", what, library=str(lib._name), isa=native.isa(), threads=threads)
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"
     else:  # native.py logs why, once per process

@@ -114,6 +114,11 @@ def isa() -> str:
     return "no vector extension known to the kernels (plain C)"
 
 
+def threads(lib: ctypes.CDLL) -> str:
+    """Whose threads the compiled kernels run on, in words."""
+    return "OpenMP's threads" if lib.wf_openmp() else "threads of their own (no OpenMP)"
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 

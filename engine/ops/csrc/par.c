@@ -22,6 +22,8 @@ void wf_barrier(void) {
 
 int wf_pool_threads(void) { return 0; }
 
+int wf_openmp(void) { return 1; }
+
 #else
 #include <pthread.h>
 #include <sched.h>
@@ -160,4 +162,6 @@ void wf_barrier(void) {
 }
 
 int wf_pool_threads(void) { return pool.started; }
+
+int wf_openmp(void) { return 0; }
 #endif

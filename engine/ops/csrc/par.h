@@ -17,6 +17,7 @@ typedef void (*wf_body)(void *ctx, int t, int threads);
 void wf_parallel(int threads, wf_body body, void *ctx);
 void wf_barrier(void); /* inside a body: every thread of the region reaches it first */
 int wf_pool_threads(void); /* threads the pool started (0 in an OpenMP build) */
+int wf_openmp(void);       /* 1 where built with OpenMP, 0 on the pool */
 
 /* [*lo, *hi): thread t's share of n items, contiguous, the first n % threads one longer */
 static inline void wf_share(int64_t n, int t, int threads, int64_t *lo, int64_t *hi) {
