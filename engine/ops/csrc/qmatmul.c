@@ -395,6 +395,53 @@ static inline __attribute__((always_inline)) void fused_kind(int kind, int gshif
     hsum_halves8(lo, hi, sums);
     for (int j = 0; j < nr; j++) out[j] = sums[j];
 }
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+#define WIDE_ROWS 4 /* 16 accumulators of 4 lanes beside the block's 8 activation vectors */
+static inline int fused_rows(int kind) { return (void)kind, WIDE_ROWS; }
+
+/* Weights 32 blk + 4 e .. 32 blk + 4 e + 3 of a row (e < 8): deq32's lanes 4 (e % 4) .. of
+   lo (e < 4) or hi, computed the same way; loads stay inside the row's block. */
+static inline float32x4_t deq4(int kind, int gshift, const Row *r, int64_t blk, int e) {
+    int64_t g = (32 * blk + 16 * (e / 4)) >> gshift;
+    uint16x8_t wide;
+    if (kind == KIND_Q4) {
+        uint8x8_t b = vld1_u8(r->q + 16 * blk + 8 * (e % 4 / 2));
+        wide = vmovl_u8(e < 4 ? vand_u8(b, vdup_n_u8(15)) : vshr_n_u8(b, 4));
+    } else if (kind == KIND_Q8) {
+        wide = vmovl_u8(vld1_u8(r->q + 32 * blk + 8 * (e / 2)));
+    } else {
+        uint16x4_t h = vld1_u16((const uint16_t *)(r->q + 64 * blk + 8 * e));
+        if (kind == KIND_F16) return vcvt_f32_f16(vreinterpret_f16_u16(h));
+        return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); /* BF16: a float32's high half */
+    }
+    uint32x4_t c = e % 2 ? vmovl_high_u16(wide) : vmovl_u16(vget_low_u16(wide));
+    return vfmaq_f32(vdupq_n_f32(r->o[g]), vcvtq_f32_u32(c), vdupq_n_f32(r->s[g]));
+}
+
+/* fused_kind on NEON: each 16-lane accumulator as four quarters (f = 4 rows: 16 registers),
+   the same multiply-adds per lane in the same order (a quarter's piece of lo, then of hi);
+   the quarters joined by dot_tile's tree. */
+static inline __attribute__((always_inline)) void fused_kind(int kind, int gshift, int f,
+                                                             const Row *w, const float *x,
+                                                             int64_t k, int nr, float *out) {
+    float32x4_t acc[4][4];
+    for (int j = 0; j < 4; j++)
+        for (int q = 0; q < 4; q++) acc[j][q] = vdupq_n_f32(0.0f);
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        float32x4_t xv[8];
+        for (int e = 0; e < 8; e++) xv[e] = vld1q_f32(x + 32 * blk + 4 * e);
+        for (int j = 0; j < f; j++)
+            for (int e = 0; e < 8; e++) /* a quarter's piece of lo (e < 4), then of hi */
+                acc[j][e % 4] = vfmaq_f32(acc[j][e % 4], xv[e], deq4(kind, gshift, &w[j], blk, e));
+    }
+    float sums[4]; /* every row's, so that acc is indexed by constants only */
+    for (int j = 0; j < 4; j++) {
+        float32x4_t t = vaddq_f32(vaddq_f32(acc[j][0], acc[j][2]), vaddq_f32(acc[j][1], acc[j][3]));
+        sums[j] = (vgetq_lane_f32(t, 0) + vgetq_lane_f32(t, 2)) +
+                  (vgetq_lane_f32(t, 1) + vgetq_lane_f32(t, 3));
+    }
+    for (int j = 0; j < nr; j++) out[j] = sums[j];
+}
 #else
 #define WIDE_ROWS FUSED
 static inline int fused_rows(int kind) { return code_kind(kind) == KIND_Q4 ? 4 : WIDE_ROWS; }
