@@ -126,16 +126,32 @@ def silu_case() -> Case:
     return Case("silu_mul", "silu", data, rows * ffn)
 
 
+LAYOUTS = ("3 rows", "5 rows", "a chunk of 5")  # the kernel's task kinds at two threads
+
+
 def attention_case(
-    kind: np.dtype, heads: int, kv_heads: int, dim: int, window: int = 0, sinks: bool = False
+    kind: np.dtype,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    window: int = 0,
+    sinks: bool = False,
+    layout: str = LAYOUTS[0],
 ) -> Case:
-    """Three rows of 1, 37 and 70 keys over a pool of `kind` (float32, float16, q8_0), each
-    seeing its last `window` only where window > 0, with a sink logit per head where
-    `sinks` (gpt-oss's attention)."""
+    """Rows over a pool of `kind` (float32, float16, q8_0), each seeing its last `window`
+    only where window > 0, with a sink logit per head where `sinks` (gpt-oss's attention).
+    The layout picks the kernel's tasks: 3 rows of 1, 37 and 70 keys, a (row, KV head) each;
+    5 rows, a whole row each; a chunk of 5 (one table, 66-70 keys), runs of its rows."""
     rng = np.random.default_rng(37)
-    rows, num_blocks, max_blocks = 3, 12, 5
-    lengths = np.array([1, 37, 70], np.int32)  # up to 5 blocks of 16
+    num_blocks, max_blocks = 12, 5
+    lengths = np.array(
+        {"3 rows": [1, 37, 70], "5 rows": [1, 20, 37, 53, 70]}.get(layout, range(66, 71)),
+        np.int32,
+    )  # up to 5 blocks of 16
+    rows = len(lengths)
     tables = rng.integers(0, num_blocks, (rows, max_blocks), dtype=np.int32)
+    if layout == LAYOUTS[2]:
+        tables[:] = tables[0]
     shape = (num_blocks, kv_heads, 16, dim)
     values = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
     k, v = (quantize(a) if kind == Q8_0 else a.astype(kind) for a in values)
@@ -148,5 +164,5 @@ def attention_case(
     data += tables.tobytes() + lengths.tobytes()
     if sinks:
         data += rng.uniform(-2.0, 4.0, heads).astype(np.float32).tobytes()
-    label = f"{kind} {heads}/{kv_heads}x{dim} window {window} sinks {sinks}"
+    label = f"{kind} {heads}/{kv_heads}x{dim} window {window} sinks {sinks} {layout}"
     return Case(label, "attention", data, rows * heads * dim)

@@ -71,6 +71,10 @@ INLINE v16f KV16(const kv_t *row, int64_t c) {
 INLINE __m256 KV8(const kv_t *row, int64_t i) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * i)));
 }
+#elif WF_NEON
+INLINE float32x4_t KV4(const kv_t *row, int64_t i) {
+    return vcvt_f32_f16(vld1_f16((const float16_t *)(row + 4 * i)));
+}
 #endif
 #elif KV_KIND == 2
 #include "kv_q8.h"
@@ -95,6 +99,13 @@ INLINE __m256 KV8(const kv_t *row, int64_t i) {
     __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->q + 8 * (i & 3))));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), _mm256_set1_ps((float)wf_q8_scale(b)));
 }
+#elif WF_NEON
+INLINE float32x4_t KV4(const kv_t *row, int64_t i) {
+    const kv_t *b = row + (i >> 3);
+    int16x8_t wide = vmovl_s8(vld1_s8(b->q + 8 * ((i & 7) >> 1)));
+    int32x4_t c = i & 1 ? vmovl_high_s16(wide) : vmovl_s16(vget_low_s16(wide));
+    return vmulq_f32(vcvtq_f32_s32(c), vdupq_n_f32((float)wf_q8_scale(b)));
+}
 #endif
 #else
 typedef float kv_t;
@@ -103,6 +114,8 @@ typedef float kv_t;
 INLINE v16f KV16(const kv_t *row, int64_t c) { return load16(row + 16 * c); }
 #if WF_AVX2
 INLINE __m256 KV8(const kv_t *row, int64_t i) { return _mm256_loadu_ps(row + 8 * i); }
+#elif WF_NEON
+INLINE float32x4_t KV4(const kv_t *row, int64_t i) { return vld1q_f32(row + 4 * i); }
 #endif
 #endif
 #define KV_BYTES ((int64_t)sizeof(kv_t))
@@ -230,6 +243,85 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
     for (int64_t j = 0; j < g; j++)
         weigh_head((float *)acc_v[j], vb, s0, keys, p + j * padded + b * BLOCK, nv);
 }
+#elif WF_NEON
+/* NEON (32 registers of 4 lanes; a 16-lane vector is four and the forms below spilled):
+   every 16-lane accumulator is four 4-lane quarters, each lane on its own: the same
+   multiplies and multiply-adds per lane in the same order, and the lanes joined by the same
+   tree (quarters 0 + 2 and 1 + 3, then their sum, then lanes 0 + 2 and 1 + 3, then theirs),
+   so the same bits as the 16-lane forms (test_neon_build). */
+
+/* One head's scores of the 16 keys at kb (its scaled query at qj, D = 16 nv floats) into
+   sc: 4 keys at a time, their accumulators' quarters in 16 registers, each quarter of the
+   query loaded once for the 4; the first part a product, the rest multiply-adds, as
+   score_block. Not inlined, with nv a variable: one copy, as AVX2's. */
+static __attribute__((noinline)) void head_scores(const float *qj, const kv_t *kb, int64_t nv,
+                                                  float *sc) {
+    int64_t row = ROW(16 * nv);
+    for (int s0 = 0; s0 < 16; s0 += 4) {
+        const kv_t *key = kb + s0 * row;
+        float32x4_t a[4][4];
+        for (int q = 0; q < 4; q++) {
+            float32x4_t qq = vld1q_f32(qj + 4 * q);
+            for (int s = 0; s < 4; s++) a[s][q] = vmulq_f32(qq, KV4(key + s * row, q));
+        }
+        for (int64_t c = 1; c < nv; c++)
+            for (int q = 0; q < 4; q++) {
+                float32x4_t qq = vld1q_f32(qj + 16 * c + 4 * q);
+                for (int s = 0; s < 4; s++)
+                    a[s][q] = vfmaq_f32(a[s][q], qq, KV4(key + s * row, 4 * c + q));
+            }
+        for (int s = 0; s < 4; s++) {
+            float32x4_t t = vaddq_f32(vaddq_f32(a[s][0], a[s][2]), vaddq_f32(a[s][1], a[s][3]));
+            sc[s0 + s] = (vgetq_lane_f32(t, 0) + vgetq_lane_f32(t, 2)) +
+                         (vgetq_lane_f32(t, 1) + vgetq_lane_f32(t, 3));
+        }
+    }
+}
+
+INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
+                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
+                        int64_t padded) {
+    for (int64_t j = 0; j < g; j++) {
+        float sc[16];
+        head_scores((const float *)qv[j], kb, nv, sc);
+        keep_scores(load16(sc), j, b, nb, n, lo, top, p, padded);
+    }
+}
+
+/* n (a constant) 4-float pieces, from piece0 on, of one head's accumulator += values s0 ..
+   keys - 1 (vectors stride kv_t apart at v) weighted by w[s], as AVX2's weigh_pieces. */
+INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t piece0, int64_t stride,
+                         int64_t s0, int64_t keys, const float *w) {
+    float32x4_t a[16];
+    for (int u = 0; u < n; u++) a[u] = vld1q_f32(acc + 4 * u);
+    for (int64_t s = s0; s < keys; s++) {
+        float32x4_t ws = vdupq_n_f32(w[s]);
+        for (int u = 0; u < n; u++) a[u] = vfmaq_f32(a[u], ws, KV4(v + s * stride, piece0 + u));
+    }
+    for (int u = 0; u < n; u++) vst1q_f32(acc + 4 * u, a[u]);
+}
+
+/* One head's accumulator (16 nv floats at acc) += values s0 .. keys - 1 at vb weighted by
+   w[s], 16 pieces (64 floats) at a time. */
+static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int64_t s0,
+                                                 int64_t keys, const float *w, int64_t nv) {
+    int64_t pieces = 4 * nv, stride = ROW(16 * nv);
+    for (int64_t u = 0; u < pieces; u += 16) {
+        switch (pieces - u < 16 ? pieces - u : 16) { /* a multiple of 4: D of 16 */
+        case 16: weigh_pieces(16, acc + 4 * u, vb, u, stride, s0, keys, w); break;
+        case 12: weigh_pieces(12, acc + 4 * u, vb, u, stride, s0, keys, w); break;
+        case 8: weigh_pieces(8, acc + 4 * u, vb, u, stride, s0, keys, w); break;
+        default: weigh_pieces(4, acc + 4 * u, vb, u, stride, s0, keys, w);
+        }
+    }
+}
+
+INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s0,
+                        int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
+                        int64_t nv) {
+    for (int64_t j = 0; j < g; j++)
+        weigh_head((float *)acc_v[j], vb, s0, keys, p + j * padded + b * BLOCK, nv);
+}
 #else
 /* Scores of block b (16 keys at kb) for the G query heads into p (row stride padded), with
    keys past n masked and the running maxima in top. Up to 4 heads, keys go 4 at a time,
@@ -302,7 +394,7 @@ INLINE void softmax_rows(float *p, int64_t padded, int64_t b0, int64_t nb, int64
     }
 }
 
-#if !WF_AVX2
+#if !WF_AVX2 && !WF_NEON
 /* acc_v += values s0 .. keys - 1 at vb weighted by block b's probabilities, for G heads. */
 INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s0,
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
@@ -410,7 +502,7 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
 #define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
 INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, int64_t padded,
                       int64_t b, int64_t g, int64_t nv) {
-#if WF_AVX2
+#if WF_AVX2 || WF_NEON
     for (int64_t r = 0; r < GROUP * g; r++) /* each row's heads in turn (weigh_head) */
         weigh_head((float *)(acc + r * nv), vb, 0, keys, p + r * padded + b * BLOCK, nv);
 #else

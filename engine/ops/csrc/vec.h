@@ -18,6 +18,13 @@
 #else
 #define WF_AVX2 0
 #endif
+/* Built for ARM: 32 registers of 4 lanes, where attention's 16-lane forms spill too, so it
+   takes 4-lane-quarters forms. */
+#if defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+#define WF_NEON 1
+#else
+#define WF_NEON 0
+#endif
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
