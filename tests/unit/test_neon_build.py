@@ -77,9 +77,10 @@ def test_expert_products_are_the_same_bits_on_arm(
 def test_paged_attention_is_the_same_bits_on_arm(
     drivers: tuple[list[str], list[str]], tmp_path: Path, kind: np.dtype, heads: tuple[int, ...]
 ) -> None:
+    h, hkv, d = heads
     for layout in driver.LAYOUTS:
         for window, sinks in ((0, False), (20, True)):  # and gpt-oss's window and sinks
-            case = driver.attention_case(kind, *heads, window=window, sinks=sinks, layout=layout)
+            case = driver.attention_case(kind, h, hkv, d, window=window, sinks=sinks, layout=layout)
             on_the_pool(drivers, case, tmp_path)
 
 
