@@ -132,3 +132,25 @@ def forward(
             last_rows.append(row - 1)
     h = rms_norm(x[xp.asarray(last_rows, dtype=xp.int64)], weights.out_norm, config.rms_eps, xp)
     return matmul_t(h, weights.output)  # [M, vocab]
+
+
+def forward_static(
+    weights: Weights,
+    config: ModelConfig,
+    family: Family,
+    rope: RopeTables,
+    tokens: Array,
+    positions: Array,
+    layout: StepLayout,
+    logits: Array,
+    xp: ModuleType,
+) -> None:
+    """A decode step of one token a row (engine/decode_graphs.py), op by op, every row's
+    logits into `logits` [N, vocab] in place: what a captured graph replays, reading only
+    the arrays it is given."""
+    x = weights.embed_rows(tokens, xp)  # [N, dim]
+    ops = StepOps(config, rope, positions, layout, xp)
+    for i, lw in enumerate(weights.layers):
+        x = family.layer(x, lw, i, ops)
+    h = rms_norm(x, weights.out_norm, config.rms_eps, xp)
+    logits[...] = matmul_t(h, weights.output)  # [N, vocab]
