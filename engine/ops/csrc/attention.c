@@ -196,16 +196,6 @@ static __attribute__((noinline)) void head_scores(const float *qj, const kv_t *k
     _mm256_storeu_ps(sc + 8, tree8(t + 8));
 }
 
-INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
-                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
-                        int64_t padded) {
-    for (int64_t j = 0; j < g; j++) {
-        float sc[16];
-        head_scores((const float *)qv[j], kb, nv, sc);
-        keep_scores(load16(sc), j, b, nb, n, lo, top, p, padded);
-    }
-}
-
 /* n (a constant) 8-float pieces, from piece0 on, of one head's accumulator += values s0 ..
    keys - 1 (vectors stride kv_t apart at v) weighted by w[s]: the pieces in registers,
    each weight broadcast once for them; each lane's multiply-adds in key order, as
@@ -237,12 +227,6 @@ static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int
     }
 }
 
-INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s0,
-                        int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
-                        int64_t nv) {
-    for (int64_t j = 0; j < g; j++)
-        weigh_head((float *)acc_v[j], vb, s0, keys, p + j * padded + b * BLOCK, nv);
-}
 #elif WF_NEON
 /* NEON (32 registers of 4 lanes; a 16-lane vector is four and the forms below spilled):
    every 16-lane accumulator is four 4-lane quarters, each lane on its own: the same
@@ -278,16 +262,6 @@ static __attribute__((noinline)) void head_scores(const float *qj, const kv_t *k
     }
 }
 
-INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
-                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
-                        int64_t padded) {
-    for (int64_t j = 0; j < g; j++) {
-        float sc[16];
-        head_scores((const float *)qv[j], kb, nv, sc);
-        keep_scores(load16(sc), j, b, nb, n, lo, top, p, padded);
-    }
-}
-
 /* n (a constant) 4-float pieces, from piece0 on, of one head's accumulator += values s0 ..
    keys - 1 (vectors stride kv_t apart at v) weighted by w[s], as AVX2's weigh_pieces. */
 INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t piece0, int64_t stride,
@@ -313,6 +287,18 @@ static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int
         case 8: weigh_pieces(8, acc + 4 * u, vb, u, stride, s0, keys, w); break;
         default: weigh_pieces(4, acc + 4 * u, vb, u, stride, s0, keys, w);
         }
+    }
+}
+
+#endif
+#if WF_AVX2 || WF_NEON /* scores and values head by head, in the ISA's forms above */
+INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
+                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
+                        int64_t padded) {
+    for (int64_t j = 0; j < g; j++) {
+        float sc[16];
+        head_scores((const float *)qv[j], kb, nv, sc);
+        keep_scores(load16(sc), j, b, nb, n, lo, top, p, padded);
     }
 }
 
