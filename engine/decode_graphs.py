@@ -49,11 +49,7 @@ class Capturer(Protocol):
 class Rerun:
     """Replays by running again: no graph, the same buffers and bookkeeping."""
 
-    def __init__(self) -> None:
-        self.num_captures = 0
-
     def capture(self, run: Callable[[], None]) -> Callable[[], None]:
-        self.num_captures += 1
         return run
 
 
@@ -175,10 +171,9 @@ class DecodeGraphs:
             pad = self.pool.flat_rows(pads + self.pad_blocks[g], pads)  # slot 0 of its block
             step.rows[g][: n * hkv] = layout.group_rows[g]
             step.rows[g][n * hkv :] = xp.asarray(pad)
-            width = plan.tables.shape[1]
-            step.tables[g][:n, :width] = xp.asarray(plan.tables)
-            step.tables[g][:n, width:] = 0
-            step.tables[g][n:] = 0
-            step.tables[g][n:, 0] = self.pad_blocks[g]
+            table = step.tables[g]
+            table[...] = 0
+            table[:n, : plan.tables.shape[1]] = xp.asarray(plan.tables)
+            table[n:, 0] = self.pad_blocks[g]
             step.lengths[g][:n] = xp.asarray(plan.lengths)
             step.lengths[g][n:] = 1

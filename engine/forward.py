@@ -122,9 +122,7 @@ def forward(
     x = weights.embed_rows(tokens, xp)  # [N, dim]
     native = native_layers(weights, config) if xp is np and family.native_layers else None
     if native is None or not native.run(x, positions, rope, pool, step, get_num_threads()):
-        ops = StepOps(config, rope, positions, step, xp)
-        for i, lw in enumerate(weights.layers):
-            x = family.layer(x, lw, i, ops)
+        x = _layers(weights, config, family, rope, x, positions, step, xp)
     last_rows, row = [], 0
     for seg in segments:
         row += seg.length
@@ -149,8 +147,23 @@ def forward_static(
     logits into `logits` [N, vocab] in place: what a captured graph replays, reading only
     the arrays it is given."""
     x = weights.embed_rows(tokens, xp)  # [N, dim]
-    ops = StepOps(config, rope, positions, layout, xp)
-    for i, lw in enumerate(weights.layers):
-        x = family.layer(x, lw, i, ops)
+    x = _layers(weights, config, family, rope, x, positions, layout, xp)
     h = rms_norm(x, weights.out_norm, config.rms_eps, xp)
     logits[...] = matmul_t(h, weights.output)  # [N, vocab]
+
+
+def _layers(
+    weights: Weights,
+    config: ModelConfig,
+    family: Family,
+    rope: RopeTables,
+    x: Array,
+    positions: Array,
+    step: StepLayout,
+    xp: ModuleType,
+) -> Array:
+    """x [N, dim] through the family's layer, op by op."""
+    ops = StepOps(config, rope, positions, step, xp)
+    for i, lw in enumerate(weights.layers):
+        x = family.layer(x, lw, i, ops)
+    return x

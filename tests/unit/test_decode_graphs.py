@@ -85,8 +85,10 @@ def decode(graphs: DecodeGraphs, kvs: list[PagedKV], ids: list[int]) -> np.ndarr
 
 def kv_bits(kv: PagedKV, graphs: DecodeGraphs) -> np.ndarray:
     """Every position's keys in the first group, [positions, layers, Hkv, D]."""
-    pool, table = graphs.pool, kv.tables[0]
-    return to_host(pool.xp.stack([pool.k[:, table[p // 16], :, p % 16] for p in range(kv.offset)]))
+    pool, table, size = graphs.pool, kv.tables[0], graphs.pool.block_size
+    return to_host(
+        pool.xp.stack([pool.k[:, table[p // size], :, p % size] for p in range(kv.offset)])
+    )
 
 
 def test_replayed_steps_give_the_eager_steps_bits(case: tuple[Model, DecodeGraphs]) -> None:

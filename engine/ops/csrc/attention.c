@@ -212,21 +212,8 @@ INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t piece0, int64
     for (int u = 0; u < n; u++) _mm256_storeu_ps(acc + 8 * u, a[u]);
 }
 
-/* One head's accumulator (16 nv floats at acc) += values s0 .. keys - 1 at vb weighted by
-   w[s], 8 pieces (64 floats) at a time. */
-static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int64_t s0,
-                                                 int64_t keys, const float *w, int64_t nv) {
-    int64_t pieces = 2 * nv, stride = ROW(16 * nv);
-    for (int64_t u = 0; u < pieces; u += 8) {
-        switch (pieces - u < 8 ? pieces - u : 8) { /* even: D is a multiple of 16 */
-        case 8: weigh_pieces(8, acc + 8 * u, vb, u, stride, s0, keys, w); break;
-        case 6: weigh_pieces(6, acc + 8 * u, vb, u, stride, s0, keys, w); break;
-        case 4: weigh_pieces(4, acc + 8 * u, vb, u, stride, s0, keys, w); break;
-        default: weigh_pieces(2, acc + 8 * u, vb, u, stride, s0, keys, w);
-        }
-    }
-}
-
+#define LANES 8  /* a piece's floats */
+#define PIECES 8 /* pieces weigh_head keeps in registers */
 #elif WF_NEON
 /* NEON (32 registers of 4 lanes; a 16-lane vector is four and the forms below spilled):
    every 16-lane accumulator is four 4-lane quarters, each lane on its own: the same
@@ -275,23 +262,26 @@ INLINE void weigh_pieces(int n, float *acc, const kv_t *v, int64_t piece0, int64
     for (int u = 0; u < n; u++) vst1q_f32(acc + 4 * u, a[u]);
 }
 
+#define LANES 4  /* a piece's floats */
+#define PIECES 16 /* pieces weigh_head keeps in registers */
+#endif
+#if WF_AVX2 || WF_NEON /* scores and values head by head, in the ISA's forms above */
 /* One head's accumulator (16 nv floats at acc) += values s0 .. keys - 1 at vb weighted by
-   w[s], 16 pieces (64 floats) at a time. */
+   w[s], PIECES pieces at a time (a multiple of a quarter of them: D is a multiple of 16). */
 static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int64_t s0,
                                                  int64_t keys, const float *w, int64_t nv) {
-    int64_t pieces = 4 * nv, stride = ROW(16 * nv);
-    for (int64_t u = 0; u < pieces; u += 16) {
-        switch (pieces - u < 16 ? pieces - u : 16) { /* a multiple of 4: D of 16 */
-        case 16: weigh_pieces(16, acc + 4 * u, vb, u, stride, s0, keys, w); break;
-        case 12: weigh_pieces(12, acc + 4 * u, vb, u, stride, s0, keys, w); break;
-        case 8: weigh_pieces(8, acc + 4 * u, vb, u, stride, s0, keys, w); break;
-        default: weigh_pieces(4, acc + 4 * u, vb, u, stride, s0, keys, w);
+    int64_t pieces = 16 / LANES * nv, stride = ROW(16 * nv);
+    for (int64_t u = 0; u < pieces; u += PIECES) {
+        float *at = acc + LANES * u;
+        switch (pieces - u < PIECES ? pieces - u : PIECES) {
+        case PIECES: weigh_pieces(PIECES, at, vb, u, stride, s0, keys, w); break;
+        case 3 * PIECES / 4: weigh_pieces(3 * PIECES / 4, at, vb, u, stride, s0, keys, w); break;
+        case PIECES / 2: weigh_pieces(PIECES / 2, at, vb, u, stride, s0, keys, w); break;
+        default: weigh_pieces(PIECES / 4, at, vb, u, stride, s0, keys, w);
         }
     }
 }
 
-#endif
-#if WF_AVX2 || WF_NEON /* scores and values head by head, in the ISA's forms above */
 INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
                         int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
                         int64_t padded) {
