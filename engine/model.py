@@ -19,8 +19,9 @@ from engine.forward import forward
 from engine.kv.kv_pool import KVPool
 from engine.kv_files.kv_dtypes import fits, kv_dtype_named, token_bytes, values_per_item
 from engine.loader.experts import refuse_unbuilt
+from engine.loader.fingerprint import fingerprint
 from engine.loader.rope import rope_scaling
-from engine.loader.weights import Weights, fingerprint, load_weights, release_copied
+from engine.loader.weights import Weights, load_weights, release_copied
 from engine.models.families import family_for
 from engine.models.family import Family
 from engine.step import RopeTables, Segment

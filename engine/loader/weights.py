@@ -3,7 +3,6 @@ their quantized blocks (engine/ops/quant) or dequantized into the compute dtype.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -114,15 +113,6 @@ def layer_window(config: ModelConfig, spec: LayerTensors, layer: int) -> int:
     spec.window_every-th layer from the first, where the file gives a window."""
     every = spec.window_every
     return config.sliding_window if every and layer % every == 0 else 0
-
-
-def fingerprint(reader: GGUFFile, config: ModelConfig) -> str:
-    """A digest of the config and every tensor's name, type, shape and bytes."""
-    digest = hashlib.blake2b(repr(config).encode(), digest_size=16)
-    for t in reader.tensors:
-        digest.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}".encode())
-        digest.update(np.ascontiguousarray(t.data).tobytes())
-    return digest.hexdigest()
 
 
 def use_quantized(mode: str, tensors: Tensors, dtype: np.dtype[Any]) -> bool:
