@@ -89,7 +89,7 @@ class Model:
             weights=loaded,
             rope=rope,
             tokenizer=tokenizer,
-            fingerprint=fingerprint(reader, config),
+            fingerprint=fingerprint(reader, config, Path(path)),
             dtype=np_dtype,
             xp=xp,
             kv_dtype=pool_dtype,

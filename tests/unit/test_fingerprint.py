@@ -1,11 +1,16 @@
 """The model fingerprint, which names the KV a model computes (spill files, prefix blocks):
-every tensor's bytes in it, whatever order the threads hashing them finish in."""
+every tensor's bytes in it, whatever order the threads hashing them finish in, and kept
+across loads only while the file stays as it was hashed."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
+import pytest
+
+from engine.loader import fingerprint as fp
 from engine.loader.fingerprint import fingerprint
 from engine.model import Model
 from engine.text.gguf_file import open_gguf
@@ -22,12 +27,57 @@ def test_one_byte_of_one_tensor_changes_it(tiny_path: Path, tmp_path: Path) -> N
     config = Model.load(tiny_path, device="cpu").config
     changed = tmp_path / "changed.gguf"
     shutil.copyfile(tiny_path, changed)
-    before = open_gguf(changed).tensors[-1].data.tobytes()
-    at = changed.read_bytes().index(before) + len(before) // 2  # a byte in its middle
-    with changed.open("r+b") as f:
+    flip_a_byte_of_the_last_tensor(changed)
+    assert fingerprint(open_gguf(changed), config) != fingerprint(open_gguf(tiny_path), config)
+
+
+def flip_a_byte_of_the_last_tensor(path: Path) -> None:
+    before = open_gguf(path).tensors[-1].data.tobytes()
+    at = path.read_bytes().index(before) + len(before) // 2  # a byte in its middle
+    with path.open("r+b") as f:
         f.seek(at)
         byte = f.read(1)[0]
         f.seek(at)
         f.write(bytes([byte ^ 1]))
-    assert open_gguf(changed).tensors[-1].data.tobytes() != before  # a tensor's byte
-    assert fingerprint(open_gguf(changed), config) != fingerprint(open_gguf(tiny_path), config)
+    assert open_gguf(path).tensors[-1].data.tobytes() != before  # a tensor's byte
+
+
+def test_a_file_hashed_once_is_read_from_the_cache_until_it_changes(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = Model.load(tiny_path, device="cpu").config
+    kept = tmp_path / "fingerprints"
+    monkeypatch.setenv("WARMFLEET_FINGERPRINT_DIR", str(kept))
+    monkeypatch.setattr(fp, "RACY_S", -1.0)  # a file just copied counts as settled
+    copy = tmp_path / "m.gguf"
+    shutil.copyfile(tiny_path, copy)
+    digest = fp.fingerprint(open_gguf(copy), config, copy)
+    assert digest == fp.tensors_digest(open_gguf(tiny_path), config)
+    assert [f.read_text() for f in kept.iterdir()] == [digest + "\n"]
+
+    def no_hashing(*_: object) -> str:
+        raise AssertionError("hashed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(fp, "tensors_digest", no_hashing)
+        assert fp.fingerprint(open_gguf(copy), config, copy) == digest
+    flip_a_byte_of_the_last_tensor(copy)
+    later = copy.stat().st_mtime_ns + 10**9  # a change a second later: same size
+    os.utime(copy, ns=(later, later))
+    changed = fp.fingerprint(open_gguf(copy), config, copy)
+    assert changed != digest and changed == fp.tensors_digest(open_gguf(copy), config)
+    assert len(list(kept.iterdir())) == 2
+
+
+def test_a_file_changed_just_now_is_not_kept(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = Model.load(tiny_path, device="cpu").config
+    kept = tmp_path / "fingerprints"
+    monkeypatch.setenv("WARMFLEET_FINGERPRINT_DIR", str(kept))
+    copy = tmp_path / "m.gguf"
+    shutil.copyfile(tiny_path, copy)  # its times now: another change could keep them
+    assert fp.fingerprint(open_gguf(copy), config, copy) == fp.tensors_digest(
+        open_gguf(copy), config
+    )
+    assert not kept.exists()
