@@ -119,20 +119,15 @@ class GatewayBroker:
         heads = [(int(flat[i]), str(flat[i + 1]), str(flat[i + 2])) for i in range(0, len(flat), 3)]
         return heads, PrefixHolder(str(holder), str(worker), int(mark))
 
-    async def remember_head(
-        self, tenant: str, session_id: str, blocks: bytes, rest: str, marks: list[bytes]
-    ) -> None:
+    async def remember_head(self, tenant: str, session_id: str, blocks: bytes, rest: str) -> None:
         """Name the session by its head from now on, in place of its last one: the hash of
-        its whole `blocks` and the `rest` ("length:hex"); and by its prompt's prefix
-        `marks` up to the head."""
+        its whole `blocks` and the `rest` ("length:hex")."""
         names = [
             prompt_heads.head_key(tenant, blocks),
             prompt_heads.head_of_key(tenant, session_id),
         ]
-        head = [blocks.hex(), session_id, prompt_heads.head_prefix(tenant), prompt_heads.HEAD_TTL_S]
-        mark = [prompt_heads.mark_prefix(tenant), rest, prompt_heads.MARK_TTL_S]
-        mark.append(keys.session_key(tenant, ""))
-        await self._remember_head(keys=names, args=[*head, *mark, *(m.hex() for m in marks)])
+        args = [blocks.hex(), session_id, prompt_heads.head_prefix(tenant), rest]
+        await self._remember_head(keys=names, args=[*args, prompt_heads.HEAD_TTL_S])
 
     async def forget_head(self, tenant: str, session_id: str) -> None:
         await self._forget_head(

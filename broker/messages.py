@@ -34,6 +34,10 @@ class Job:
     # worker of the same host placed the request may read those blocks from disk
     prefix_from: str = ""
     prefix_tokens: int = 0
+    # the chain hashes (hex) of the prompt's prefix marks up to its head: the worker that
+    # starts the request passes them on in the session's HOT event, and the kvstore indexes
+    # them under the session (broker/prompt_heads.py)
+    prefix_marks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,7 @@ class SessionEvent:
     # the worker's idle sessions' bytes once this change is made, each shared block once
     # (-1: not said); the kvstore keeps the worker's warm budget on this figure
     warm_bytes: int = -1
+    marks: tuple[str, ...] = ()  # HOT: its request's prefix marks (Job.prefix_marks)
 
 
 class OrderOp(enum.StrEnum):

@@ -5,15 +5,19 @@ used). Keys are tenant-scoped, as the hashes (common/block_hash.py) are.
   whole blocks keys a hash whose field is the session and whose value the head's length and
   the hash of its tokens past those blocks ("length:hex"). A request naming no session
   whose prompt starts with a head continues that session. One head a session: a new one
-  replaces the last.
-- A prompt's prefix marks: the chain hash after some of its whole blocks up to the head
-  (mark_blocks) names the session that last sent that prefix (but a session no worker
-  holds yet leaves a held one in place), so that a new session goes to the worker holding
+  replaces the last. The gateway writes them (REMEMBER).
+- The fleet's prefix index: the chain hash after some of a prompt's whole blocks up to its
+  head (mark_blocks, its prefix marks) names the session a worker last started a request
+  with that prefix on. The gateway puts the marks in the job (Job.prefix_marks), the worker
+  that starts it in the session's HOT event, and the kvstore writes them from that event
+  (kvstore/writer.py). Which worker holds each such session warm, or that it is on disk,
+  is its record, kept by the kvstore from the same events; FIND takes a mark's session
+  only while a worker holds it in memory, so that a new session goes to the worker holding
   the longest run of its leading blocks (which then shares them all, marked or not).
 
-Heads expire HEAD_TTL_S after the last request that wrote them, marks MARK_TTL_S (a marked
-prefix places a request only while its session is in a worker's memory). A prompt writes
-at most MAX_MARKS marks: a tenant sending many long prompts costs Redis ~15 KB each."""
+Heads expire HEAD_TTL_S after the last request that wrote them, marks MARK_TTL_S after the
+last request started on them. A prompt has at most MAX_MARKS marks: a tenant sending many
+long prompts costs Redis ~15 KB each."""
 
 from __future__ import annotations
 
@@ -35,8 +39,9 @@ def mark_blocks(num_blocks: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class PrefixHolder:
-    """The session that last sent the longest marked prefix of a prompt, held in memory by
-    `worker`; `mark`: which of the prompt's marks (1 = the first), 0 when none is held."""
+    """The session a worker last started on the longest marked prefix of a prompt, held in
+    memory by `worker`; `mark`: which of the prompt's marks (1 = the first), 0 when none is
+    held."""
 
     session_id: str = ""
     worker: str = ""
@@ -59,7 +64,7 @@ def head_prefix(tenant: str) -> str:
 
 
 def mark_key(tenant: str, mark: bytes) -> str:
-    """String: the session that last sent a prompt starting with the blocks of `mark`."""
+    """String: the session a worker last started a request with the blocks of `mark` on."""
     return f"wf:prefix:{tenant}:{mark.hex()}"
 
 
@@ -69,32 +74,15 @@ def mark_prefix(tenant: str) -> str:
 
 # KEYS: the new head's key, the session's head-of key
 # ARGV: the new head's blocks (hex), the session id, the tenant's head-key prefix, the
-#       heads' ttl (s), the tenant's prefix-mark key prefix, the head's "length:hex", the
-#       marks' ttl (s), the tenant's session-record key prefix, then the prompt's prefix
-#       marks (hex)
-# A mark whose session a worker holds in memory is not taken by a session no worker holds
-# yet (a new one, queued or starting): the requests that follow it would find no holder.
+#       head's "length:hex", the heads' ttl (s)
 REMEMBER = """
 local old = redis.call('GET', KEYS[2])
 if old and old ~= ARGV[1] then
   redis.call('HDEL', ARGV[3] .. old, ARGV[2])
 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[6])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[4])
-local function held(session)
-  local worker = session and redis.call('HGET', ARGV[8] .. session, 'worker')
-  return worker and worker ~= ''
-end
-local mine = held(ARGV[2])
-for i = 9, #ARGV do
-  local mark = ARGV[5] .. ARGV[i]
-  if mine or not held(redis.call('GET', mark)) then
-    redis.call('SET', mark, ARGV[2], 'EX', ARGV[7])
-  else
-    redis.call('EXPIRE', mark, ARGV[7])
-  end
-end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[5])
 """
 
 # KEYS: the session's head-of key; ARGV: the session id, the tenant's head-key prefix

@@ -9,9 +9,11 @@ known by the chain hash (common/block_hash.py, rooted in the tenant) of its whol
 and the head's length and the hash of its tokens past them. A request naming no session
 continues the session whose head is the longest prefix of its prompt, else starts one of
 its own. The hashes of some of its whole blocks up to the head mark the prompt's prefix
-too (broker/prompt_heads.py): a request whose session no worker holds goes to the worker
-holding the session that last sent the longest marked prefix of its prompt
-(broker/fair_queue.py: PREFIX PLACEMENT), where the pool shares those blocks."""
+too (broker/prompt_heads.py), carried in the job to the worker that starts it, whose HOT
+event has the kvstore index them under the session: a request whose session no worker
+holds goes to the worker holding the session that last started on the longest marked
+prefix of its prompt (broker/fair_queue.py: PREFIX PLACEMENT), where the pool shares those
+blocks."""
 
 from __future__ import annotations
 
@@ -36,16 +38,19 @@ class Found:
     how: str  # named (by the client), prompt (continued), new, or none (sessionless)
     holder_worker: str = ""  # the worker holding `holder` in memory
     holder_tokens: int = 0  # how many leading tokens of the prompt `holder` sent
+    marks: tuple[str, ...] = ()  # the prompt's prefix marks up to its head (hex)
 
     def placed(self, job: Job) -> Job:
         """The job in its session, naming the worker that holds its prompt's prefix (a
         worker of the same host placed it may read those blocks from disk:
-        worker/shared_prefix.py)."""
+        worker/shared_prefix.py), and the prefix marks its session will hold once a worker
+        starts it (the kvstore indexes them from that worker's HOT event)."""
         return replace(
             job,
             session_id=self.session_id,
             prefix_from=self.holder_worker,
             prefix_tokens=self.holder_tokens,
+            prefix_marks=self.marks,
         )
 
 
@@ -108,7 +113,6 @@ async def session_for(
     blocks = length // BLOCK_TOKENS
     if blocks:
         rest = head_rest(hashes, ids, blocks, length)
-        await broker.remember_head(
-            tenant, session_id, hashes[blocks - 1], rest, marks_of(hashes[:blocks])
-        )
-    return Found(session_id, holder.session_id, how, holder.worker, held)
+        await broker.remember_head(tenant, session_id, hashes[blocks - 1], rest)
+    marks = tuple(m.hex() for m in marks_of(hashes[:blocks]))
+    return Found(session_id, holder.session_id, how, holder.worker, held, marks)

@@ -25,6 +25,8 @@ class Effects:
     unlink: list[tuple[str, int]] = field(default_factory=list)  # (key, mtime_ns; 0 = any)
     counters: dict[str, int] = field(default_factory=dict)
     replies: list[tuple[str, CommandAnswer]] = field(default_factory=list)  # (reply key, answer)
+    # the prefix marks (hex) each session a worker just started a request on now holds
+    marks: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
         return not (
@@ -34,6 +36,7 @@ class Effects:
             or self.unlink
             or self.counters
             or self.replies
+            or self.marks
         )
 
     def count(self, name: str, n: int = 1) -> None:
@@ -51,3 +54,4 @@ class Effects:
         for name, n in other.counters.items():
             self.count(name, n)
         self.replies += other.replies
+        self.marks.update(other.marks)

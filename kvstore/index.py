@@ -1,10 +1,9 @@
-"""The residency index: where every session's KV lives, and the one owner of the eviction
-decisions. Pure logic, no Redis and no files: `apply` takes one event or command and returns
-the Effects (records to write or remove, orders for workers, files to delete, counters,
-replies) that the service carries out in one Redis transaction. Its records are kept in a
-SessionTable (session_table.py); eviction.py chooses the victims of the warm and disk
-budgets. A command (DeleteSession, ForkSession, Evict) is answered exactly once, at once or
-when the worker's completing event is applied."""
+"""The residency index: where every session's KV lives, the one owner of the eviction
+decisions. Pure logic, no Redis and no files: `apply` takes an event or a command and returns
+the Effects (records, prefix marks, orders for workers, files to delete, counters, replies)
+the service carries out in one Redis transaction. Its records are in a SessionTable
+(session_table.py); eviction.py chooses the warm and disk budgets' victims. A command
+(DeleteSession, ForkSession, Evict) is answered once: at once, or when its event is applied."""
 
 from __future__ import annotations
 
@@ -145,6 +144,7 @@ class ResidencyIndex:
     def _in_memory(self, e: SessionEvent, fx: Effects) -> None:
         if e.kind == EventKind.HOT:
             self.tombstones.pop(e.key, None)
+            fx.marks[e.key] = e.marks  # the session last started on its prompt's prefix
             if e.source == "disk":
                 fx.count("restores")
         self._forget_other_copy(e.key, e.worker, fx)

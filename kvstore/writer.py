@@ -1,5 +1,6 @@
-"""What applying events asks (Effects) carried out in Redis: the records, orders, counters
-and replies, the events' acknowledgement and the applied-events marker in one transaction.
+"""What applying events asks (Effects) carried out in Redis: the records, prefix marks,
+orders, counters and replies, the events' acknowledgement and the applied-events marker in
+one transaction.
 
 The marker (`wf:kv:applied`) is the id of the last event applied. Every write is
 conditional on it still being the one this kvstore last wrote or read: if another kvstore
@@ -15,7 +16,7 @@ from collections.abc import Callable
 import redis
 from redis.client import Pipeline
 
-from broker import codec, keys
+from broker import codec, keys, prompt_heads
 from broker.kv_commands import REPLY_TTL_S
 from broker.messages import AnswerStatus, CommandAnswer
 from engine.kv_files.spill_file import read_summary, spill_path
@@ -79,6 +80,11 @@ class IndexWriter:
             elif o.order.reply_to:  # no worker to do it: the caller hears so at once
                 answer = CommandAnswer(AnswerStatus.ERROR, message="no worker is running")
                 replies.append((o.order.reply_to, answer))
+        for key, marks in fx.marks.items():
+            tenant, session_id = keys.split_cache_key(key)
+            ttl, prefix = prompt_heads.MARK_TTL_S, prompt_heads.mark_prefix(tenant)
+            for mark in marks[: prompt_heads.MAX_MARKS]:
+                pipe.set(prefix + mark, session_id, ex=ttl)
         for name, n in fx.counters.items():
             pipe.hincrby(keys.KV_STATS, name, n)
         for reply_key, answer in replies:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from bench.agent_prompts import system_prompts
 from bench.shared_prefix import worker_of as session_worker
@@ -58,6 +59,10 @@ def test_a_new_agent_gets_its_system_prompt_from_the_worker_that_holds_it(
     first = [{"role": "system", "content": system}, {"role": "user", "content": "Begin."}]
     holder, _ = ask(keyed_cluster, "alice", first, sid="placement-holder")
     where = worker_of(keyed_cluster, "alice", holder)
+    # the kvstore wrote the fleet's prefix index from the worker's event, with the record
+    with redis.Redis.from_url(keyed_cluster.cluster.redis_url, decode_responses=True) as r:
+        index = {key: r.get(key) for key in r.scan_iter("wf:prefix:alice:*")}
+    assert holder in index.values()
     second = [first[0], {"role": "user", "content": "Start with the tests, please."}]
     shared = shared_tokens(model, first, second)
     assert shared > 500

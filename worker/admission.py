@@ -131,8 +131,10 @@ class Admission:
                 job.request_id,
                 len(d.progress.sent),
             )
-        if key:
-            self.s.outbox.events.append(self.s.event(EventKind.HOT, key, seq.cache, source=kv_from))
+        if key:  # the kvstore indexes the session as the holder of its prompt's prefix marks
+            marks = job.prefix_marks
+            hot = self.s.event(EventKind.HOT, key, seq.cache, source=kv_from, marks=marks)
+            self.s.outbox.events.append(hot)
 
     def resume_paused(self) -> None:
         for rid in list(self.s.engine.paused):  # oldest first

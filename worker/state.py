@@ -53,12 +53,14 @@ class WorkerState:
         source: str = "",
         reason: GoneReason | None = None,
         reply_to: str = "",
+        marks: tuple[str, ...] = (),
     ) -> SessionEvent:
         """An event about the session `key` whose KV on this worker is `cache`."""
         num_tokens, nbytes = (cache.offset, cache.nbytes) if cache is not None else (0, 0)
         return SessionEvent(
             kind, self.config.worker_id, key, num_tokens, nbytes, time.time(), source=source,
             reason=reason, reply_to=reply_to, warm_bytes=self.engine.sessions.nbytes,
+            marks=marks,
         )  # fmt: skip
 
     def load(self, key: str, kv: SpilledKV) -> PagedKV:

@@ -1,15 +1,21 @@
-"""The session a request naming none continues, found by its prompt's head
-(gateway/session_find.py, broker/prompt_heads.py), against a real Redis."""
+"""The session a request naming none continues, found by its prompt's head, and the session
+holding its prefix, found by the marks the kvstore indexes from workers' events
+(gateway/session_find.py, broker/prompt_heads.py, kvstore/writer.py), against a real Redis."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import redis as redis_lib
 
 from broker import keys
-from broker.prompt_heads import MAX_MARKS, mark_blocks
+from broker.messages import EventKind, Job, SessionEvent
+from broker.prompt_heads import MARK_TTL_S, MAX_MARKS, mark_blocks
 from common.block_hash import chain_hash, prefix_hashes, scope_hash
+from common.enums import Priority
+from common.sampling import SamplingParams
 from gateway.session_find import (
     BLOCK_TOKENS,
     MARGIN_TOKENS,
@@ -19,6 +25,9 @@ from gateway.session_find import (
     prompt_hashes,
 )
 from gateway.session_find import session_for as find_async
+from kvstore.disk_sweep import DiskSweep
+from kvstore.index import ResidencyIndex
+from kvstore.writer import IndexWriter
 from tests.cluster_fixtures import decoded_client, redis_client, redis_server, sync_gateway  # noqa: F401
 
 SYSTEM = tuple(range(1000, 1100))  # 100 tokens: six whole blocks and 4 more
@@ -91,17 +100,33 @@ def test_a_short_prompt_has_no_head_and_gets_a_session_each_time(
     assert a != b and not list(decoded.scan_iter("wf:head*"))
 
 
-def test_a_new_conversation_is_pointed_at_the_session_holding_its_prefix(
-    gateway: Any, decoded: redis_lib.Redis
+def started(r: redis_lib.Redis, tmp_path: Path, found: Found, worker: str) -> None:
+    """What the kvstore does with the HOT event of a worker that starts the session's job:
+    the record names the worker, and the prompt's marks name the session."""
+    index = ResidencyIndex(None, lambda key: None)
+    index.set_workers({worker: 10**9})
+    job = found.placed(Job("r", "acme", "", SYSTEM, SamplingParams(), Priority.INTERACTIVE, 0, 0))
+    key = keys.cache_key("acme", job.session_id)
+    event = SessionEvent(EventKind.HOT, worker, key, 100, 1, time.time(), marks=job.prefix_marks)
+    fx = index.apply(event)
+    assert fx.marks == {key: found.marks}
+    writer = IndexWriter(r, DiskSweep(tmp_path), lambda: worker)
+    writer.load_marker()
+    writer.commit(fx, [])
+
+
+def test_a_new_conversation_is_pointed_at_the_session_a_worker_started_on_its_prefix(
+    gateway: Any, decoded: redis_lib.Redis, tmp_path: Path
 ) -> None:
     a = found(gateway, "acme", "", (*SYSTEM, 1, 2, 3, 4, 5))
-    assert a.holder == ""
-    # 105 tokens: a head of 6 whole blocks, marked after the 4th
-    marks = list(decoded.scan_iter("wf:prefix:acme:*"))
-    assert len(marks) == 1 and decoded.get(marks[0]) == a.session_id
-    assert marks[0].endswith(prompt_hashes("acme", SYSTEM)[3].hex())
-    # a holder counts while a worker holds its session in memory (its record names one)
-    decoded.hset(keys.session_key("acme", a.session_id), mapping={"worker": "w0"})
+    # 105 tokens: a head of 6 whole blocks, marked after the 4th; the job carries the mark,
+    # the gateway writes none: no worker has started the session yet
+    assert a.holder == "" and a.marks == (prompt_hashes("acme", SYSTEM)[3].hex(),)
+    assert not list(decoded.scan_iter("wf:prefix:*"))
+    started(decoded, tmp_path, a, "w0")
+    [mark] = decoded.scan_iter("wf:prefix:acme:*")
+    assert decoded.get(mark) == a.session_id and mark.endswith(a.marks[0])
+    assert 0 < decoded.ttl(mark) <= MARK_TTL_S
     b = found(gateway, "acme", "", (*SYSTEM, 9, 9, 9, 9, 9))
     assert b.session_id != a.session_id and b.holder == a.session_id
     assert (b.holder_worker, b.holder_tokens) == ("w0", 4 * BLOCK_TOKENS)  # in the job
@@ -109,13 +134,13 @@ def test_a_new_conversation_is_pointed_at_the_session_holding_its_prefix(
     # both, told apart by their last tokens
     [head] = decoded.scan_iter("wf:head:acme:*")
     assert set(decoded.hgetall(head)) == {a.session_id, b.session_id}
-    # b, held by no worker yet, leaves the mark to a, which is
-    assert decoded.get(marks[0]) == a.session_id
+    # b, not started yet, leaves the mark to a; started on w1, it takes it
     assert found(gateway, "acme", "", (*SYSTEM, 8, 8, 8, 8, 8)).holder == a.session_id
-    # a leaves memory: the session that sends the prefix next takes the mark, held or not
-    decoded.hdel(keys.session_key("acme", a.session_id), "worker")
+    started(decoded, tmp_path, b, "w1")
     c = found(gateway, "acme", "", (*SYSTEM, 6, 6, 6, 6, 6))
-    assert c.holder == "" and decoded.get(marks[0]) == c.session_id
-    assert found(gateway, "acme", "", (*SYSTEM, 7, 7, 7, 7, 7)).holder == ""  # c: nowhere
+    assert (c.holder, c.holder_worker) == (b.session_id, "w1")
+    # b leaves memory: a mark places a request only while its session is held
+    decoded.hdel(keys.session_key("acme", b.session_id), "worker")
+    assert found(gateway, "acme", "", (*SYSTEM, 7, 7, 7, 7, 7)).holder == ""
     assert found(gateway, "globex", "", (*SYSTEM, 9, 9, 9, 9, 9)).holder == ""
     assert found(gateway, "acme", "", tuple(range(5000, 5100))).holder == ""
