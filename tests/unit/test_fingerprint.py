@@ -14,6 +14,7 @@ from engine.loader import fingerprint as fp
 from engine.loader.fingerprint import fingerprint
 from engine.model import Model
 from engine.text.gguf_file import open_gguf
+from engine.text.model_config import ModelConfig
 
 
 def test_the_same_file_gives_the_same_fingerprint_each_load(tiny_path: Path) -> None:
@@ -42,17 +43,27 @@ def flip_a_byte_of_the_last_tensor(path: Path) -> None:
     assert open_gguf(path).tensors[-1].data.tobytes() != before  # a tensor's byte
 
 
-def test_a_file_hashed_once_is_read_from_the_cache_until_it_changes(
+@pytest.fixture
+def cached_copy(
     tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[Path, ModelConfig, Path]:
+    """(the fingerprint cache's folder, the tiny model's config, a copy of its file made
+    just now)."""
     config = Model.load(tiny_path, device="cpu").config
     kept = tmp_path / "fingerprints"
     monkeypatch.setenv("WARMFLEET_FINGERPRINT_DIR", str(kept))
-    monkeypatch.setattr(fp, "RACY_S", -1.0)  # a file just copied counts as settled
     copy = tmp_path / "m.gguf"
     shutil.copyfile(tiny_path, copy)
+    return kept, config, copy
+
+
+def test_a_file_hashed_once_is_read_from_the_cache_until_it_changes(
+    cached_copy: tuple[Path, ModelConfig, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept, config, copy = cached_copy
+    monkeypatch.setattr(fp, "RACY_S", -1.0)  # a file just copied counts as settled
     digest = fp.fingerprint(open_gguf(copy), config, copy)
-    assert digest == fp.tensors_digest(open_gguf(tiny_path), config)
+    assert digest == fp.tensors_digest(open_gguf(copy), config)
     assert [f.read_text() for f in kept.iterdir()] == [digest + "\n"]
 
     def no_hashing(*_: object) -> str:
@@ -69,15 +80,8 @@ def test_a_file_hashed_once_is_read_from_the_cache_until_it_changes(
     assert len(list(kept.iterdir())) == 2
 
 
-def test_a_file_changed_just_now_is_not_kept(
-    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = Model.load(tiny_path, device="cpu").config
-    kept = tmp_path / "fingerprints"
-    monkeypatch.setenv("WARMFLEET_FINGERPRINT_DIR", str(kept))
-    copy = tmp_path / "m.gguf"
-    shutil.copyfile(tiny_path, copy)  # its times now: another change could keep them
-    assert fp.fingerprint(open_gguf(copy), config, copy) == fp.tensors_digest(
-        open_gguf(copy), config
-    )
+def test_a_file_changed_just_now_is_not_kept(cached_copy: tuple[Path, ModelConfig, Path]) -> None:
+    kept, config, copy = cached_copy  # its times now: another change could keep them
+    digest = fp.fingerprint(open_gguf(copy), config, copy)
+    assert digest == fp.tensors_digest(open_gguf(copy), config)
     assert not kept.exists()
