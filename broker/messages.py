@@ -29,9 +29,11 @@ class Job:
     priority: Priority
     accepted_at: float  # unix seconds, when the gateway accepted it
     deadline_at: float  # unix seconds; past it the request is dropped
-    # the live worker holding, in memory, the session that last sent the longest marked
-    # prefix of the prompt (gateway/session_find.py), and that prefix's length in tokens: a
-    # worker of the same host placed the request may read those blocks from disk
+    # the live worker holding, in memory, the session a worker last started on the longest
+    # marked prefix of the prompt (gateway/session_find.py), and that prefix's length in
+    # tokens: a worker of the same host placed the request may read those blocks from disk
+    # ("" with a length: only a session on disk holds it, its blocks in its host's spill
+    # directory)
     prefix_from: str = ""
     prefix_tokens: int = 0
     # the chain hashes (hex) of the prompt's prefix marks up to its head: the worker that

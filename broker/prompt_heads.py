@@ -11,9 +11,11 @@ used). Keys are tenant-scoped, as the hashes (common/block_hash.py) are.
   with that prefix on. The gateway puts the marks in the job (Job.prefix_marks), the worker
   that starts it in the session's HOT event, and the kvstore writes them from that event
   (kvstore/writer.py). Which worker holds each such session warm, or that it is on disk,
-  is its record, kept by the kvstore from the same events; FIND takes a mark's session
-  only while a worker holds it in memory, so that a new session goes to the worker holding
-  the longest run of its leading blocks (which then shares them all, marked or not).
+  is its record, kept by the kvstore from the same events. FIND takes the longest marked
+  prefix whose session a worker holds in memory, so that a new session goes to that
+  worker (which then shares all the leading blocks, marked or not); when none is held, the
+  longest whose session is on disk, so that the worker it lands on reads those blocks from
+  its host's spill directory where they are (worker/shared_prefix.py).
 
 Heads expire HEAD_TTL_S after the last request that wrote them, marks MARK_TTL_S after the
 last request started on them. A prompt has at most MAX_MARKS marks: a tenant sending many
@@ -40,8 +42,9 @@ def mark_blocks(num_blocks: int) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class PrefixHolder:
     """The session a worker last started on the longest marked prefix of a prompt, held in
-    memory by `worker`; `mark`: which of the prompt's marks (1 = the first), 0 when none is
-    held."""
+    memory by `worker`; else, with no worker, the one on the longest such prefix whose
+    session is on disk (its blocks are in its host's spill directory); `mark`: which of the
+    prompt's marks (1 = the first), 0 when no session holds one."""
 
     session_id: str = ""
     worker: str = ""
@@ -96,9 +99,10 @@ redis.call('DEL', KEYS[1])
 
 # KEYS: the head keys of a prompt's whole blocks in order, then its prefix marks' keys
 # ARGV: how many head keys, the tenant's session-record key prefix
-# Returns {the session that last sent the latest mark whose session a worker holds in
-# memory (its record names one), or '', {block count, session, head's rest, ...} of every
-# head among the blocks, that worker or '', that mark's place among the marks or 0}
+# Returns {the session of the latest mark whose session a worker holds in memory (its
+# record names one), else of the latest whose session is on disk, or '', {block count,
+# session, head's rest, ...} of every head among the blocks, that worker ('' on disk), that
+# mark's place among the marks or 0}
 FIND = """
 local n = tonumber(ARGV[1])
 local heads = {}
@@ -110,12 +114,18 @@ for i = 1, n do
     table.insert(heads, all[j + 1])
   end
 end
+local on_disk = {'', heads, '', 0}
 for i = #KEYS, n + 1, -1 do
   local holder = redis.call('GET', KEYS[i])
-  local worker = holder and redis.call('HGET', ARGV[2] .. holder, 'worker')
-  if worker and worker ~= '' then
-    return {holder, heads, worker, i - n}
+  if holder then
+    local record = redis.call('HMGET', ARGV[2] .. holder, 'worker', 'tier')
+    if record[1] and record[1] ~= '' then
+      return {holder, heads, record[1], i - n}
+    end
+    if record[2] == 'disk' and on_disk[4] == 0 then
+      on_disk = {holder, heads, '', i - n}
+    end
   end
 end
-return {'', heads, '', 0}
+return on_disk
 """

@@ -214,7 +214,7 @@ class GatewayCore:
         (gateway/session_find.py). A gRPC request naming none stays without a session."""
         find = api == "http"
         found = await self._redis(session_for(self.broker, tenant, session_id, prompt_ids, find))
-        placed = "prefix" if found.holder else "none"
+        placed = "prefix" if found.holder_worker else "disk" if found.holder else "none"
         self.metrics.sessions.labels(tenant, api, found.how, placed).inc()
         return found
 

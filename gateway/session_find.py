@@ -13,7 +13,7 @@ too (broker/prompt_heads.py), carried in the job to the worker that starts it, w
 event has the kvstore index them under the session: a request whose session no worker
 holds goes to the worker holding the session that last started on the longest marked
 prefix of its prompt (broker/fair_queue.py: PREFIX PLACEMENT), where the pool shares those
-blocks."""
+blocks; when only a session on disk has one, the worker it lands on reads its blocks."""
 
 from __future__ import annotations
 
@@ -34,17 +34,20 @@ ROOT = "session-head"  # what the chains are rooted in besides the tenant (not K
 @dataclass(frozen=True, slots=True)
 class Found:
     session_id: str  # the request's session
-    holder: str  # the session that last sent the longest marked prefix of its prompt, or ""
+    # the session a worker last started on the longest marked prefix of its prompt that a
+    # worker holds in memory (else on disk), or ""
+    holder: str
     how: str  # named (by the client), prompt (continued), new, or none (sessionless)
-    holder_worker: str = ""  # the worker holding `holder` in memory
+    holder_worker: str = ""  # the worker holding `holder` in memory; "" when on disk
     holder_tokens: int = 0  # how many leading tokens of the prompt `holder` sent
     marks: tuple[str, ...] = ()  # the prompt's prefix marks up to its head (hex)
 
     def placed(self, job: Job) -> Job:
         """The job in its session, naming the worker that holds its prompt's prefix (a
         worker of the same host placed it may read those blocks from disk:
-        worker/shared_prefix.py), and the prefix marks its session will hold once a worker
-        starts it (the kvstore indexes them from that worker's HOT event)."""
+        worker/shared_prefix.py; with no worker named, a prefix on disk, read where the
+        host's spill directory has it), and the prefix marks its session will hold once a
+        worker starts it (the kvstore indexes them from that worker's HOT event)."""
         return replace(
             job,
             session_id=self.session_id,

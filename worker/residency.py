@@ -84,7 +84,8 @@ class Residency:
 
     def hold_for_prefix(self, d: Delivery, key: str) -> bool:
         """Hold `d` (a new session's) while its prompt's prefix, held by another worker of
-        the host, is written and read back (worker/shared_prefix.py); False if not."""
+        the host (written on its asking) or only on disk, is read back
+        (worker/shared_prefix.py); False if not."""
         if self.shared.hold(d, key):
             self.held.append(d)
             return True

@@ -1,5 +1,6 @@
-"""A new session's prompt prefix that another worker of this host holds in memory, read
-from the spill directory's block files instead of prefilled again.
+"""A new session's prompt prefix that another worker of this host holds in memory, or that
+only sessions on disk hold, read from the spill directory's block files instead of
+prefilled again.
 
 The gateway names in each job the worker holding the session that last sent the longest
 marked prefix of its prompt, and that prefix's length (Job.prefix_from, prefix_tokens;
@@ -14,7 +15,9 @@ its pool, the files not on disk yet written on its I/O thread, then an answer fi
 the request in the directory's shared/ folder). Once the answer is there, the run of the
 prompt's blocks on disk is read back into this worker's pool, as a restore is, and the
 request starts on it (kv_source DISK). When the marked prefix's blocks are on disk already
-(a spilled session's), they are read without asking.
+(a spilled session's), they are read without asking; so is a prefix whose sessions are all
+on disk (the job then names no holder, only the prefix's length), where this host's spill
+directory has its blocks.
 
 It waits at most what prefilling the prefix would take here (the per-token prefill cost the
 engine measured: engine/step_cost.py), SHARE_WAIT_S before any was measured, never more than
@@ -82,13 +85,14 @@ class SharedPrefixes:
             worker_mark(state.spiller.store, state.config.worker_id).touch()
 
     def hold(self, d: Delivery, key: str) -> bool:
-        """Hold `d` while its prompt's prefix is read from the blocks its holder writes;
-        False when there is nothing to read (no holder named, the holder is this worker or
-        of another host, this worker's pool holds the prefix, or the model has windowed
-        layers: engine/kv_files/spill_file.py)."""
+        """Hold `d` while its prompt's prefix is read from the blocks its holder writes, or
+        from those on disk already; False when there is nothing to read (no holder named,
+        the holder is this worker, or of another host and the blocks not on disk here, this
+        worker's pool holds the prefix, or the model has windowed layers:
+        engine/kv_files/spill_file.py)."""
         job, spiller = d.job, self.s.spiller
         assert job is not None
-        if spiller is None or job.prefix_from in ("", self.s.config.worker_id):
+        if spiller is None or job.prefix_from == self.s.config.worker_id or not job.prefix_tokens:
             return False
         if key in self.s.engine.sessions:  # its own KV here: nothing to hash or read
             return False
@@ -100,10 +104,11 @@ class SharedPrefixes:
         marked = store.chain(job.tenant, ids[: job.prefix_tokens // size * size], pool.dtype)
         if not marked or pool.alloc.knows(marked[-1]):
             return False
-        if not worker_mark(store, job.prefix_from).exists():
-            return False  # another host's: its blocks would never show up here
+        on_disk = store.has_block(marked[-1])
+        if not on_disk and not (job.prefix_from and worker_mark(store, job.prefix_from).exists()):
+            return False  # held on another host, or on disk there: never here
         now = time.monotonic()
-        answer = None if store.has_block(marked[-1]) else answer_path(store, job.request_id)
+        answer = None if on_disk else answer_path(store, job.request_id)
         if answer is not None:
             order = ControlOrder(
                 OrderOp.SHARE, job.request_id, tenant=job.tenant, token_ids=tuple(ids)

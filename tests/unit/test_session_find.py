@@ -139,8 +139,13 @@ def test_a_new_conversation_is_pointed_at_the_session_a_worker_started_on_its_pr
     started(decoded, tmp_path, b, "w1")
     c = found(gateway, "acme", "", (*SYSTEM, 6, 6, 6, 6, 6))
     assert (c.holder, c.holder_worker) == (b.session_id, "w1")
-    # b leaves memory: a mark places a request only while its session is held
+    # b leaves memory: a mark places a request only while its session is held...
     decoded.hdel(keys.session_key("acme", b.session_id), "worker")
     assert found(gateway, "acme", "", (*SYSTEM, 7, 7, 7, 7, 7)).holder == ""
+    # ... or, on disk, names no worker: whichever worker the request lands on reads its
+    # blocks where its host's spill directory has them
+    decoded.hset(keys.session_key("acme", b.session_id), "tier", "disk")
+    d = found(gateway, "acme", "", (*SYSTEM, 5, 5, 5, 5, 5))
+    assert (d.holder, d.holder_worker, d.holder_tokens) == (b.session_id, "", 4 * BLOCK_TOKENS)
     assert found(gateway, "globex", "", (*SYSTEM, 9, 9, 9, 9, 9)).holder == ""
     assert found(gateway, "acme", "", tuple(range(5000, 5100))).holder == ""
