@@ -1,11 +1,13 @@
 """Fixtures for tests that need a real Redis: one private server per test session, wiped per
 test (`redis_server`, `redis`, `decoded`); and for tests of a whole cluster, the clients of
-the module's `cluster` fixture (`client`, `r`). Import the ones a module uses from here."""
+the module's `cluster` fixture (`client`, `r`), and one such cluster of one worker
+(`one_worker_cluster`). Import the ones a module uses from here."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ import redis as redis_lib
 import redis.asyncio as aioredis
 
 from broker.gateway_broker import GatewayBroker
+from tests.cluster_helpers import one_worker
 from warmfleet.client import Client
 from warmfleet.launcher import Cluster
 from warmfleet.redis_server import RedisServer
@@ -89,3 +92,12 @@ def sync_gateway(redis: redis_lib.Redis, redis_server: RedisServer) -> Iterator[
     g = SyncGatewayBroker(redis_server.url)
     yield g
     g.close()
+
+
+@pytest.fixture(scope="module", name="cluster")
+def one_worker_cluster(
+    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """The module's cluster: the launcher with one worker serving the default model."""
+    with one_worker(default_model_path, tmp_path_factory.mktemp) as c:
+        yield c

@@ -7,8 +7,6 @@ tokens a cold start gives."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,20 +14,13 @@ from bench.agent_prompts import system_prompts
 from bench.shared_prefix import worker_of
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
-from tests.cluster_helpers import BLOCK_TOKENS, common_prefix, one_worker, prompt_ids, reference
+from tests.cluster_fixtures import one_worker_cluster  # noqa: F401
+from tests.cluster_helpers import BLOCK_TOKENS, common_prefix, prompt_ids, reference
 from warmfleet.client import Client, KVStoreClient
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    with one_worker(default_model_path, tmp_path_factory.mktemp) as c:
-        yield c
 
 
 def on_disk(client: Client, session_id: str, timeout_s: float = 60.0) -> None:

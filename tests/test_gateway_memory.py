@@ -14,14 +14,13 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from bench.gateway_bursts import BodyKind, body_kinds, burst, chat
 from bench.soak_rss import rss_kib
-from tests.cluster_helpers import one_worker, wait_for
+from tests.cluster_fixtures import one_worker_cluster  # noqa: F401
+from tests.cluster_helpers import wait_for
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
@@ -29,14 +28,6 @@ ROUNDS = 3
 AT_ONCE = 8  # bodies of a kind sent together
 RSS_SLACK_MB = 20.0
 _KIB_PER_MB = 1024
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    with one_worker(default_model_path, tmp_path_factory.mktemp) as c:
-        yield c
 
 
 def rss_mb(pid: int) -> float:
