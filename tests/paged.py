@@ -64,3 +64,19 @@ def run_step(model: Model, parts: list[tuple[PagedKV, list[int], bool]]) -> np.n
     for kv, ids, _ in parts:
         kv.commit(ids)
     return logits
+
+
+def every_position(model: Model, kv: PagedKV, ids: list[int], rows: int = 128) -> np.ndarray:
+    """The float64 logits after each token of `ids` appended to `kv`: each position a
+    one-token segment of the one sequence, `rows` of them a step, each seeing the positions
+    before it that the same step writes. A row's bits do not depend on what else is in its
+    step, so these are the bits of one token a step, in a tenth of the time."""
+    out = []
+    for at in range(0, len(ids), rows):
+        chunk, start = ids[at : at + rows], kv.offset
+        kv.prepare_write(start, len(chunk))
+        segments = [Segment(kv, start + i, 1, want_logits=True) for i in range(len(chunk))]
+        positions = list(range(start, start + len(chunk)))
+        out.append(model.run(pool_of(model), chunk, positions, segments))
+        kv.commit(chunk)
+    return np.concatenate(out).astype(np.float64)
