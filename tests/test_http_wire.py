@@ -155,7 +155,7 @@ def check_queue_full(kc: KeyedCluster) -> None:
     statuses: list[int] = []
 
     def wait_in_line() -> None:
-        with http(kc, "tiny") as own:
+        with http(kc, "tiny", **{"x-session-id": "tiny-waiting"}) as own:
             statuses.append(own.post("/v1/chat/completions", json=short).status_code)
 
     r = redis_lib.Redis.from_url(kc.cluster.redis_url, decode_responses=True)
@@ -174,10 +174,13 @@ def check_queue_full(kc: KeyedCluster) -> None:
         assert reader.is_alive(), f"the long request ended early: {lines[-3:]}"
         queued.start()
         wait_for(lambda: r.get(keys.tenant_queued("tiny")) == "1", "the second to be queued")
-        refused = c.post("/v1/chat/completions", json=short)
+        # sessions of their own, new: one continuing a session a worker holds (the running
+        # one's prompt is theirs) would go straight to that worker, past the tenant's queue
+        refused = c.post("/v1/chat/completions", json=short, headers={"x-session-id": "tiny-3"})
         openai_error(refused, 429)
         assert int(refused.headers["retry-after"]) >= 1
-        refused = c.post("/v1/messages", json={**short, "max_tokens": 5})
+        message = {**short, "max_tokens": 5}
+        refused = c.post("/v1/messages", json=message, headers={"x-session-id": "tiny-4"})
         anthropic_error(refused, 429, "rate_limit_error")
     queued.join(timeout=120)  # the running one was cancelled as its client left
     assert statuses == [200]  # the one that waited ran
