@@ -39,6 +39,15 @@ HEADER = ["system tokens", "newcomer's KV", "cached", "TTFT (s)", "cold TTFT (s)
 ON_DISK_S = 60.0  # the longest wait for the holder's spill
 
 
+def wait_on_disk(client: Client, session_id: str, timeout_s: float = ON_DISK_S) -> None:
+    """Until the session's record says it is on disk (its spill written); TimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    while client.get_session(session_id).tier != pb.TIER_DISK:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{session_id} is not on disk after {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
 def one(cluster: Cluster, client: Client, system: str, cold_system: str) -> list[pb.Completion]:
     """One repeat: the newcomer's and the cold session's completions."""
     tag = uuid.uuid4().hex[:8]
@@ -49,11 +58,7 @@ def one(cluster: Cluster, client: Client, system: str, cold_system: str) -> list
     worker = worker_of(client, holder)
     with KVStoreClient(cluster.kvstore_target) as kv:
         kv.evict(holder)
-    deadline = time.monotonic() + ON_DISK_S
-    while client.get_session(holder).tier != pb.TIER_DISK:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{holder} is not on disk after {ON_DISK_S:.0f} s")
-        time.sleep(0.05)
+    wait_on_disk(client, holder)
     cluster.terminate(worker)
     cluster.restart(worker)
     chat = [{"role": "system", "content": system}, task]
@@ -89,16 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         progress=log,
         spill_dir=spill_dir,
     )
-    with Cluster(config) as cluster, Client(cluster.target, timeout_s=600) as client:
-        for n in args.system_tokens:
-            ratios = []
-            for r in range(args.repeats):
-                log(f"disk_prefix: {n} tokens, repeat {r + 1}")
-                a, b = (f"[{uuid.uuid4().hex}]\n{s}" for s in system_prompts(2, n))
-                rows.append(row(n, *one(cluster, client, a, b)))
-                ratios.append(float(rows[-1][-1].rstrip("x")))
-            log(f"{n} tokens: median {statistics.median(ratios):.1f}x")
-    shutil.rmtree(spill_dir, ignore_errors=True)
+    try:
+        with Cluster(config) as cluster, Client(cluster.target, timeout_s=600) as client:
+            for n in args.system_tokens:
+                ratios = []
+                for r in range(args.repeats):
+                    log(f"disk_prefix: {n} tokens, repeat {r + 1}")
+                    a, b = (f"[{uuid.uuid4().hex}]\n{s}" for s in system_prompts(2, n))
+                    rows.append(row(n, *one(cluster, client, a, b)))
+                    ratios.append(float(rows[-1][-1].rstrip("x")))
+                log(f"{n} tokens: median {statistics.median(ratios):.1f}x")
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
     print_table(HEADER, rows)
     return 0
 

@@ -6,11 +6,10 @@ tokens a cold start gives."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from bench.agent_prompts import system_prompts
+from bench.disk_prefix import wait_on_disk
 from bench.shared_prefix import worker_of
 from common.v1 import inference_pb2 as pb
 from engine.model import Model
@@ -21,13 +20,6 @@ from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 6
-
-
-def on_disk(client: Client, session_id: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.get_session(session_id).tier != pb.TIER_DISK:
-        assert time.monotonic() < deadline, f"{session_id} is not on disk after {timeout_s} s"
-        time.sleep(0.05)
 
 
 def test_a_prefix_only_sessions_on_disk_hold_is_read_from_their_block_files(
@@ -44,7 +36,7 @@ def test_a_prefix_only_sessions_on_disk_hold_is_read_from_their_block_files(
         assert worker_of(client, "disk-holder") == "w0"  # the kvstore applied its HOT event
         with KVStoreClient(cluster.kvstore_target) as kv:
             assert kv.evict("disk-holder") == pb.TIER_SPILLING
-        on_disk(client, "disk-holder")
+        wait_on_disk(client, "disk-holder")
         assert cluster.terminate("w0") == 0  # it drains and exits...
         cluster.restart("w0")  # ...and starts again: no block of the prompt in its pool
         reply = client.complete("disk-newcomer", messages=newcomer, **options)
