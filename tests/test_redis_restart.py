@@ -179,7 +179,8 @@ def check_rebuilt(
     workers' inventories (the first two sessions, warm) and the spill directory (the last)."""
     every = set(cluster.worker_ids)  # each rejoins after its own back-off (2 s at most)
     wait_for(lambda: r.smembers(keys.WORKERS) == every, "every worker to register again")
-    assert keys.KV_GROUP in {g["name"] for g in r.xinfo_groups(keys.KV_EVENTS)}
+    # the kvstore makes its group again after a back-off of its own: maybe after the workers'
+    wait_for(lambda: keys.KV_GROUP in event_groups(r), "the kvstore's group to be made again")
 
     def rebuilt() -> bool:
         index = records(r)
@@ -189,6 +190,14 @@ def check_rebuilt(
 
     wait_for(rebuilt, "the index to be rebuilt")
     settle(r, kv)
+
+
+def event_groups(r: redis_lib.Redis) -> set[str]:
+    """The consumer groups of the kvstore's event stream (none while the stream is missing)."""
+    try:
+        return {g["name"] for g in r.xinfo_groups(keys.KV_EVENTS)}
+    except redis_lib.ResponseError:  # no such key
+        return set()
 
 
 def check_delete_and_fork(client: Client, to_fork: str, to_delete: str) -> None:
