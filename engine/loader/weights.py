@@ -14,7 +14,7 @@ from engine.loader.tensors import LayerTensors, Tensors
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
-from engine.ops.quant.experts_native import expert_kernels_read
+from engine.ops.quant.experts_native import expert_kernels_read, packed
 from engine.ops.quant.formats import SUPPORTED
 from engine.ops.quant.matrix import QuantMatrix, concat
 from engine.text.gguf_file import GGUFFile, release_header, release_pages
@@ -24,6 +24,7 @@ Array = Any  # numpy.ndarray or cupy.ndarray
 Matrix = Any  # an Array, or a QuantMatrix (CPU) / GpuQuantMatrix (CuPy), --weights quantized
 Experts = Any  # a layer's experts: MoEWeights (CPU), or the MLX backend's form of them
 WEIGHT_MODES = ("auto", "quantized", "float32")
+EMBED = "token_embd.weight"
 
 
 @dataclass(slots=True)
@@ -158,15 +159,18 @@ class _Placer:
     def matrix(self, name: str, order: np.ndarray | None = None) -> Matrix:
         return self.placed(self._matrix(name, order))
 
-    def in_place(self, name: str) -> Matrix:
+    def in_place(self, name: str, pack: bool = True) -> Matrix:
         """The matrix as one expert read in the file's blocks where the expert kernels read
         its type (no copy, and no wider than the file: a K-quant's codes and scales are
-        wider, see formats.py), else as `matrix` places it."""
+        wider, see formats.py) or, with `pack`, repacked where they pack it (as many bytes;
+        not for a matrix whose rows are looked up), else as `matrix` places it."""
         t = self.tensors.tensor(name)
         n, k = self.tensors.shape(name)
         if not (self.quantized and self.xp is np and expert_kernels_read(t.tensor_type, k)):
             return self.matrix(name)
-        return ExpertMatrix(t.tensor_type, np.asarray(t.data).view(np.uint8).reshape(1, n, -1), k)
+        raw = np.asarray(t.data).view(np.uint8).reshape(1, n, -1)
+        m = ExpertMatrix(t.tensor_type, raw, k)
+        return packed(m) if pack else m
 
     def in_place_rows(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
         """The matrices side by side, each read in the file's blocks (InPlaceRows) where
@@ -216,7 +220,7 @@ def load_weights(
     # an MoE model's: its experts keep the file mapped anyway, and its vocabulary matrices
     # are a large share of a step's reads at one row
     place = put.in_place if spec.experts else put.matrix
-    embed = place("token_embd.weight")
+    embed = put.in_place(EMBED, pack=False) if spec.experts else place(EMBED)  # rows looked up
     output = place("output.weight") if "output.weight" in tensors.by_name else embed
     return Weights(embed=embed, layers=layers, out_norm=put.vector("output_norm.weight"),
                    output=output, quantized=quantized)  # fmt: skip

@@ -51,10 +51,13 @@ SKYLAKE = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx2", "f
 
 
 def build(tmp: Path, marches: tuple[str, ...]) -> dict[str, ExpertKernels]:
-    """experts.c, experts_int.c and moe.c with the engine's flags but each -march, compiled
-    side by side."""
+    """experts.c, experts_int.c, int_packed.c and moe.c with the engine's flags but each
+    -march, compiled side by side."""
     assert CC is not None
-    sources = [str(native.CSRC / name) for name in ("experts.c", "experts_int.c", "moe.c", "par.c")]
+    sources = [
+        str(native.CSRC / name)
+        for name in ("experts.c", "experts_int.c", "int_packed.c", "moe.c", "par.c")
+    ]
     jobs = {}
     for march in marches:
         flags = [f if f != "-march=native" else f"-march={march}" for f in native.FLAGS]

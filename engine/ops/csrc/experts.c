@@ -44,8 +44,12 @@
    would fill the 16 registers) */
 #define FUSED_PAIRS (WF_AVX2 ? 1 : 2)
 
+#define PACK_ROWS 16 /* weight rows a task on a packed matrix (int_packed.c's group) */
+
 int wf_expert_supported(int qtype, int64_t k) {
-    return block_bytes(qtype) > 0 && k > 0 && k % block_weights(qtype) == 0;
+    int t = qtype & ~WF_PACKED;
+    if ((qtype & WF_PACKED) && !wf_int_packs(t)) return 0;
+    return block_bytes(t) > 0 && k > 0 && k % block_weights(t) == 0;
 }
 
 /* Weights [c0, c0 + kc) of rows w[0 .. ROWS) (row bytes rb; rows past nr repeat the last)
@@ -256,7 +260,7 @@ int64_t wf_expert_matmul_scratch(int64_t num_experts, int64_t x_rows, int64_t k,
 
 /* A grouped product's arguments and plan, shared by its region's threads. */
 typedef struct {
-    int qtype, in_integers;
+    int qtype, in_integers, packed, task_rows;
     const uint8_t *w;
     int64_t expert_bytes, n, k, rb, tiles, x_stride, out_stride, num_pairs, x_rows;
     int64_t num_tasks, run, next_row, next_task; /* next_*: the first no thread took yet */
@@ -290,12 +294,17 @@ static void take_tasks(void *ctx, int t, int threads) {
     for (int64_t first; (first = wf_take(&g->next_task, g->run)) < g->num_tasks;) {
         int64_t last = first + g->run < g->num_tasks ? first + g->run : g->num_tasks;
         for (int64_t task_id = first; task_id < last; task_id++) {
-            int64_t e = g->touched[task_id / g->tiles], n0 = task_id % g->tiles * ROWS;
+            int64_t e = g->touched[task_id / g->tiles], n0 = task_id % g->tiles * g->task_rows;
             int nr = n - n0 < ROWS ? (int)(n - n0) : ROWS;
             const uint8_t *we = g->w + e * g->expert_bytes + n0 * rb;
             /* the next task's rows, most likely this thread's */
             const uint8_t *ahead = n0 + 2 * ROWS <= n ? we + ROWS * rb : NULL;
             int64_t p0 = g->starts[e], p1 = g->starts[e + 1];
+            if (g->packed) {
+                wf_int_packed_task(g->qtype, we, g->k, g->acts, g->rows, p0, p1, g->out + n0,
+                                   g->out_stride);
+                continue;
+            }
             if (g->in_integers) {
                 wf_int_task(g->qtype, we, rb, nr, g->k, g->acts, g->rows, p0, p1, g->out + n0,
                             g->out_stride, buf, ahead);
@@ -313,7 +322,9 @@ void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t ex
                            int64_t n, int64_t k, const float *x, int64_t x_stride,
                            const int64_t *rows, const int64_t *starts, int64_t num_experts,
                            float *out, int64_t out_stride, int threads, float *scratch) {
-    int64_t tiles = (n + ROWS - 1) / ROWS, num_pairs = starts[num_experts], x_rows = 0;
+    int packed = (qtype & WF_PACKED) != 0, task_rows = packed ? PACK_ROWS : ROWS;
+    qtype &= ~WF_PACKED; /* a packed matrix's rows take the bytes of the file's */
+    int64_t tiles = (n + task_rows - 1) / task_rows, num_pairs = starts[num_experts], x_rows = 0;
     int64_t rb = k / block_weights(qtype) * block_bytes(qtype);
     int64_t *touched = (int64_t *)(scratch + threads * THREAD_FLOATS), num_touched = 0;
     uint8_t *used = (uint8_t *)(scratch + threads * THREAD_FLOATS + touched_floats(num_experts));
@@ -322,7 +333,8 @@ void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t ex
     for (int64_t p = 0; p < num_pairs; p++) x_rows = rows[p] >= x_rows ? rows[p] + 1 : x_rows;
     int64_t num_tasks = num_touched * tiles, run = num_tasks / (8 * threads);
     if (!num_tasks) return;
-    Grouped g = {qtype, products == WF_PRODUCTS_INTEGER && wf_int_products(qtype), w,
+    Grouped g = {qtype, packed || (products == WF_PRODUCTS_INTEGER && wf_int_products(qtype)),
+                 packed, task_rows, w,
                  expert_bytes, n, k, rb, tiles, x_stride, out_stride, num_pairs, x_rows,
                  num_tasks, run < 1 ? 1 : run > MAX_RUN ? MAX_RUN : run, 0, 0, x, rows, starts,
                  touched, out, scratch, used, used + 4 * used_floats(x_rows)};

@@ -32,18 +32,10 @@ _Static_assert(IROWS * (IKC * 2 + IKC / 256 * 32 + IKC / 32 * 8) + IPAIRS * IROW
                    INT_THREAD_BYTES,
                "a task's chunk and accumulators fit its scratch");
 
-static int64_t up64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 int wf_int_products(int qtype) { return int_type(qtype); }
 
 int64_t wf_int_act_bytes(int64_t k) { /* q, d (at most one a 32), sums per 16 */
     return up64(k) + up64(4 * (k / 32)) + up64(2 * (k / 16));
-}
-
-static Acts acts_at(const uint8_t *row, int64_t k) {
-    Acts a = {(const int8_t *)row, (const float *)(row + up64(k)),
-              (const int16_t *)(row + up64(k) + up64(4 * (k / 32)))};
-    return a;
 }
 
 /* the largest |x| of a block by its bits (|x|'s order; inf and NaN above every finite) */

@@ -28,6 +28,15 @@ typedef struct {
     const int16_t *sum16;
 } Acts;
 
+static inline int64_t up64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* Activation row `row` of k as wf_int_quantize lays it out: q, then d, then sum16 */
+static inline Acts acts_at(const uint8_t *row, int64_t k) {
+    Acts a = {(const int8_t *)row, (const float *)(row + up64(k)),
+              (const int16_t *)(row + up64(k) + up64(4 * (k / 32)))};
+    return a;
+}
+
 /* A chunk of nb blocks of IROWS rows, unpacked: codes [IROWS][nb][unpacked_bytes],
    aux [IROWS][nb][16] (K-quants), d and m [nb][IROWS] (a block's 4 rows side by side). */
 typedef struct {

@@ -6,9 +6,13 @@
 
 #include <stdint.h>
 
+/* Or'd into a qtype: the matrix's rows repacked by wf_int_pack (its products in integers) */
+#define WF_PACKED 0x10000
+
 typedef struct {
-    int qtype;           /* GGML type id: F32, F16, BF16, Q4_0..Q8_0, Q4_K, Q5_K, Q6_K */
-    const uint8_t *data; /* [E, n, row bytes]: the file's blocks */
+    int qtype;           /* GGML type id: F32, F16, BF16, Q4_0..Q8_0, Q4_K, Q5_K, Q6_K, MXFP4;
+                            | WF_PACKED where wf_int_pack repacked data */
+    const uint8_t *data; /* [E, n, row bytes]: the file's blocks, or as repacked */
     int64_t expert_bytes, n, k;
 } WfExperts;
 
@@ -27,6 +31,14 @@ typedef struct {
        those k, and the activation is gpt-oss's clamped SwiGLU */
     const float *router_bias, *gate_bias, *up_bias, *down_bias;
 } WfMoE;
+
+/* Whether this build repacks matrices of `qtype` 16 rows to a group for its integer
+   products (int_packed.c: AVX-512 VNNI's Q8_0 and MXFP4). */
+int wf_int_packs(int qtype);
+
+/* rows [rows, k] of `qtype` in the file's blocks at w -> `to` (as many bytes), 16 rows to a
+   group; 0, or -1 where this build does not pack them (rows % 16, the type). */
+int wf_int_pack(int qtype, const uint8_t *w, int64_t rows, int64_t k, uint8_t *to, int threads);
 
 /* Whether rows of k weights of this type are read (k whole blocks, k % 32 == 0). */
 int wf_expert_supported(int qtype, int64_t k);

@@ -33,13 +33,20 @@ EXPERT_TYPES = (
 )
 
 
+PACK_ROWS = 16  # rows of a group in a packed matrix (engine/ops/csrc/int_packed.c)
+PACKED = 0x10000  # moe.h's WF_PACKED: or'd into the kernels' type of a packed matrix
+
+
 @dataclass(frozen=True, slots=True)
 class ExpertMatrix:
-    """E experts' [N, K] matrices: `data` is uint8 [E, N, row bytes], the file's blocks."""
+    """E experts' [N, K] matrices: `data` is uint8 [E, N, row bytes], the file's blocks, or
+    (`packed`) the same bytes repacked 16 rows to a group for the integer products
+    (experts_native.packed)."""
 
     qtype: T
     data: np.ndarray
     k: int
+    packed: bool = False
 
     def __post_init__(self) -> None:
         if self.data.dtype != np.uint8 or self.data.ndim != 3 or not self.data.flags.c_contiguous:
@@ -48,6 +55,13 @@ class ExpertMatrix:
             raise ValueError(
                 f"rows of {self.data.shape[2]} bytes are not {self.k} {self.qtype.name}"
             )
+        if self.packed and self.n % PACK_ROWS:
+            raise ValueError(f"a packed matrix has rows in groups of {PACK_ROWS}, not {self.n}")
+
+    @property
+    def kernel_type(self) -> int:
+        """The type as the kernels take it (moe.h's WfExperts.qtype)."""
+        return int(self.qtype) | (PACKED if self.packed else 0)
 
     @property
     def num_experts(self) -> int:
@@ -67,7 +81,9 @@ class ExpertMatrix:
 
     def dense(self, expert: int, rows: np.ndarray | None = None) -> np.ndarray:
         """Expert `expert`'s matrix [N, K] (or its `rows` [R, K]) as float32, as gguf
-        dequantizes it (a copy)."""
+        dequantizes it (a copy); not of a packed matrix."""
+        if self.packed:
+            raise ValueError("a packed matrix is read by the kernels alone")
         raw = np.asarray(self.data[expert] if rows is None else self.data[expert][rows])
         if self.qtype == T.F32:
             return raw.view(np.float32).copy()

@@ -6,7 +6,8 @@ descriptor can embed one. `load()` is None where native.library() is.
 Products: the block-quantized types multiply in integers, each activation row quantized to
 int8 (as llama.cpp does); WARMFLEET_EXPERT_PRODUCTS=float makes them dequantize each weight
 to float32 instead (the slower products of before, for comparison). F32, F16 and BF16
-always multiply in float32.
+always multiply in float32. Where the build can (AVX-512 VNNI: Q8_0 and MXFP4), `packed`
+repacks a matrix at load 16 rows to a group for faster integer products, the same bits.
 
 Shapes: E experts; W_e [N, K]; P pairs (activation row, expert), bucketed by expert.
 """
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+from numba import get_num_threads
 
 from engine.ops import native
 from engine.ops.native import address
-from engine.ops.quant.experts import ExpertMatrix, GptOssExperts
+from engine.ops.quant.experts import PACK_ROWS, ExpertMatrix, GptOssExperts
 
 _ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 UNSUPPORTED = -1  # what the kernels return for a type or shape they do not read
@@ -82,7 +84,7 @@ class WfMoE(ctypes.Structure):
 
 def experts_struct(w: ExpertMatrix) -> WfExperts:
     """The descriptor of `w` (its data must outlive the descriptor's use)."""
-    return WfExperts(int(w.qtype), address(w.data), w.expert_bytes, w.n, w.k)
+    return WfExperts(w.kernel_type, address(w.data), w.expert_bytes, w.n, w.k)
 
 
 class ExpertKernels:
@@ -100,6 +102,23 @@ class ExpertKernels:
         self._supported = lib.wf_expert_supported
         self._supported.argtypes = [_int, _i64]
         self._supported.restype = _int
+        self._packs = lib.wf_int_packs
+        self._packs.argtypes = [_int]
+        self._packs.restype = _int
+        self._pack = lib.wf_int_pack
+        self._pack.argtypes = [_int, _ptr, _i64, _i64, _ptr, _int]
+        self._pack.restype = _int
+
+    def pack(self, w: ExpertMatrix, threads: int) -> ExpertMatrix | None:
+        """w (in the file's blocks) repacked 16 rows to a group for int_packed.c's products
+        (the same bits as w's; a copy as large); None where this build does not pack it."""
+        if w.packed or w.n % PACK_ROWS or not self._packs(int(w.qtype)):
+            return None
+        data = np.empty(w.data.shape, dtype=np.uint8)
+        rows = w.num_experts * w.n  # every expert's rows whole groups: packed as one matrix
+        if self._pack(int(w.qtype), address(w.data), rows, w.k, address(data), threads):
+            return None
+        return ExpertMatrix(w.qtype, data, w.k, packed=True)
 
     def supported(self, qtype: int, k: int) -> bool:
         """Whether these kernels read rows of k weights of `qtype`."""
@@ -125,9 +144,11 @@ class ExpertKernels:
             raise ValueError(f"x [*, {x.shape[1]}] or out [*, {out.shape[1]}] misfit {w.n}x{w.k}")
         _check_pairs(w, len(x), rows, starts, len(out))
         rows, starts = np.ascontiguousarray(rows), np.ascontiguousarray(starts)
-        weights = (int(w.qtype), address(w.data), w.expert_bytes, w.n, w.k)
+        weights = (w.kernel_type, address(w.data), w.expert_bytes, w.n, w.k)
         pairs = (address(rows), address(starts), w.num_experts)
         how = int(expert_products() if products is None else products)
+        if w.packed and how != Products.INTEGER:
+            raise ValueError("a packed matrix multiplies in integers only")
         done = self._matmul(
             how, *weights, address(x), x_stride, *pairs, address(out), out_stride, threads
         )
@@ -261,6 +282,15 @@ def moe_kernel(
     if kernels is None:
         return None
     return MoEKernel(router, top_k, gate, up, down, kernels, gpt_oss=gpt_oss)
+
+
+def packed(w: ExpertMatrix) -> ExpertMatrix:
+    """w repacked for the integer products where this build packs it and the products are
+    integer (WARMFLEET_EXPERT_PRODUCTS); else w itself."""
+    kernels = load()
+    if kernels is None or expert_products() != Products.INTEGER:
+        return w
+    return kernels.pack(w, get_num_threads()) or w
 
 
 def expert_kernels_read(qtype: int, k: int) -> bool:
