@@ -196,3 +196,18 @@ def _expert(
     h = silu * u
     dh = 1.1 * dg * (np.abs(u) + du) + np.abs(silu) * du + 6 * U * np.abs(h)
     return down.bound(h, dh)
+
+
+def grouped(
+    kernels: ExpertKernels,
+    w: ExpertMatrix,
+    x: np.ndarray,
+    counts: list[int],
+    rows: np.ndarray,
+    threads: int = 2,
+    products: Products = Products.INTEGER,
+) -> np.ndarray:
+    """out [P, N] of the pairs `rows`, bucketed by `counts`."""
+    out = np.full((len(rows), w.n), np.nan, np.float32)
+    kernels.matmul(w, x, rows, starts_of(counts), out, threads, products)
+    return out

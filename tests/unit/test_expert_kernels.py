@@ -27,6 +27,7 @@ from tests.unit.expert_cases import (
     Product,
     act_block,
     bits,
+    grouped,
     quantize_rows,
     random_experts,
     starts_of,
@@ -47,21 +48,6 @@ def kernels() -> ExpertKernels:
 def experts() -> dict[T, ExpertMatrix]:
     rng = np.random.default_rng(11)
     return {qtype: random_experts(rng, qtype) for qtype in TYPES}
-
-
-def grouped(
-    kernels: ExpertKernels,
-    w: ExpertMatrix,
-    x: np.ndarray,
-    counts: list[int],
-    rows: np.ndarray,
-    threads: int = 2,
-    products: Products = Products.INTEGER,
-) -> np.ndarray:
-    """out [P, N] of the pairs `rows`, bucketed by `counts`."""
-    out = np.full((len(rows), w.n), np.nan, np.float32)
-    kernels.matmul(w, x, rows, starts_of(counts), out, threads, products)
-    return out
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

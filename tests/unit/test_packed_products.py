@@ -14,7 +14,7 @@ from engine.model import Model
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from engine.ops.quant.experts_native import ExpertKernels, Products, load
 from tests.tiny_families import write_tiny
-from tests.unit.expert_cases import random_experts, starts_of
+from tests.unit.expert_cases import grouped, random_experts
 from tests.unit.quant_cases import T
 
 KERNELS = load()
@@ -26,23 +26,9 @@ BUCKETS = ([0, 1, 2], [5, 17, 33], [8, 0, 9], [40, 3, 1])  # tiles of 8 pairs, t
 def packing(qtype: T) -> ExpertKernels:
     if KERNELS is None:
         pytest.skip("no C compiler here")
-    if KERNELS.pack(random_experts(np.random.default_rng(0), qtype, 1, 16, 32), 1) is None:
+    if KERNELS.pack(random_experts(np.random.default_rng(0), qtype, 1, 16, 256), 1) is None:
         pytest.skip(f"this build does not pack {qtype.name} (AVX-512 VNNI's alone)")
     return KERNELS
-
-
-def products(
-    kernels: ExpertKernels,
-    w: ExpertMatrix,
-    x: np.ndarray,
-    counts: list[int],
-    rows: np.ndarray,
-    threads: int,
-    how: Products = Products.INTEGER,
-) -> np.ndarray:
-    out = np.full((len(rows), w.n), np.nan, np.float32)
-    kernels.matmul(w, x, rows, starts_of(counts), out, threads, how)
-    return out
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
@@ -56,9 +42,9 @@ def test_packed_products_are_the_bits_of_the_files_blocks(qtype: T) -> None:
     x = rng.standard_normal((50, K)).astype(np.float32)
     for counts in BUCKETS:
         rows = rng.integers(0, len(x), sum(counts)).astype(np.int64)
-        want = products(kernels, raw, x, counts, rows, 2)
+        want = grouped(kernels, raw, x, counts, rows, 2)
         for threads in (1, 2):
-            got = products(kernels, packed, x, counts, rows, threads)
+            got = grouped(kernels, packed, x, counts, rows, threads)
             assert not np.isnan(got).any()
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (counts, threads)
 
@@ -67,12 +53,12 @@ def test_what_is_not_packed_is_left_as_it_is() -> None:
     kernels = packing(T.Q8_0)
     rng = np.random.default_rng(5)
     assert kernels.pack(random_experts(rng, T.Q8_0, 1, 37, 64), 1) is None  # 37 rows
-    assert kernels.pack(random_experts(rng, T.Q4_K, 1, 16, 256), 1) is None
+    assert kernels.pack(random_experts(rng, T.Q4_K, 1, 16, 256), 1) is None  # not yet
     packed = kernels.pack(random_experts(rng, T.Q8_0, 1, 16, 64), 1)
     assert packed is not None and kernels.pack(packed, 1) is None  # not twice
     x = np.ones((1, 64), np.float32)
     with pytest.raises(ValueError, match="integers only"):
-        products(kernels, packed, x, [1], np.zeros(1, np.int64), 1, Products.FLOAT)
+        grouped(kernels, packed, x, [1], np.zeros(1, np.int64), 1, Products.FLOAT)
     with pytest.raises(ValueError, match="kernels alone"):
         packed.dense(0)
 
