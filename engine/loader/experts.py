@@ -5,6 +5,7 @@ wrong)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gguf
@@ -12,6 +13,8 @@ import numpy as np
 
 from common.errors import UnsupportedModelError
 from engine.ops.quant.experts import EXPERT_TYPES, ExpertMatrix
+from engine.ops.quant.experts_native import packed
+from engine.text.gguf_file import release_pages
 from engine.text.model_config import ModelConfig
 
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -79,6 +82,18 @@ def refuse_unbuilt(
             raise UnsupportedModelError(f"tensor {name}: not supported: {found}")
 
 
+PACK_EXPERTS_ENV = "WARMFLEET_PACK_EXPERTS"
+
+
+def pack_experts_asked() -> bool:
+    """Whether WARMFLEET_PACK_EXPERTS=1 asks the CPU loader to repack the experts too (where
+    the C kernels pack their type: a copy as large, made at every load), read at each load."""
+    value = os.environ.get(PACK_EXPERTS_ENV, "0").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{PACK_EXPERTS_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 def expert_matrix(tensor: Any, shape: tuple[int, ...]) -> ExpertMatrix:
     """The 3-D tensor's blocks as they lie in the file's map (a view, not a copy)."""
     qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
@@ -90,3 +105,12 @@ def expert_matrix(tensor: Any, shape: tuple[int, ...]) -> ExpertMatrix:
     data = np.asarray(tensor.data)
     raw = data.view(np.uint8).reshape(shape[0], shape[1], -1)
     return ExpertMatrix(qtype, raw, shape[2])
+
+
+def packed_from_file(m: ExpertMatrix, mapped: np.ndarray) -> ExpertMatrix:
+    """m packed where the C kernels pack it (experts_native.packed), the pages of `mapped`
+    (m's tensor in the file's map) then dropped from resident memory; else m itself."""
+    p = packed(m)
+    if p.packed:
+        release_pages(mapped)
+    return p

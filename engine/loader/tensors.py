@@ -10,8 +10,8 @@ import gguf
 import numpy as np
 
 from common.errors import UnsupportedModelError
-from engine.loader.experts import expert_matrix, expert_shapes
-from engine.ops.quant.experts import GptOssExperts, MoEWeights
+from engine.loader.experts import expert_matrix, expert_shapes, packed_from_file
+from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
 from engine.ops.quant.experts_native import moe_kernel
 from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix, is_supported
@@ -90,16 +90,19 @@ class Tensors:
         return (bias, *self._head_norms(prefix, orders))
 
     def experts(
-        self, prefix: str, top_k: int, stats: np.ndarray | None = None, biases: bool = False
+        self,
+        prefix: str,
+        top_k: int,
+        stats: np.ndarray | None = None,
+        biases: bool = False,
+        pack: bool = False,
     ) -> MoEWeights:
-        """Layer `prefix`'s router (float32) and expert tensors (in the file's map), their
-        reads counted in `stats` where given (see MoEWeights; a model's layers share one);
-        with `biases`, gpt-oss's router and expert biases (GptOssExperts)."""
+        """Layer `prefix`'s router (float32) and expert tensors (in the file's map; with
+        `pack`, repacked where the C kernels pack them), their reads counted in `stats` where
+        given (see MoEWeights; a model's layers share one); with `biases`, gpt-oss's router
+        and expert biases (GptOssExperts)."""
         kinds = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-        gate, up, down = (
-            expert_matrix(self.tensor(f"{prefix}{k}.weight"), self.shape(f"{prefix}{k}.weight"))
-            for k in kinds
-        )
+        gate, up, down = (self.in_file(f"{prefix}{k}.weight", pack) for k in kinds)
         router = np.ascontiguousarray(self.host(f"{prefix}ffn_gate_inp.weight"))
         stats = np.zeros(3, dtype=np.int64) if stats is None else stats
         extra = None
@@ -109,6 +112,14 @@ class Tensors:
             )
         native = moe_kernel(router, top_k, gate, up, down, extra)
         return MoEWeights(router, gate, up, down, top_k, stats, native, extra)
+
+    def in_file(self, name: str, pack: bool = False) -> ExpertMatrix:
+        """The 3-D tensor's blocks in the file's map or, with `pack`, repacked where the C
+        kernels pack them, its pages in the map then dropped at once (a load's peak memory
+        one tensor above the file's, not twice it)."""
+        tensor = self.tensor(name)
+        m = expert_matrix(tensor, self.shape(name))
+        return packed_from_file(m, tensor.data) if pack else m
 
     def _refuse_unused(self, prefix: str, spec: LayerTensors) -> None:
         """A file holding a tensor its family's layer has not is refused: left out, it would

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
+from engine.loader.experts import pack_experts_asked, packed_from_file
 from engine.loader.tensors import LayerTensors, Tensors
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
-from engine.ops.quant.experts_native import expert_kernels_read, packed
+from engine.ops.quant.experts_native import expert_kernels_read
 from engine.ops.quant.formats import SUPPORTED
 from engine.ops.quant.matrix import QuantMatrix, concat
 from engine.text.gguf_file import GGUFFile, release_header, release_pages
@@ -170,7 +171,7 @@ class _Placer:
             return self.matrix(name)
         raw = np.asarray(t.data).view(np.uint8).reshape(1, n, -1)
         m = ExpertMatrix(t.tensor_type, raw, k)
-        return packed(m) if pack else m
+        return packed_from_file(m, t.data) if pack else m
 
     def in_place_rows(self, names: list[str], orders: list[np.ndarray | None]) -> Matrix:
         """The matrices side by side, each read in the file's blocks (InPlaceRows) where
@@ -236,7 +237,8 @@ def _layer(
     bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
     moe = None
     if spec.experts:
-        moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases)
+        asked = pack_experts_asked()
+        moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases, asked)
     dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
     # an MoE model's attention matrices too are read in the file's blocks: its products
     # quantize activations anyway (the expert kernels), and the blocks are narrower

@@ -10,10 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.loader.experts import PACK_EXPERTS_ENV
 from engine.model import Model
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from engine.ops.quant.experts_native import ExpertKernels, Products, load
+from tests.paged import new_kv, run_segments
 from tests.tiny_families import write_tiny
+from tests.tiny_gpt_oss import write_tiny_gpt_oss
 from tests.unit.expert_cases import grouped, random_experts
 from tests.unit.quant_cases import T
 
@@ -80,3 +83,29 @@ def test_the_loader_packs_the_vocabulary_and_attention_not_the_experts_or_embedd
     for lw in w.layers:
         assert lw.moe is not None
         assert not any(m.packed for m in (lw.moe.gate, lw.moe.up, lw.moe.down))
+
+
+def test_experts_packed_when_asked_give_the_same_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WARMFLEET_PACK_EXPERTS=1: gpt-oss's MXFP4 experts packed at load too; a prompt's
+    logits, one token at a time and in one prefill, the same bits as with them in the file."""
+    packing(T.MXFP4)
+    path = write_tiny_gpt_oss(tmp_path / "tiny.gguf")
+    ids = list(range(100, 140))  # past the windowed layers' reach
+    logits = {}
+    for asked in ("0", "1"):
+        monkeypatch.setenv(PACK_EXPERTS_ENV, asked)
+        model = Model.load(path, device="cpu")
+        experts = [m for lw in model.weights.layers if lw.moe for m in (lw.moe.gate, lw.moe.up)]
+        assert all(m.packed == (asked == "1") for m in experts)
+        kv = new_kv(model)
+        steps = [run_segments(model, [(kv, ids[i : i + 1])])[0] for i in range(len(ids))]
+        kv.release()
+        kv = new_kv(model)
+        logits[asked] = np.stack([*steps, run_segments(model, [(kv, ids)])[0]])
+        kv.release()
+    assert np.array_equal(logits["0"], logits["1"])
+    monkeypatch.setenv(PACK_EXPERTS_ENV, "yes")
+    with pytest.raises(ValueError, match="expected 0 or 1"):
+        Model.load(path, device="cpu")
