@@ -71,7 +71,9 @@ def test_each_pair_gives_the_same_bits_in_any_bucket_and_thread_count(
     w = experts[qtype]
     rng = np.random.default_rng(int(qtype))
     x = rng.standard_normal((40, K)).astype(np.float32)
-    for counts in (list(BUCKETS), list(BUCKETS[::-1]), [33, 0, 5, 1, 17, 2]):
+    # [70, 8, 7, ..]: over one pass of IPAIRS (64) pairs, and either side of CHUNK_PAIRS
+    # (experts_int.c: AVX-512's K-quants from the file's blocks below it, a chunk from it)
+    for counts in (list(BUCKETS), list(BUCKETS[::-1]), [33, 0, 5, 1, 17, 2], [70, 8, 7, 0, 1, 2]):
         starts = starts_of(counts)
         rows = rng.integers(0, len(x), starts[-1]).astype(np.int64)
         two = grouped(kernels, w, x, counts, rows, 2, products)

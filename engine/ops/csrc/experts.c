@@ -44,8 +44,6 @@
    would fill the 16 registers) */
 #define FUSED_PAIRS (WF_AVX2 ? 1 : 2)
 
-#define PACK_ROWS 16 /* weight rows a task on a packed matrix (int_packed.c's group) */
-
 int wf_expert_supported(int qtype, int64_t k) {
     int t = qtype & ~WF_PACKED;
     if ((qtype & WF_PACKED) && !wf_int_packs(t)) return 0;
@@ -260,7 +258,7 @@ int64_t wf_expert_matmul_scratch(int64_t num_experts, int64_t x_rows, int64_t k,
 
 /* A grouped product's arguments and plan, shared by its region's threads. */
 typedef struct {
-    int qtype, in_integers, packed, task_rows;
+    int qtype, in_integers, task_rows; /* task_rows: PACK_ROWS on a packed matrix */
     const uint8_t *w;
     int64_t expert_bytes, n, k, rb, tiles, x_stride, out_stride, num_pairs, x_rows;
     int64_t num_tasks, run, next_row, next_task; /* next_*: the first no thread took yet */
@@ -295,16 +293,16 @@ static void take_tasks(void *ctx, int t, int threads) {
         int64_t last = first + g->run < g->num_tasks ? first + g->run : g->num_tasks;
         for (int64_t task_id = first; task_id < last; task_id++) {
             int64_t e = g->touched[task_id / g->tiles], n0 = task_id % g->tiles * g->task_rows;
-            int nr = n - n0 < ROWS ? (int)(n - n0) : ROWS;
             const uint8_t *we = g->w + e * g->expert_bytes + n0 * rb;
-            /* the next task's rows, most likely this thread's */
-            const uint8_t *ahead = n0 + 2 * ROWS <= n ? we + ROWS * rb : NULL;
             int64_t p0 = g->starts[e], p1 = g->starts[e + 1];
-            if (g->packed) {
+            if (g->task_rows == PACK_ROWS) {
                 wf_int_packed_task(g->qtype, we, g->k, g->acts, g->rows, p0, p1, g->out + n0,
                                    g->out_stride);
                 continue;
             }
+            int nr = n - n0 < ROWS ? (int)(n - n0) : ROWS;
+            /* the next task's rows, most likely this thread's */
+            const uint8_t *ahead = n0 + 2 * ROWS <= n ? we + ROWS * rb : NULL;
             if (g->in_integers) {
                 wf_int_task(g->qtype, we, rb, nr, g->k, g->acts, g->rows, p0, p1, g->out + n0,
                             g->out_stride, buf, ahead);
@@ -334,7 +332,7 @@ void wf_expert_matmul_with(int products, int qtype, const uint8_t *w, int64_t ex
     int64_t num_tasks = num_touched * tiles, run = num_tasks / (8 * threads);
     if (!num_tasks) return;
     Grouped g = {qtype, packed || (products == WF_PRODUCTS_INTEGER && wf_int_products(qtype)),
-                 packed, task_rows, w,
+                 task_rows, w,
                  expert_bytes, n, k, rb, tiles, x_stride, out_stride, num_pairs, x_rows,
                  num_tasks, run < 1 ? 1 : run > MAX_RUN ? MAX_RUN : run, 0, 0, x, rows, starts,
                  touched, out, scratch, used, used + 4 * used_floats(x_rows)};

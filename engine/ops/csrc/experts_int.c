@@ -12,10 +12,13 @@
    thread's scratch, then IPAIRS pairs at most over each chunk in tiles of INT_MR
    activation rows, the float accumulators in scratch between chunks; or, where the build
    can (raw_tiles: AVX-512's K-quants, Q8_0 and MXFP4), straight from the file's blocks,
-   INT_MR pairs a pass over them, whatever the bucket's size (the 256-bit chunk path gives
-   the same bits for them, measured 1.6x slower at 8 pairs a bucket for the K-quants; for
-   a Q8_0 vocabulary matrix at one row 19 against 26 GB/s, MXFP4 experts 10.3 against
-   12.5). */
+   INT_MR pairs a pass over them (the 256-bit chunk path gives the same bits for them,
+   measured 1.6x slower at 8 pairs a bucket for the K-quants; for a Q8_0 vocabulary matrix
+   at one row 19 against 26 GB/s, MXFP4 experts 10.3 against 12.5). AVX-512's K-quants
+   take the chunk again from CHUNK_PAIRS pairs a task, unpacked by the raw path's own
+   steps (k_unpack512): its blocks' unpacking then serves IPAIRS pairs, not INT_MR (a
+   Q6_K vocabulary matrix at 32 rows 1.4x faster, 64 rows 1.5x; Q4_K experts at 256 rows
+   a layer 1.1x), the same bits. */
 
 #include "experts_int.h"
 
@@ -27,6 +30,9 @@
 
 #define IKC 1024  /* weights of a chunk: 4 rows' K-quant codes and scales, 8 KB, in L1 */
 #define IPAIRS 64 /* pairs over one pass of the chunks */
+/* AVX-512: a K-quant task of this many pairs or more unpacks its blocks once (k_unpack512)
+   for all of them; fewer take them from the file's blocks, every INT_MR pairs again */
+#define CHUNK_PAIRS 8
 
 _Static_assert(IROWS * (IKC * 2 + IKC / 256 * 32 + IKC / 32 * 8) + IPAIRS * IROWS * 4 <=
                    INT_THREAD_BYTES,
@@ -84,6 +90,12 @@ void wf_int_quantize(int qtype, const float *x, int64_t k, uint8_t *to) {
 static inline __attribute__((always_inline)) void unpack_chunk(int t, const uint8_t *w,
                                                               int64_t rb, int nr, int64_t b0,
                                                               const Chunk *c) {
+#if INT_SIMD == 512
+    if (k_quant(t)) {
+        k_unpack512(t, w, rb, nr, b0, c);
+        return;
+    }
+#endif
     int bb = block_bytes(t), ub = unpacked_bytes(t);
     for (int j = 0; j < IROWS; j++) {
         const uint8_t *row = w + (j < nr ? j : nr - 1) * rb + b0 * bb;
@@ -158,7 +170,7 @@ static inline __attribute__((always_inline)) void int_task(int t, const uint8_t 
                                                           int64_t p1, float *out,
                                                           int64_t out_stride, void *scratch,
                                                           const uint8_t *ahead) {
-    if (raw_tiles(t)) {
+    if (raw_tiles(t) && !(k_quant(t) && p1 - p0 >= CHUNK_PAIRS)) {
         raw_task(t, w, rb, nr, k, acts, rows, p0, p1, out, out_stride, scratch, ahead);
         return;
     }

@@ -25,7 +25,9 @@ void wf_int_task(int qtype, const uint8_t *w, int64_t rb, int nr, int64_t k,
                  const uint8_t *acts, const int64_t *rows, int64_t p0, int64_t p1, float *out,
                  int64_t out_stride, void *scratch, const uint8_t *ahead);
 
-/* wf_int_task on a group of 16 rows repacked by wf_int_pack (int_packed.c): 16 outputs a
+#define PACK_ROWS 16 /* weight rows of a group wf_int_pack repacks (int_packed.c) */
+
+/* wf_int_task on a group of PACK_ROWS rows repacked by wf_int_pack: PACK_ROWS outputs a
    pair at out[p * out_stride]. */
 void wf_int_packed_task(int qtype, const uint8_t *w, int64_t k, const uint8_t *acts,
                         const int64_t *rows, int64_t p0, int64_t p1, float *out,

@@ -1,8 +1,9 @@
 /* int_tiles.h's products in 512-bit registers (AVX-512BW; vpdpbusd and vpdpwssd with VNNI):
    64 weights a step (here a 512-bit integer op costs no more than a 256-bit one). A K-quant
-   block's weights come straight from the file's block into registers (every bucket; Q8_0's
-   and MXFP4's too, two blocks a step; the other 32-weight types' from the chunk,
-   int_blocks.h's unpacking), no stores between. Each output's sums then reduced 8 outputs at a time, with int_avx2.h's
+   block's weights come straight from the file's block into registers (Q8_0's and MXFP4's
+   too, two blocks a step; the other 32-weight types' from the chunk, int_blocks.h's
+   unpacking), no stores between; a task of many pairs unpacks its K-quant blocks once into
+   the chunk (k_unpack512) and reads two vectors a step from there. Each output's sums then reduced 8 outputs at a time, with int_avx2.h's
    float steps. */
 #ifndef WARMFLEET_INT_AVX512_H
 #define WARMFLEET_INT_AVX512_H
@@ -162,16 +163,24 @@ static inline void k_step_raw(int t, const KRow *k, int i, __m512i *codes, __m51
     *scales = _mm512_permutexvar_epi16(scale_index(i, 16), k->sc);
 }
 
-/* A K-quant block of IROWS weight rows (k, their d and m in d4, m4) against mr rows */
-static inline __attribute__((always_inline)) void k_block512(int t, int mr, const KRow *k, __m128 d4, __m128 m4,
-                                                             const Acts *xs, int64_t g,
-                                                             float *acc) {
+/* A K-quant block of IROWS weight rows (k, their d and m in d4, m4) against mr rows; each
+   row's block the file's (k[j].raw) or, where `unpacked`, a chunk's (k[j].raw: its 256
+   codes, then the scale vectors they meet, int_blocks.h's layout: two loads a step) */
+static inline __attribute__((always_inline)) void k_block512(int t, int unpacked, int mr,
+                                                             const KRow *k, __m128 d4,
+                                                             __m128 m4, const Acts *xs,
+                                                             int64_t g, float *acc) {
     __m512i isum[INT_MR][IROWS] = {};
     for (int i = 0; i < 4; i++) {
         __m512i x[INT_MR], cv, sv;
         for (int r = 0; r < mr; r++) x[r] = _mm512_loadu_si512(xs[r].q + g * 256 + 64 * i);
         for (int j = 0; j < IROWS; j++) {
-            k_step_raw(t, k + j, i, &cv, &sv);
+            if (unpacked) {
+                cv = _mm512_loadu_si512(k[j].raw + 64 * i);
+                sv = _mm512_loadu_si512(k[j].raw + 256 + 64 * i);
+            } else {
+                k_step_raw(t, k + j, i, &cv, &sv);
+            }
             for (int r = 0; r < mr; r++) isum[r][j] = dot_scaled512(isum[r][j], cv, x[r], sv);
         }
     }
@@ -206,7 +215,50 @@ static inline __attribute__((always_inline)) void k_raw_block(int t, int mr, con
     __m128 d4, m4;
     for (int j = 0; j < IROWS; j++) b[j] = w + (j < nr ? j : nr - 1) * rb + g * block_bytes(t);
     k_rows_raw(t, b, k, &d4, &m4);
-    k_block512(t, mr, k, d4, m4, xs, g, acc);
+    k_block512(t, 0, mr, k, d4, m4, xs, g, acc);
+}
+
+/* Blocks [b0, b0 + c->nb) of the file's rows w[0 .. IROWS) (row bytes rb; rows past nr
+   repeat the last) into chunk c as k_step_raw reads them: each row's block its 4 steps'
+   codes, then their scales (int_blocks.h's layout, in fewer instructions) */
+static inline __attribute__((always_inline)) void k_unpack512(int t, const uint8_t *w,
+                                                              int64_t rb, int nr, int64_t b0,
+                                                              const Chunk *c) {
+    for (int b = 0; b < c->nb; b++) {
+        KRow k[IROWS];
+        const uint8_t *blk[IROWS];
+        __m128 d4, m4;
+        for (int j = 0; j < IROWS; j++)
+            blk[j] = w + (j < nr ? j : nr - 1) * rb + (b0 + b) * block_bytes(t);
+        k_rows_raw(t, blk, k, &d4, &m4);
+        _mm_storeu_ps(c->d + 4 * b, d4);
+        _mm_storeu_ps(c->m + 4 * b, m4);
+        for (int j = 0; j < IROWS; j++) {
+            uint8_t *to = c->codes + (int64_t)(j * c->nb + b) * 512;
+            _mm256_storeu_si256((void *)(c->aux + (j * c->nb + b) * 16), k[j].aux);
+            for (int i = 0; i < 4; i++) {
+                __m512i cv, sv;
+                k_step_raw(t, k + j, i, &cv, &sv);
+                _mm512_storeu_si512(to + 64 * i, cv);
+                _mm512_storeu_si512(to + 256 + 64 * i, sv);
+            }
+        }
+    }
+}
+
+/* K-quant block b of a chunk (int_blocks.h's unpacking) against mr rows: the same sums and
+   float steps as k_raw_block on the file's block, so the same bits */
+static inline __attribute__((always_inline)) void k_chunk_block512(int t, int mr,
+                                                                   const Chunk *c, int b,
+                                                                   const Acts *xs, int64_t g,
+                                                                   float *acc) {
+    KRow k[IROWS];
+    for (int j = 0; j < IROWS; j++) {
+        k[j].raw = c->codes + (int64_t)(j * c->nb + b) * 512;
+        k[j].sc = _mm512_setzero_si512();
+        k[j].aux = _mm256_loadu_si256((const void *)(c->aux + (j * c->nb + b) * 16));
+    }
+    k_block512(t, 1, mr, k, _mm_loadu_ps(c->d + 4 * b), _mm_loadu_ps(c->m + 4 * b), xs, g, acc);
 }
 
 /* The float steps of blocks g and g + 1 (g + 1 only where `both`) from their integer sums

@@ -23,7 +23,6 @@
 #include "moe.h"
 #include "par.h"
 
-#define PACK_ROWS 16 /* weight rows of a group */
 #define PMR 8        /* activation rows a pass over a group */
 
 #if INT_SIMD == 512 && INT_VNNI

@@ -102,8 +102,11 @@ static inline __attribute__((always_inline)) void plain_block(int t, int mr, con
 static inline __attribute__((always_inline)) void int_tile(int t, int mr, const Chunk *c,
                                                           int64_t b0, const Acts *xs,
                                                           float *acc) {
-#if INT_SIMD == 512 /* the 32-weight types (K-quants: int_raw_tile) */
-    for (int b = 0; b < c->nb; b += 2) small_pair512(t, mr, c, b, xs, b0 + b, acc);
+#if INT_SIMD == 512
+    if (k_quant(t))
+        for (int b = 0; b < c->nb; b++) k_chunk_block512(t, mr, c, b, xs, b0 + b, acc);
+    else
+        for (int b = 0; b < c->nb; b += 2) small_pair512(t, mr, c, b, xs, b0 + b, acc);
 #elif INT_SIMD == 256
     for (int b = 0; b < c->nb; b++) {
         if (k_quant(t))
