@@ -84,11 +84,11 @@ def test_long_chunks_through_the_kernel_equal_the_gather_path(
     np.testing.assert_allclose(got[row].reshape(H, D), expected, atol=2e-5)
 
 
-def test_with_the_c_kernels_every_chunk_goes_to_the_kernel_unless_its_heads_do_not_fit() -> None:
-    if native.library() is None:
-        assert kernel_row_limit(H, HKV, D) == SMALL_ROWS  # the Numba fallback: BLAS beyond
-    else:
+def test_with_avx512_kernels_every_chunk_goes_to_the_kernel_unless_its_heads_do_not_fit() -> None:
+    if native.library() is not None and native.wide_vectors():
         assert kernel_row_limit(H, HKV, D) is None
+    else:  # the Numba fallback, AVX2, NEON: BLAS beyond, as for the products
+        assert kernel_row_limit(H, HKV, D) == SMALL_ROWS
     assert kernel_row_limit(H, HKV, 40) == SMALL_ROWS  # D not a multiple of 16
     assert kernel_row_limit(34, 2, D) == SMALL_ROWS  # 17 query heads per KV head
 

@@ -16,7 +16,8 @@ import pytest
 
 from engine.kv_files.kv_dtypes import Q8_0, kv_name, quantize
 from engine.ops import native
-from engine.ops.attention_rows import KERNEL_KV_DTYPES, NO_SINKS, rows_kernel
+from engine.ops.attention_rows import KERNEL_KV_DTYPES, NO_SINKS, kernel_row_limit, rows_kernel
+from engine.ops.kernels import SMALL_ROWS
 from engine.ops.quant.native import NativeKernels
 from tests.native.driver import built_driver
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
@@ -170,15 +171,17 @@ def test_warmfleet_march_sets_the_build_target_and_what_it_is_called(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """WARMFLEET_MARCH=haswell: the kernels' flags name it, doctor's ISA reads AVX2 and long
-    chunks go to BLAS (the 16-lane vectors are not single registers there), on this AVX-512
-    CPU; x86-64 alone is plain C."""
+    chunks go to BLAS, their products and their attention (the 16-lane vectors are not single
+    registers there), on this AVX-512 CPU; x86-64 alone is plain C."""
     for target, isa, wide in (("haswell", "AVX2", False), ("x86-64", "no vector", False)):
         monkeypatch.setenv("WARMFLEET_MARCH", target)
         native._target_flags.cache_clear()
         assert f"-march={target}" in native.flags() and "-march=native" not in native.flags()
         assert native.isa().startswith(isa)
         assert native.wide_vectors() is wide
+        assert kernel_row_limit(9, 3, 64) == SMALL_ROWS
     monkeypatch.delenv("WARMFLEET_MARCH")
     native._target_flags.cache_clear()
     assert "-march=native" in native.flags()
     assert native.isa().startswith("AVX-512") and native.wide_vectors()
+    assert kernel_row_limit(9, 3, 64) is None
