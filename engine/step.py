@@ -18,7 +18,7 @@ from engine.loader.rope import RopeScaling
 from engine.ops import gpu_ops
 from engine.ops.attention import AttentionPlan
 from engine.ops.attention_rows import kernel_reads, kernel_row_limit
-from engine.ops.kernels import RowRuns, plan_rows
+from engine.ops.kernels import SMALL_ROWS, RowRuns, plan_rows
 from engine.text.model_config import ModelConfig
 
 Array = Any
@@ -82,10 +82,13 @@ class StepLayout:
         return self.group_rows[g], self.group_plans[g]
 
     @classmethod
-    def build(cls, pool: KVPool, segments: list[Segment]) -> StepLayout:
+    def build(cls, pool: KVPool, segments: list[Segment], in_place: bool = False) -> StepLayout:
+        """in_place: the model's products take every row of any chunk in the kernels
+        (Weights.in_place): its runs say so, and its attention takes them too wherever the
+        C kernel fits (then the all-layers call can take any chunk, whatever the build)."""
         c = pool.config
         if pool.xp is np:
-            limit = kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim)
+            limit = kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim, in_place)
             compiled = kernel_reads(pool.dtype)
         else:  # CuPy: every row in the kernel where it takes this pool
             limit, compiled = None, pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
@@ -97,4 +100,6 @@ class StepLayout:
             where = [seg.kv.slots(seg.start, seg.length, g) for seg in segments]
             blocks, slots = (np.concatenate(parts) for parts in zip(*where, strict=True))
             rows.append(pool.xp.asarray(pool.flat_rows(blocks, slots)))
-        return cls(pool, plan_rows([seg.length for seg in segments]), tuple(rows), tuple(plans))
+        lengths = [seg.length for seg in segments]
+        runs = plan_rows(lengths, None if in_place else SMALL_ROWS)
+        return cls(pool, runs, tuple(rows), tuple(plans))

@@ -59,6 +59,12 @@ class Weights:
     native: Any = None  # engine/ops/native_layers.py's C descriptors (False: none), on first use
 
     @property
+    def in_place(self) -> bool:
+        """Whether every matrix is multiplied in the file's blocks by the kernels, every row
+        of any chunk (an MoE model's): no chunk's products go to BLAS."""
+        return all(isinstance(lw.wo, ExpertMatrix) for lw in self.layers)
+
+    @property
     def nbytes(self) -> int:
         arrays = [self.embed, self.out_norm]
         if self.output is not self.embed:

@@ -81,13 +81,13 @@ def _rows_kernel(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:  # prag
                 out[m, n] = a0
 
 
-def plan_rows(lengths: Sequence[int]) -> RowRuns:
+def plan_rows(lengths: Sequence[int], small_rows: int | None = SMALL_ROWS) -> RowRuns:
     """The runs of a step whose segments have these lengths (in row order): chunks longer
-    than SMALL_ROWS go to BLAS one by one, every other row to the kernel."""
+    than `small_rows` (None: none) go to BLAS one by one, every other row to the kernel."""
     runs: list[tuple[int, int, bool]] = []
     row = 0
     for n in lengths:
-        kernel = n <= SMALL_ROWS
+        kernel = small_rows is None or n <= small_rows
         if runs and kernel and runs[-1][2]:
             runs[-1] = (runs[-1][0], row + n, True)
         elif n:

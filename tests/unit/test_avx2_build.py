@@ -172,7 +172,8 @@ def test_warmfleet_march_sets_the_build_target_and_what_it_is_called(
 ) -> None:
     """WARMFLEET_MARCH=haswell: the kernels' flags name it, doctor's ISA reads AVX2 and long
     chunks go to BLAS, their products and their attention (the 16-lane vectors are not single
-    registers there), on this AVX-512 CPU; x86-64 alone is plain C."""
+    registers there; an MoE model's, whose products stay in the kernels, attend in them too),
+    on this AVX-512 CPU; x86-64 alone is plain C."""
     for target, isa, wide in (("haswell", "AVX2", False), ("x86-64", "no vector", False)):
         monkeypatch.setenv("WARMFLEET_MARCH", target)
         native._target_flags.cache_clear()
@@ -180,6 +181,7 @@ def test_warmfleet_march_sets_the_build_target_and_what_it_is_called(
         assert native.isa().startswith(isa)
         assert native.wide_vectors() is wide
         assert kernel_row_limit(9, 3, 64) == SMALL_ROWS
+        assert kernel_row_limit(9, 3, 64, in_place=True) is None  # an MoE model's chunks
     monkeypatch.delenv("WARMFLEET_MARCH")
     native._target_flags.cache_clear()
     assert "-march=native" in native.flags()

@@ -17,7 +17,7 @@ from engine.ops import native
 from engine.ops.kernels import SMALL_ROWS
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
 from tests.batch_invariance import check, compositions
-from tests.native_checks import assert_one_call_equals_per_op, recorded
+from tests.native_checks import assert_one_call_equals_per_op, long_chunks_in_one_call, recorded
 from tests.tiny_families import write_tiny
 from tests.tiny_gpt_oss import write_tiny_gpt_oss
 
@@ -60,4 +60,5 @@ def test_sixteen_prompts_in_one_batch_equal_each_alone(
     taken = recorded(monkeypatch)
     cases = compositions(16, [16, 7, 16], [0, 5, SMALL_ROWS + 8])
     assert check(model, prompts, cases) == sum(len(c.order) + (c.prefill > 0) for c in cases)
-    assert taken and all(taken)
+    # the steps with a chunk past SMALL_ROWS go op by op where the call does not take them
+    assert taken and (all(taken) if long_chunks_in_one_call(model) else any(taken))
