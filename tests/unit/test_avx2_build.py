@@ -19,7 +19,6 @@ from engine.ops import native
 from engine.ops.attention_rows import KERNEL_KV_DTYPES, NO_SINKS, kernel_row_limit, rows_kernel
 from engine.ops.kernels import SMALL_ROWS
 from engine.ops.quant.native import NativeKernels
-from tests.native.driver import built_driver
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
 FLAGS = set(native._cpu_flags().split())
@@ -37,22 +36,16 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 
 
 @pytest.fixture(scope="module")
-def haswell(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """qmatmul.c, attention.c (and its float16 and q8_0 builds) and elementwise.c for
-    Haswell, with the engine's other flags."""
-    assert CC is not None
-    out = tmp_path_factory.mktemp("haswell") / "kernels-haswell.so"
-    flags = [f if f != "-march=native" else "-march=haswell" for f in native.FLAGS]
-    names = (
-        "qmatmul.c",
-        "par.c",
-        "attention.c",
-        "attention_f16.c",
-        "attention_q8.c",
-        "elementwise.c",
+def haswell() -> ctypes.CDLL:
+    """The engine's kernels built for Haswell with its other flags: the library a process
+    with WARMFLEET_MARCH=haswell loads (tests/test_avx2_suite.py's), so built once for
+    both, beside the native one."""
+    cc = native._compiler()
+    assert cc is not None
+    flags = tuple(f if f != "-march=native" else "-march=haswell" for f in native.FLAGS)
+    return ctypes.CDLL(
+        str(native.built(cc, native._library_path(cc, flags), native.SOURCES, flags))
     )
-    sources = [native.CSRC / name for name in names]
-    return ctypes.CDLL(str(built_driver(out, CC, flags, [], sources)))
 
 
 @pytest.fixture(scope="module")
