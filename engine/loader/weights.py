@@ -224,7 +224,7 @@ def load_weights(
     put = _Placer(tensors, quantized, dtype, xp)
     moe_stats = np.zeros(3, dtype=np.int64)  # one for the model's layers
     pack = bool(spec.experts) and pack_experts_asked()
-    layers = [_layer(put, config, spec, i, (moe_stats, pack)) for i in range(config.num_layers)]
+    layers = [_layer(put, config, spec, i, moe_stats, pack) for i in range(config.num_layers)]
     # an MoE model's: its experts keep the file mapped anyway, and its vocabulary matrices
     # are a large share of a step's reads at one row
     place = put.in_place if spec.experts else put.matrix
@@ -235,18 +235,22 @@ def load_weights(
 
 
 def _layer(
-    put: _Placer, config: ModelConfig, spec: LayerTensors, i: int, of_moe: tuple[np.ndarray, bool]
+    put: _Placer,
+    config: ModelConfig,
+    spec: LayerTensors,
+    i: int,
+    moe_stats: np.ndarray,
+    pack: bool,
 ) -> LayerWeights:
-    """Layer i's weights, placed; `of_moe`: the model's expert counters, and whether its
-    experts are packed (WARMFLEET_PACK_EXPERTS)."""
+    """Layer i's weights, placed; `moe_stats`: the model's expert counters, `pack`: whether
+    its experts are packed (WARMFLEET_PACK_EXPERTS)."""
     tensors, p = put.tensors, f"blk.{i}."
     q_order, k_order = qk_orders(config, spec)
     qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
     bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
     moe = None
     if spec.experts:
-        stats, pack = of_moe
-        moe = tensors.experts(p, config.num_experts_used, stats, spec.expert_biases, pack)
+        moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases, pack)
     dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
     # an MoE model's attention matrices too are read in the file's blocks: its products
     # quantize activations anyway (the expert kernels), and the blocks are narrower

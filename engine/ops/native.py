@@ -66,9 +66,10 @@ def march() -> str:
     return os.environ.get("WARMFLEET_MARCH") or "native"
 
 
-def flags() -> tuple[str, ...]:
-    """FLAGS with -march set to march()."""
-    return tuple(f"-march={march()}" if f == "-march=native" else f for f in FLAGS)
+def flags(target: str | None = None) -> tuple[str, ...]:
+    """FLAGS with -march set to `target` (default march())."""
+    target = target or march()
+    return tuple(f"-march={target}" if f == "-march=native" else f for f in FLAGS)
 
 
 # the compiler's macros for a named -march, as /proc/cpuinfo's flags name the features
@@ -246,6 +247,11 @@ def scratch_refused(kernel: str, refused_bytes: int, work: str) -> MemoryError:
     )
 
 
+def library_file(cc: str, build: tuple[str, ...]) -> Path:
+    """The kernels' library built with these flags (see built), in kernel_dir()."""
+    return built(cc, _library_path(cc, build), SOURCES, build)
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, built if need be; None (the reason logged once) where they
@@ -261,15 +267,13 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         try:
-            build = flags()
-            return ctypes.CDLL(str(built(cc, _library_path(cc, build), SOURCES, build)))
+            return ctypes.CDLL(str(library_file(cc, flags())))
         except CompilerError as e:
             if not _lacks_openmp(e):
                 raise
             why = e.stderr.strip().splitlines()[-1][:200]
             log.warning("%s has no OpenMP (%s): the C kernels run on threads of their own", cc, why)
-        alone = tuple(f for f in flags() if f != "-fopenmp")
-        return ctypes.CDLL(str(built(cc, _library_path(cc, alone), SOURCES, alone)))
+        return ctypes.CDLL(str(library_file(cc, tuple(f for f in flags() if f != "-fopenmp"))))
     except (OSError, subprocess.SubprocessError) as e:  # TimeoutError is an OSError
         log.warning("the C kernels could not be built (%s): using the slower Numba kernels", e)
         return None

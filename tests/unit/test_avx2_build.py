@@ -42,10 +42,7 @@ def haswell() -> ctypes.CDLL:
     both, beside the native one."""
     cc = native._compiler()
     assert cc is not None
-    flags = tuple(f if f != "-march=native" else "-march=haswell" for f in native.FLAGS)
-    return ctypes.CDLL(
-        str(native.built(cc, native._library_path(cc, flags), native.SOURCES, flags))
-    )
+    return ctypes.CDLL(str(native.library_file(cc, native.flags("haswell"))))
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def build(tmp: Path, marches: tuple[str, ...]) -> dict[str, ExpertKernels]:
     ]
     jobs = {}
     for march in marches:
-        flags = [f if f != "-march=native" else f"-march={march}" for f in native.FLAGS]
+        flags = native.flags(march)
         out = tmp / f"experts-{march}.so"
         jobs[march] = (out, subprocess.Popen([CC, *flags, "-o", str(out), *sources]))
     for out, job in jobs.values():

@@ -24,7 +24,7 @@ from tests.native.driver import stored_fixture  # noqa: F401
 from tests.unit.quant_cases import Stored
 
 CROSS, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-ARM_MARCH = "-march=armv8.2-a+dotprod+fp16"  # Graviton 2 and later, Grace, Apple M1 and later
+ARM_MARCH = "armv8.2-a+dotprod+fp16"  # Graviton 2 and later, Grace, Apple M1 and later
 
 pytestmark = pytest.mark.skipif(
     native.library() is None or not shutil.which(CROSS) or not shutil.which(QEMU),
@@ -37,8 +37,7 @@ pytestmark = pytest.mark.skipif(
 def drivers(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
     """The native driver, and the ARM build's (no OpenMP) under qemu."""
     out = tmp_path_factory.mktemp("drivers")
-    flags = [ARM_MARCH if f == "-march=native" else f for f in native.FLAGS]
-    flags = [f for f in flags if f not in ("-shared", "-fopenmp")]
+    flags = [f for f in native.flags(ARM_MARCH) if f not in ("-shared", "-fopenmp")]
     arm = driver.built_driver(out / "arm", CROSS, flags, ["-static"])
     return driver.native_driver(out / "native"), [QEMU, str(arm)]
 
