@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from engine.kv.kv_pool import BLOCK_TOKENS, KVPool, PagedKV
+from engine.kv.pool_read import PoolRead
 from engine.kv_files.kv_dtypes import Q8_0, quantize
-from engine.kv_files.spill_file import SpilledKV, SpillStore
+from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
 from engine.text.model_config import ModelConfig
 
 
@@ -62,14 +64,15 @@ def as_kv(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
 def spill_throughput(
     config: ModelConfig, tokens: int, repeats: int, dtype: np.dtype[Any]
 ) -> tuple[list[tuple[str, str, str, str]], set[str]]:
-    """Write and read one `tokens`-position KV of the model's shape in `dtype` with
-    SpillStore."""
+    """Write one `tokens`-position KV of the model's shape in `dtype` with SpillStore, and
+    read it back as a worker does: its file, then its blocks straight into a pool."""
     shape = (config.num_layers, config.num_kv_heads, tokens, config.head_dim)
     rng = np.random.default_rng(0)
     k, v = (as_kv(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in "kv")
     kv = SpilledKV(k, v, list(range(tokens)))
     like = (config.num_layers, config.num_kv_heads, config.head_dim)
     mb = (k.nbytes + v.nbytes) / 1e6
+    pool = KVPool(config, -(-tokens // BLOCK_TOKENS) + 1, dtype, np)
     times: dict[str, list[float]] = {"write": [], "cold": [], "cached": [], "raw": []}
     methods: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="wf-kvtiers-") as d:
@@ -80,13 +83,12 @@ def spill_throughput(
             times["write"].append(time.perf_counter() - t)
             paths = [p for p in store.directory.rglob("*") if p.is_file()]
             methods.add(drop_page_cache(paths))
-            t = time.perf_counter()
-            back = store.read("s", like=like, dtype=dtype)
-            times["cold"].append(time.perf_counter() - t)
-            assert back is not None and back.v.tobytes() == v.tobytes()
-            t = time.perf_counter()
-            store.read("s", like=like, dtype=dtype)
-            times["cached"].append(time.perf_counter() - t)
+            for name in ("cold", "cached"):
+                t = time.perf_counter()
+                table = restore(store, pool, like, dtype)
+                times[name].append(time.perf_counter() - t)
+                assert pool.take_kv(table)[1].tobytes() == v.tobytes()
+                table.release(forget=True)
             drop_page_cache(paths)
             t = time.perf_counter()
             for p in paths:
@@ -95,11 +97,24 @@ def spill_throughput(
     rows = []
     labels = {
         "write": "spill write: blocks and session file (xxh3 + write + fsync + rename)",
-        "cold": "restore read, page cache dropped (read + checks + xxh3)",
-        "cached": "restore read, files in page cache",
+        "cold": "restore into a pool, page cache dropped (read + checks + xxh3)",
+        "cached": "restore into a pool, files in page cache",
         "raw": "plain read_bytes of the files, page cache dropped",
     }
     for name, label in labels.items():
         med = statistics.median(times[name])
         rows.append((label, f"{mb:.1f}", f"{med * 1e3:.1f}", f"{mb / med:.0f}"))
     return rows, methods
+
+
+def restore(
+    store: SpillStore, pool: KVPool, like: tuple[int, int, int], dtype: np.dtype[Any]
+) -> PagedKV:
+    """Session "s" read back into `pool` as a worker reads it (engine/kv/pool_read.py), its
+    file kept."""
+    listing = store.read_listing("s", like=like, dtype=dtype)
+    assert isinstance(listing, Listing), "a file of the pool's dtype whose blocks are whole"
+    read = PoolRead(pool, listing)
+    got, why = store.read_listed(listing, read, read.first)
+    assert not why, why
+    return read.finish(got)

@@ -173,6 +173,12 @@ def test_sessions_sharing_a_prompt_spill_its_blocks_once(
         assert len(listed) == sum(len(b) for b in lists) - 2 * shared  # the prompt's once
         on_disk = sum(p.stat().st_size for p in spill.rglob("*.wfk?"))  # files and blocks
         assert usage.disk.used_bytes == on_disk
+        # the pool still knows the prompt's blocks (cached, unheld), and a restore takes
+        # those instead of reading them: a fourth session of the prompt deleted makes it
+        # forget them, so that the first resume reads them from disk
+        ask(c, api_keys["acme"], "spill-gone", messages(system, 50))
+        with Client(c.target, timeout_s=120, api_key=api_keys["acme"]) as client:
+            client.delete_session("spill-gone")
         # the second block, which all three list, is damaged on disk
         bad = spill / "blocks" / f"{lists[0][1]}.wfkb"
         data = bytearray(bad.read_bytes())

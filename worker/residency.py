@@ -14,19 +14,12 @@ from broker.leases import Delivery
 from broker.messages import ControlOrder, EventKind, GoneReason, Held, OrderOp, SessionEvent
 from engine.kv.kv_pool import PagedKV, detach
 from engine.kv_files.spill_file import SpilledKV
+from worker.restores import Restores, report_rejected
 from worker.shared_prefix import SharedPrefixes
 from worker.state import WorkerState, cache_key
 
 log = logging.getLogger("warmfleet.worker")
 RESTORE_POLL_S = 0.02  # an idle worker's wait for a restore before it looks at Redis again
-
-
-@dataclass(frozen=True, slots=True)
-class Restore:
-    """A session's KV being read back from disk on the spiller's I/O thread."""
-
-    future: Future[tuple[SpilledKV | None, str]]
-    started: float  # monotonic seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +35,7 @@ class Ready:
 class Residency:
     def __init__(self, state: WorkerState) -> None:
         self.s = state
-        self.restoring: dict[str, Restore] = {}
+        self.restores = Restores(state)
         self.held: list[Delivery] = []  # waiting for their session's (or prefix's) read
         self.shared = SharedPrefixes(state)
         self.last_used: dict[str, float] = {}  # when each pooled session's last request ended
@@ -59,7 +52,7 @@ class Residency:
 
     def carry_out(self, order: ControlOrder) -> None:
         """A kvstore order (a read in flight for its session finishes first)."""
-        if order.key in self.restoring:
+        if order.key in self.restores.reading:
             self.finish_restores(only=order.key)
         self._orders[order.op](order)
 
@@ -74,11 +67,8 @@ class Residency:
     def hold_for_restore(self, d: Delivery, key: str) -> bool:
         """Hold `d` while its session's KV is read back from disk; False if it is not on
         disk (in the pool, in a write in flight, or nowhere)."""
-        spiller = self.s.spiller
-        if key not in self.restoring:
-            if key in self.s.engine.sessions or spiller is None or not spiller.has_file(key):
-                return False
-            self.restoring[key] = Restore(spiller.restore_async(key), time.monotonic())
+        if key not in self.restores.reading and not self.restores.start(key):
+            return False
         self.held.append(d)
         return True
 
@@ -99,11 +89,11 @@ class Residency:
     @property
     def reading(self) -> bool:
         """Whether requests wait for reads (a session's, or a shared prefix's)."""
-        return bool(self.restoring or self.shared.waiting)
+        return bool(self.restores.reading or self.shared.waiting)
 
     def wait_a_little(self) -> None:
         """Nothing to step: give the reads in flight a moment instead of spinning."""
-        reads: list[Future[Any]] = [r.future for r in self.restoring.values()]
+        reads: list[Future[Any]] = [r.future for r in self.restores.reading.values()]
         reads += self.shared.reads()
         if reads:
             wait(reads, RESTORE_POLL_S, FIRST_COMPLETED)
@@ -113,12 +103,7 @@ class Residency:
     def finish_restores(self, only: str | None = None) -> list[Ready]:
         """The held requests whose reads are done (waiting for `only`'s read if given)."""
         ready = []
-        for key, restore in list(self.restoring.items()):
-            if (only is not None and key != only) or (only is None and not restore.future.done()):
-                continue
-            del self.restoring[key]
-            kv, found = self._read_result(key, restore)
-            cache = self.s.load(key, kv) if kv is not None else None
+        for key, cache, found in self.restores.finished(only):
             held = [d for d in self.held if cache_key(d) == key]
             self.held = [d for d in self.held if cache_key(d) != key]
             if not held and cache is not None:  # its requests were dropped meanwhile
@@ -131,22 +116,6 @@ class Residency:
                 ready.append(Ready(d, key, "shared" if cache is not None else "", cache))
         return ready
 
-    def _read_result(self, key: str, restore: Restore) -> tuple[SpilledKV | None, str]:
-        try:
-            kv, found = restore.future.result()
-        except OSError as e:  # unreadable for another reason: recompute
-            log.warning("could not read back %s (%s); recomputing", key, e)
-            return None, "none"
-        if found == "rejected":
-            self.s.outbox.events.append(
-                self.s.event(EventKind.GONE, key, None, reason=GoneReason.REJECTED)
-            )
-        if kv is not None:
-            took = time.monotonic() - restore.started
-            log.info("read %s back from disk in %.0f ms (%d tokens)", key, took * 1e3,
-                     len(kv.token_ids))  # fmt: skip
-        return kv, found
-
     def bring_back(self, key: str) -> tuple[str, PagedKV | None]:
         """Where this worker finds the session's KV: ("pool", None) when it is in the pool,
         else the KV taken back from a write in flight or from its file, and where it was."""
@@ -156,9 +125,7 @@ class Residency:
             return "none", None
         kv, found = self.s.spiller.take_back(key)
         if found == "rejected":
-            self.s.outbox.events.append(
-                self.s.event(EventKind.GONE, key, None, reason=GoneReason.REJECTED)
-            )
+            report_rejected(self.s, key)
         return found, self.s.load(key, kv) if kv is not None else None
 
     # ---- orders --------------------------------------------------------------------

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import SpillFileError
-from engine.kv_files.spill_file import FileSummary, SpilledKV, SpillStore
+from engine.kv.pool_read import PoolRead
+from engine.kv_files.spill_file import FileSummary, Listing, SpilledKV, SpillStore
 from engine.model import Model
 
 log = logging.getLogger("warmfleet.worker")
@@ -89,13 +90,50 @@ class Spiller:
         """Whether the session is on disk only (not in a write still in flight)."""
         return key not in self._pending and self.store.path_for(key).exists()
 
-    def restore_async(self, key: str) -> Future[tuple[SpilledKV | None, str]]:
-        """take_back of a session on disk, on the I/O thread (decoding goes on meanwhile)."""
-        return self._io.submit(self._read_back, key)
+    def restore_async(
+        self, key: str, listing: bool = False
+    ) -> Future[tuple[SpilledKV | Listing | None, str]]:
+        """take_back of a session on disk, on the I/O thread (decoding goes on meanwhile);
+        with `listing`, a file whose blocks can go straight into the pool comes back as a
+        Listing (the file stays until read_listed_async has read them)."""
+        return self._io.submit(self._list_back, key, listing)
+
+    def read_listed_async(self, read: PoolRead) -> Future[tuple[int, str]]:
+        """The blocks of a Listing restore_async gave read into the pool, on the I/O
+        thread: how many of its tokens came back, and "disk" (or 0 and "rejected")."""
+        return self._io.submit(self._read_listed, read)
+
+    def _read_listed(self, read: PoolRead) -> tuple[int, str]:
+        key = read.listing.key
+        got, why = self.store.read_listed(read.listing, read, read.first)
+        self.store.delete(key)
+        return (got, "disk") if self._count_read(key, got, why) else (0, "rejected")
+
+    def _count_read(self, key: str, tokens: int, why: str) -> bool:
+        """Count a session read back (`why`: why only `tokens` came back, if so); False
+        when none did."""
+        if why:
+            self.stats.num_rejected += 1
+            log.warning("%s: only %d tokens read back, recomputing the rest: %s", key, tokens, why)
+            if not tokens:
+                return False
+        self.stats.num_restored += 1
+        return True
 
     def _read_back(self, key: str) -> tuple[SpilledKV | None, str]:
+        kv, found = self._list_back(key, listing=False)
+        assert not isinstance(kv, Listing)
+        return kv, found
+
+    def _list_back(self, key: str, listing: bool) -> tuple[SpilledKV | Listing | None, str]:
+        shape, dtype = self._shape(), self.model.kv_dtype
         try:
-            kv = self.store.read(key, like=self._shape(), dtype=self.model.kv_dtype)
+            if listing:
+                kv = self.store.read_listing(key, like=shape, dtype=dtype)
+                if isinstance(kv, Listing):
+                    return kv, "disk"
+            else:
+                kv = self.store.read(key, like=shape, dtype=dtype)
         except SpillFileError as e:
             self.stats.num_rejected += 1
             log.warning("rejected spill file, recomputing %s: %s", key, e.reason)
@@ -106,13 +144,8 @@ class Spiller:
         if kv.converted_from:
             self.stats.num_converted += 1
             log.info("%s: KV read back from %s into %s", key, kv.converted_from, kv.k.dtype)
-        if kv.incomplete:
-            self.stats.num_rejected += 1
-            log.warning("%s: only %d tokens read back, recomputing the rest: %s", key,
-                        len(kv.token_ids), kv.incomplete)  # fmt: skip
-            if not kv.token_ids:
-                return None, "rejected"
-        self.stats.num_restored += 1
+        if not self._count_read(key, len(kv.token_ids), kv.incomplete):
+            return None, "rejected"
         return kv, "disk"
 
     def share(self, kv: SpilledKV | None, answer: Path) -> None:

@@ -194,6 +194,12 @@ class KVPool:
     def block_bytes(self) -> int:
         return self.bytes_per_token * self.block_size
 
+    @property
+    def host_blocks(self) -> bool:
+        """Whether block files may be read straight into this pool's blocks (host memory
+        in k_groups' layout: engine/kv/pool_read.py)."""
+        return self.xp is np
+
     def new_kv(self, scope: str = "") -> PagedKV:
         return PagedKV(self, scope)  # empty; `scope` (the tenant) bounds what it may share
 

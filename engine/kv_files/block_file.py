@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from common.block_hash import chain_hash
 from common.errors import SpillFileError
-from engine.kv_files.kv_frame import read_file, read_header, read_payload, write_frame
+from engine.kv_files.kv_frame import read_into, write_frame
 
 MAGIC = b"WFKB"
 VERSION = 1
@@ -54,40 +55,42 @@ def read_block(
     fingerprint: str,
     previous: bytes,
     token_ids: list[int],
-    out: tuple[np.ndarray, np.ndarray],
+    shape: list[int],
+    out: Sequence[np.ndarray],
 ) -> None:
-    """Copy the keys and values of the block holding `token_ids` after `previous` into
-    `out` (two arrays [layers, kv_heads, block, head_dim] of the expected dtype, views into
-    a session's arrays); a missing block or one failing any check raises SpillFileError
-    (a bad file is deleted)."""
+    """Read the keys and values ([layers, kv_heads, block, head_dim] each) of the block
+    holding `token_ids` after `previous` straight into `out`: contiguous arrays of the
+    expected dtype whose bytes one after another are the keys', then the values' (a
+    session's arrays' rows, a pool's blocks). A missing block or one failing any check
+    raises SpillFileError (a bad file is deleted); `out` then holds nothing usable."""
     path = block_path(directory, chain_hash(previous, token_ids))
+    name = str(path)
     try:
-        data = read_file(path)
+        h = read_into(path, ("block", MAGIC, VERSION), MAX_HEADER_BYTES, shape, out)
+        if h.get("fingerprint") != fingerprint:
+            raise SpillFileError(name, "written by another model (fingerprint differs)")
+        if h.get("previous") != previous.hex() or h.get("token_ids") != token_ids:
+            raise SpillFileError(name, "holds another prefix (a foreign block)")
     except FileNotFoundError as e:
-        raise SpillFileError(str(path), "a block it lists is missing") from e
-    try:
-        k, v = _parse(data, fingerprint, previous, token_ids, out[0], str(path))
+        raise SpillFileError(name, "a block it lists is missing") from e
     except SpillFileError:
         path.unlink(missing_ok=True)
         raise
-    out[0][...] = k
-    out[1][...] = v
 
 
-def _parse(
-    data: memoryview,
-    fingerprint: str,
-    previous: bytes,
-    token_ids: list[int],
-    like: np.ndarray,
-    name: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    h, payload = read_header(data, ("block", MAGIC, VERSION), MAX_HEADER_BYTES, name)
-    if h.get("fingerprint") != fingerprint:
-        raise SpillFileError(name, "written by another model (fingerprint differs)")
-    if h.get("previous") != previous.hex() or h.get("token_ids") != token_ids:
-        raise SpillFileError(name, "holds another prefix (a foreign block)")
-    return read_payload(h, payload, list(like.shape), like.dtype, name)
+def advise(directory: Path, hashes: Sequence[bytes]) -> None:
+    """Ask the kernel to start reading these blocks' files now, all at once (a deep queue
+    reads a cold disk faster than a few readers' requests one by one); a no-op where
+    posix_fadvise is missing (macOS) or a file is."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for h in hashes:
+        with contextlib.suppress(OSError):
+            fd = os.open(block_path(directory, h), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
 
 
 def sweep(directory: Path, listed: set[str], grace_s: float = GRACE_S) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +20,8 @@ from common.errors import SpillFileError
 from engine.kv_files.kv_dtypes import kv_str
 
 PREFIX = struct.Struct("<4sII")
-_buffers = threading.local()  # each thread's buffer for read_file
-
-
-def read_file(path: Path) -> memoryview:
-    """The file's bytes, read into this thread's own buffer: valid until the thread's next
-    read_file. Many small files (a session's blocks) then take no fresh memory each, whose
-    page faults cost more than the copy. Raises FileNotFoundError and other OSErrors."""
-    with path.open("rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        buf: bytearray | None = getattr(_buffers, "buf", None)
-        if buf is None or len(buf) < size:
-            buf = _buffers.buf = bytearray(size)
-        view, got = memoryview(buf), 0
-        while got < size:
-            n = f.readinto(view[got:size])
-            if not n:  # shorter than its size said: checks will refuse it
-                break
-            got += n
-    return view[:got]
+HEAD_READ = 4096  # bytes read first from a frame read in place: a block file's whole header
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def raw(a: np.ndarray) -> memoryview | bytes:
@@ -103,13 +86,67 @@ def read_payload(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Keys and values of the expected shape and dtype, after checking that the header
     says the same and that the bytes match their checksum."""
-    if (h.get("dtype"), h.get("shape")) != (kv_str(dtype), shape):
-        raise SpillFileError(name, "dtype or shape differs from the running model")
-    half = int(np.prod(shape)) * dtype.itemsize
-    if len(payload) != 2 * half or h.get("payload_bytes") != 2 * half:
-        raise SpillFileError(name, f"payload is {len(payload)} bytes, expected {2 * half}")
-    if xxhash.xxh3_64(payload).hexdigest() != h.get("xxh3_64"):
-        raise SpillFileError(name, "checksum mismatch")
+    half = _checked_half(h, len(payload), shape, dtype, name)
+    _check_sum(h, [payload], name)
     k = np.frombuffer(payload[:half], dtype=dtype).reshape(shape)
     v = np.frombuffer(payload[half:], dtype=dtype).reshape(shape)
     return k, v
+
+
+def read_into(
+    path: Path,
+    kind: tuple[str, bytes, int],
+    max_header: int,
+    shape: list[int],
+    out: Sequence[np.ndarray],
+) -> dict[str, Any]:
+    """Read a frame of `kind` whose keys and values are each `shape` in out[0]'s dtype
+    straight into `out`, C-contiguous arrays whose bytes one after another are the payload
+    (the keys', then the values'), with the checks of read_header and read_payload; its
+    header, whose own fields are the caller's to check. No bytes pass through a buffer of
+    ours. Raises FileNotFoundError and other OSErrors, and SpillFileError; `out` then holds
+    whatever was read."""
+    name = str(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEAD_READ, 0)
+        if len(head) >= PREFIX.size:  # a longer header than HEAD_READ: the rest of it
+            end = PREFIX.size + min(PREFIX.unpack_from(head)[2], max_header)
+            if end > len(head):
+                head += os.pread(fd, end - len(head), len(head))
+        h, rest = read_header(head, kind, max_header, name)
+        offset = len(head) - len(rest)
+        _checked_half(h, size - offset, shape, out[0].dtype, name)
+        os.lseek(fd, offset, os.SEEK_SET)  # (readv, not preadv: macOS has it too)
+        for i in range(0, len(out), IOV_MAX):
+            part = out[i : i + IOV_MAX]
+            want = sum(a.nbytes for a in part)
+            got = os.readv(fd, [a.data for a in part])
+            if got != want:  # shrunk since its size was read
+                raise SpillFileError(name, f"payload cut short ({got} of {want} bytes read)")
+    finally:
+        os.close(fd)
+    _check_sum(h, out, name)
+    return h
+
+
+def _checked_half(
+    h: dict[str, Any], payload_bytes: int, shape: list[int], dtype: np.dtype[Any], name: str
+) -> int:
+    """The bytes of the keys (and of the values) of a payload of `payload_bytes`, after
+    checking the header's dtype, shape and size."""
+    if (h.get("dtype"), h.get("shape")) != (kv_str(dtype), shape):
+        raise SpillFileError(name, "dtype or shape differs from the running model")
+    half = int(np.prod(shape)) * dtype.itemsize
+    if payload_bytes != 2 * half or h.get("payload_bytes") != 2 * half:
+        raise SpillFileError(name, f"payload is {payload_bytes} bytes, expected {2 * half}")
+    return half
+
+
+def _check_sum(h: dict[str, Any], parts: Sequence[Any], name: str) -> None:
+    digest = xxhash.xxh3_64()
+    for part in parts:
+        digest.update(part)
+    if digest.hexdigest() != h.get("xxh3_64"):
+        raise SpillFileError(name, "checksum mismatch")

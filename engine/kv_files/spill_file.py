@@ -13,8 +13,6 @@ starts ("held_from") and its payload holds each layer's part (engine/kv_files/ra
 
 from __future__ import annotations
 
-import functools
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,8 @@ import numpy as np
 
 from common.block_hash import chain_hash, prefix_hashes, scope_hash
 from common.errors import SpillFileError
-from engine.kv_files.block_file import block_path, read_block, write_block
+from engine.kv_files.block_file import block_path, write_block
+from engine.kv_files.block_reads import BlockTarget, SessionBlocks, read_blocks
 from engine.kv_files.chain import kv_root
 from engine.kv_files.kv_dtypes import kv_dtype_named, kv_name, row_items
 from engine.kv_files.kv_frame import read_header, read_payload, write_frame
@@ -40,12 +39,6 @@ BLOCKS_DIR = "blocks"
 # a worker's answer to another of its host that asked it for a prompt's blocks
 # (worker/shared_prefix.py), one empty file each; the kvstore sweeps those left behind
 ANSWERS_DIR = "shared"
-READ_THREADS = 8  # block files read at once on restore
-
-
-@functools.cache
-def _readers() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="block-read")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +52,20 @@ class SpilledKV:
     # each layer's first position held (a windowed layer's before it are zeros: PagedKV
     # releases what its window no longer sees); empty: every layer holds every position
     held_from: tuple[int, ...] | list[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A session's file read but for the blocks it lists, which go straight into their
+    places in a pool (SpillStore.read_listed); the file is in the reader's KV dtype."""
+
+    key: str
+    scope: str
+    token_ids: list[int]
+    chain: list[bytes]  # the root, then the hash after each listed block
+    listed: int  # tokens in the listed blocks; the tail holds those after them
+    k_tail: np.ndarray  # [layers, kv_heads, tail tokens, head_dim]
+    v_tail: np.ndarray
 
 
 class SpillStore:
@@ -119,25 +126,33 @@ class SpillStore:
         rows hold head_dim / 32 blocks). A file in another KV
         dtype is converted where CONVERTIBLE says so (counted in num_converted), else
         refused like a file failing a check."""
-        path = self.path_for(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
+        got = self._open(key, like, np.dtype(dtype))
+        if isinstance(got, Listing):
+            got = self._filled(got, like)
+        return None if got is None else self._converted(got, np.dtype(dtype))
+
+    def read_listing(
+        self, key: str, *, like: tuple[int, int, int], dtype: np.dtype[Any]
+    ) -> Listing | SpilledKV | None:
+        """As read, but a file in `dtype` whose layers hold every position comes back as
+        a Listing: its blocks not read yet, for read_listed to put straight into a pool."""
         dtype = np.dtype(dtype)
-        try:
-            h, k_tail, v_tail = self._parse(data, like, dtype, str(path))
-        except SpillFileError:
-            path.unlink(missing_ok=True)
+        got = self._open(key, like, dtype)
+        if isinstance(got, Listing):
+            if got.k_tail.dtype == dtype:
+                return got
+            got = self._filled(got, like)
+        return None if got is None else self._converted(got, dtype)
+
+    def read_listed(self, listing: Listing, target: BlockTarget, first: int = 0) -> tuple[int, str]:
+        """Read the listed blocks from block `first` on into `target`; the tokens
+        read (those of the blocks before the first one that failed, or all of them: the
+        tail is the caller's), and why one failed ("" when none did; counted)."""
+        ids = listing.token_ids[: listing.listed]
+        got, why = self._read_blocks(listing.chain, ids, listing.k_tail, target, first)
+        if why:
             self.num_rejected += 1
-            raise
-        kv = self._assemble(h, k_tail, v_tail, like, k_tail.dtype)
-        if kv.k.dtype == dtype:
-            return kv
-        self.num_converted += 1
-        k, v = kv.k.astype(dtype), kv.v.astype(dtype)
-        was = kv_name(kv.k.dtype)
-        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, was, kv.held_from)
+        return (got if why else len(listing.token_ids)), why
 
     def read_prefix(
         self, scope: str, ids: list[int], *, like: tuple[int, int, int], dtype: np.dtype[Any]
@@ -148,30 +163,51 @@ class SpillStore:
         n = len(ids) // self.block_size * self.block_size
         k, v = self._arrays(like, n, dtype)
         hashes = [self._root(dtype, scope), *self.chain(scope, ids[:n], dtype)]
-        got, _ = self._read_blocks(hashes, ids[:n], k, v)
+        target = SessionBlocks(k, v, self.block_size)
+        got, _ = self._read_blocks(hashes, ids[:n], k, target)
         return SpilledKV(k[:, :, :got], v[:, :, :got], ids[:got], scope)
 
-    def _assemble(
-        self, h: dict[str, Any], k_tail: np.ndarray, v_tail: np.ndarray,
-        like: tuple[int, int, int], dtype: np.dtype[Any],
-    ) -> SpilledKV:  # fmt: skip
-        """The listed blocks read back and followed by the tail (or as many blocks as
-        passed their checks)."""
-        ids = [int(t) for t in h["token_ids"]]
-        if "held_from" in h:  # checked by _parse: no blocks, every layer's own part
-            shape = (like[0], like[1], len(ids), row_items(like[2], dtype))
-            k, v = (unpack(a, h["held_from"], shape, dtype) for a in (k_tail, v_tail))
-            return SpilledKV(k, v, ids, str(h["scope"]), held_from=tuple(h["held_from"]))
-        listed = len(h["blocks"]) * self.block_size
-        k, v = self._arrays(like, len(ids), dtype)
-        k[:, :, listed:], v[:, :, listed:] = k_tail, v_tail
-        hashes = [self._root(dtype, h["scope"])]
-        hashes += [bytes.fromhex(b) for b in h["blocks"]]  # checked against the tokens
-        got, why = self._read_blocks(hashes, ids[:listed], k, v)
-        if why:
+    def _open(
+        self, key: str, like: tuple[int, int, int], dtype: np.dtype[Any]
+    ) -> Listing | SpilledKV | None:
+        """The session's file checked and read (in its own KV dtype) but for its blocks; a
+        file whose layers each hold their own part (no blocks) whole."""
+        path = self.path_for(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            h, k_tail, v_tail = self._parse(data, like, dtype, str(path))
+        except SpillFileError:
+            path.unlink(missing_ok=True)
             self.num_rejected += 1
-        n = len(ids) if not why else got
-        return SpilledKV(k[:, :, :n], v[:, :, :n], ids[:n], str(h["scope"]), why)
+            raise
+        ids, scope = [int(t) for t in h["token_ids"]], str(h["scope"])
+        if "held_from" in h:  # checked by _parse: no blocks, every layer's own part
+            shape = (like[0], like[1], len(ids), row_items(like[2], k_tail.dtype))
+            k, v = (unpack(a, h["held_from"], shape, k_tail.dtype) for a in (k_tail, v_tail))
+            return SpilledKV(k, v, ids, scope, held_from=tuple(h["held_from"]))
+        chain = [self._root(k_tail.dtype, scope), *(bytes.fromhex(b) for b in h["blocks"])]
+        listed = len(h["blocks"]) * self.block_size  # (checked against the tokens)
+        return Listing(key, scope, ids, chain, listed, k_tail, v_tail)
+
+    def _filled(self, listing: Listing, like: tuple[int, int, int]) -> SpilledKV:
+        """A listing's KV in arrays of its own: its blocks read back and followed by the
+        tail (or as many blocks as passed their checks)."""
+        k, v = self._arrays(like, len(listing.token_ids), listing.k_tail.dtype)
+        k[:, :, listing.listed :], v[:, :, listing.listed :] = listing.k_tail, listing.v_tail
+        n, why = self.read_listed(listing, SessionBlocks(k, v, self.block_size))
+        return SpilledKV(k[:, :, :n], v[:, :, :n], listing.token_ids[:n], listing.scope, why)
+
+    def _converted(self, kv: SpilledKV, dtype: np.dtype[Any]) -> SpilledKV:
+        """`kv` in `dtype` (a file's in another, CONVERTIBLE: counted)."""
+        if kv.k.dtype == dtype:
+            return kv
+        self.num_converted += 1
+        k, v = kv.k.astype(dtype), kv.v.astype(dtype)
+        was = kv_name(kv.k.dtype)
+        return SpilledKV(k, v, kv.token_ids, kv.scope, kv.incomplete, was, kv.held_from)
 
     @staticmethod
     def _arrays(
@@ -182,29 +218,18 @@ class SpillStore:
         return np.empty(shape, dtype), np.empty(shape, dtype)
 
     def _read_blocks(
-        self, hashes: list[bytes], ids: list[int], k: np.ndarray, v: np.ndarray
+        self,
+        chain: list[bytes],
+        ids: list[int],
+        like: np.ndarray,
+        target: BlockTarget,
+        first: int = 0,
     ) -> tuple[int, str]:
-        """Read the blocks of `ids` (whole blocks; `hashes`: the root, then the chain hash
-        after each) into their places in k and v; the tokens read before the first block
-        that failed, and why it failed ("" when none did)."""
-        size = self.block_size
-
-        def one(i: int) -> None:
-            cols = slice(i * size, (i + 1) * size)
-            out = (k[:, :, cols], v[:, :, cols])
-            read_block(self.blocks, self.fingerprint, hashes[i], ids[cols], out)
-
-        # many small files: read a few at once (one at a time is latency-bound on a cold
-        # cache), each straight into its place; the blocks after a bad one are not used
-        futures = [_readers().submit(one, i) for i in range(len(ids) // size)]
-        for i, future in enumerate(futures):
-            try:
-                future.result()
-            except SpillFileError as e:
-                for rest in futures[i + 1 :]:
-                    rest.exception()  # each read has landed (or failed) before the arrays go
-                return i * size, e.reason
-        return len(ids), ""
+        """block_reads.read_blocks from this store (keys and values shaped as `like`'s
+        [layers, kv_heads, :, head_dim], in blocks of its size)."""
+        layers, kv_heads, _, row = like.shape
+        shape = [layers, kv_heads, self.block_size, row]
+        return read_blocks(self.blocks, self.fingerprint, chain, ids, shape, target, first)
 
     def _parse(
         self, data: bytes, like: tuple[int, int, int], dtype: np.dtype[Any], name: str

@@ -46,6 +46,10 @@ class MLXKVPool(KVPool):
             self._grow(g, min(self.num_blocks, FIRST_BLOCKS))
 
     @property
+    def host_blocks(self) -> bool:
+        return False  # each layer's arrays of its own (MLX's memory)
+
+    @property
     def allocated_blocks(self) -> int:
         """Blocks the first group's arrays hold."""
         return self.group_allocated[0]

@@ -1,0 +1,67 @@
+"""A session's KV read from its files straight into a host pool's blocks: each block file's
+payload lands in the pool's memory with no copy of ours (engine/kv_files/block_file.py's
+read_block), where reading into arrays of the session and putting those into the pool
+touched every byte three times more (see bench/RESULTS.md, "Disk resumes read straight into
+the pool").
+
+The table is made first, on the thread that owns the pool: blocks the pool holds already
+(by hash) are taken, the others reserved; the block files are then read into those on
+another thread while the pool goes on serving; the table takes its tokens last, back on the
+pool's thread, up to the first block that failed its checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.kv.kv_pool import KVPool
+from engine.kv.paged_kv import PagedKV
+from engine.kv_files.spill_file import Listing
+
+
+class PoolRead:
+    def __init__(self, pool: KVPool, listing: Listing) -> None:
+        """The table of `listing`'s tokens, its tail put; its listed blocks from `first`
+        on are to be read in place (a spill_file.BlockTarget)."""
+        assert pool.host_blocks, "a device pool is loaded from arrays (KVPool.load)"
+        self.pool, self.listing = pool, listing
+        ids, n = listing.token_ids, len(listing.token_ids)
+        self.table = pool.new_kv(listing.scope)
+        self.start = self.table.extend_prefix(ids, n)  # whole blocks: none of the tail
+        self.table.prepare_write(self.start, n - self.start)
+        for g, group in enumerate(pool.groups):
+            if n > listing.listed:
+                layers = slice(None) if len(pool.groups) == 1 else list(group.layers)
+                k, v = listing.k_tail[layers], listing.v_tail[layers]
+                pool.put(*self.table.slots(listing.listed, n - listing.listed, g), k, v, g)
+        # each block's id in every group (read on the readers' threads: a copy)
+        self.rows = [list(blocks) for blocks in zip(*self.table.tables, strict=True)]
+
+    @property
+    def first(self) -> int:
+        """The first block to read (those before it the pool held already)."""
+        return self.start // self.pool.block_size
+
+    def views(self, i: int) -> list[np.ndarray]:
+        """Where block i's payload goes: each layer's keys [kv_heads, block, head_dim] in
+        the pool, then each layer's values."""
+        pool, row = self.pool, self.rows[i]
+        layers = range(pool.config.num_layers)
+        places = [(pool.group_of[x], pool.index_in_group[x]) for x in layers]
+        return [a[g][j, row[g]] for a in (pool.k_groups, pool.v_groups) for g, j in places]
+
+    def place(self, i: int) -> None:
+        pass  # read in place
+
+    def finish(self, got: int) -> PagedKV:
+        """The table holding the first `got` tokens (all of them, or those of the blocks
+        before the first that failed); the blocks past them released."""
+        ids = self.listing.token_ids
+        self.table.commit(list(ids[self.start : max(got, self.start)]))
+        if got < len(ids):
+            self.table.compact()
+        return self.table
+
+    def abandon(self) -> None:
+        """The read failed: every block of the table given back."""
+        self.table.release()

@@ -1,0 +1,95 @@
+"""Reading a session's block files back (block_file.read_block) into where they go: a
+pool's blocks (engine/kv/pool_read.py) or a session's own arrays (SessionBlocks), by a few
+threads at once."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from common.errors import SpillFileError
+from engine.kv_files.block_file import advise, read_block
+
+# threads reading a session's block files, each every READ_THREADS-th one: the disk has
+# every read queued at once (block_file.advise), and each reader's checks hold the GIL
+# part of the time
+READ_THREADS = min(8, max(2, os.cpu_count() or 1))
+
+
+@functools.cache
+def _readers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="block-read")
+
+
+class BlockTarget(Protocol):
+    """Where the blocks of a session read back go."""
+
+    def views(self, i: int) -> list[np.ndarray]:
+        """Where block i's payload is read (block_file.read_block's `out`)."""
+
+    def place(self, i: int) -> None:
+        """Block i was read and passed its checks (on the thread that read it)."""
+
+
+def read_blocks(
+    directory: Path,
+    fingerprint: str,
+    chain: list[bytes],
+    ids: list[int],
+    shape: list[int],
+    target: BlockTarget,
+    first: int = 0,
+) -> tuple[int, str]:
+    """Read the blocks of `ids` (`chain`: the root, then the hash after each block; each
+    block's keys and values `shape`, [layers, kv_heads, block, head_dim]) from block
+    `first` on into `target`; the tokens read before the first block that failed (all of
+    `ids` when none did), and why it failed ("")."""
+    size = shape[2]
+    count = len(ids) // size
+
+    def every(step: int) -> tuple[int, str]:
+        """Blocks first + step, + READ_THREADS more, ... in order: the first that failed
+        (count: none) and why."""
+        for i in range(first + step, count, READ_THREADS):
+            part = ids[i * size : (i + 1) * size]
+            try:
+                read_block(directory, fingerprint, chain[i], part, shape, target.views(i))
+            except SpillFileError as e:
+                return i, e.reason
+            target.place(i)
+        return count, ""
+
+    # many small files: their reads queued at once, then each of a few readers puts every
+    # few straight into place; the blocks after the first bad one are not used
+    advise(directory, chain[first + 1 : count + 1])
+    futures = [_readers().submit(every, step) for step in range(READ_THREADS)]
+    bad, why = min(future.result() for future in futures)  # every read has landed
+    return (bad * size, why) if why else (len(ids), "")
+
+
+class SessionBlocks:
+    """Blocks read into a session's arrays [layers, kv_heads, tokens, head_dim], whose
+    rows of a block lie in 2 * layers * kv_heads pieces: each block is read whole into a
+    staging block of the reading thread's, then copied into place."""
+
+    def __init__(self, k: np.ndarray, v: np.ndarray, block_size: int) -> None:
+        self.k, self.v, self.block_size = k, v, block_size
+        self._staging = threading.local()
+
+    def views(self, i: int) -> list[np.ndarray]:
+        buf = getattr(self._staging, "buf", None)
+        if buf is None:
+            layers, kv_heads, _, row = self.k.shape
+            shape = (2, layers, kv_heads, self.block_size, row)
+            buf = self._staging.buf = np.empty(shape, self.k.dtype)
+        return [buf]
+
+    def place(self, i: int) -> None:
+        cols, buf = slice(i * self.block_size, (i + 1) * self.block_size), self._staging.buf
+        self.k[:, :, cols], self.v[:, :, cols] = buf[0], buf[1]

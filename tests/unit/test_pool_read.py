@@ -1,0 +1,118 @@
+"""A session read back straight into a pool's blocks (engine/kv/pool_read.py), as a worker
+with a host pool does: the same bytes and the same next tokens as the session had warm, on
+a llama-shaped model and on gpt-oss (two block groups: its windowed layers and the rest);
+blocks the pool still knows are taken, not read; a damaged block ends the read there, its
+file deleted and counted, and the table holds the blocks before it and no more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.sampling import SamplingParams
+from engine.engine import Engine
+from engine.kv.kv_pool import detach
+from engine.kv.pool_read import PoolRead
+from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
+from engine.model import Model
+from engine.sequence import Request
+from tests.unit.engine_driver import drive, run_alone
+
+GREEDY = SamplingParams(max_tokens=6)
+BLOCK = 16
+MODELS = ("tiny_model", "tiny_gpt_oss")
+
+
+@pytest.fixture(params=MODELS)
+def model(request: pytest.FixtureRequest) -> Model:
+    loaded: Model = request.getfixturevalue(request.param)
+    return loaded
+
+
+def spilled_session(model: Model, n: int) -> tuple[Engine, list[int], SpilledKV]:
+    """An engine that held session "s" after a turn of an n-token prompt and gave it up
+    (its blocks cached in the pool, unheld), the turn's tokens, and its KV."""
+    engine = Engine(model)
+    ids = [int(t) for t in np.random.default_rng(n).integers(3, model.config.vocab_size, n)]
+    out = drive(engine, {0: [Request("1", ids, GREEDY, cache_key="s")]})["1"]
+    kv = engine.sessions.take("s")
+    assert kv is not None and kv.held_from() == [0] * model.config.num_layers  # all held
+    return engine, ids + out.ids, detach(kv)
+
+
+def listing(store: SpillStore, model: Model) -> Listing:
+    c = model.config
+    like = (c.num_layers, c.num_kv_heads, c.head_dim)
+    got = store.read_listing("acme/s", like=like, dtype=model.kv_dtype)
+    assert isinstance(got, Listing)
+    return got
+
+
+def test_a_session_read_into_a_fresh_pool_continues_as_it_would_warm(
+    model: Model, tmp_path: Path
+) -> None:
+    # 25 positions: one whole block and a tail, inside gpt-oss's 16-position window's reach
+    _, ids, spilled = spilled_session(model, 19)
+    store = SpillStore(tmp_path, model.fingerprint)
+    assert len(store.write("acme/s", spilled).blocks) == len(spilled.token_ids) // BLOCK == 1
+    engine = Engine(model)  # a pool that knows nothing: every block is read
+    read = PoolRead(engine.pool, listing(store, model))
+    assert read.first == 0 and len(engine.pool.groups) == (2 if model.config.sliding_window else 1)
+    got, why = store.read_listed(read.listing, read, read.first)
+    assert (got, why) == (len(spilled.token_ids), "")
+    table = read.finish(got)
+    k, v, token_ids = table.state()
+    assert token_ids == spilled.token_ids
+    assert k.tobytes() == spilled.k.tobytes() and v.tobytes() == spilled.v.tobytes()
+    second = [*ids, 7, 8, 9]
+    seq = engine.add(Request("2", second, GREEDY, cache_key="acme/s"), table)
+    assert seq.num_cached == len(spilled.token_ids)
+    tokens: list[int] = []
+    while engine.has_work:
+        tokens += [t for o in engine.step() if o.request_id == "2" for t in o.token_ids]
+    assert tokens == run_alone(model, Request("cold", second, GREEDY)).ids
+
+
+def test_blocks_the_pool_still_knows_are_taken_not_read(tiny_model: Model, tmp_path: Path) -> None:
+    engine, _, spilled = spilled_session(tiny_model, 50)  # 3 whole blocks and a tail
+    store = SpillStore(tmp_path, tiny_model.fingerprint)
+    blocks = store.write("acme/s", spilled).blocks
+    assert len(blocks) == 3
+    engine = Engine(tiny_model)
+    k, v, ids = spilled.k[:, :, :32], spilled.v[:, :, :32], spilled.token_ids[:32]
+    engine.pool.load(spilled.scope, k, v, ids).release()  # its two blocks stay cached
+    for h in blocks[:2]:  # not there to read: a read of them would fail
+        (store.blocks / f"{h}.wfkb").unlink()
+    read = PoolRead(engine.pool, listing(store, tiny_model))
+    assert read.first == 2
+    got, why = store.read_listed(read.listing, read, read.first)
+    assert (got, why) == (len(spilled.token_ids), "") and store.num_rejected == 0
+    k, v, token_ids = read.finish(got).state()
+    assert token_ids == spilled.token_ids and k.tobytes() == spilled.k.tobytes()
+    assert v.tobytes() == spilled.v.tobytes()
+
+
+def test_a_damaged_block_ends_the_read_and_the_blocks_past_it_go_back(
+    tiny_model: Model, tmp_path: Path
+) -> None:
+    _, _, spilled = spilled_session(tiny_model, 50)
+    store = SpillStore(tmp_path, tiny_model.fingerprint)
+    blocks = store.write("acme/s", spilled).blocks
+    bad = store.blocks / f"{blocks[1]}.wfkb"
+    data = bytearray(bad.read_bytes())
+    data[-5] ^= 0x01
+    bad.write_bytes(bytes(data))
+    engine = Engine(tiny_model)
+    read = PoolRead(engine.pool, listing(store, tiny_model))
+    got, why = store.read_listed(read.listing, read, read.first)
+    assert (got, why) == (BLOCK, "checksum mismatch")
+    assert not bad.exists() and store.num_rejected == 1
+    table = read.finish(got)
+    k, _, token_ids = table.state()
+    assert token_ids == spilled.token_ids[:BLOCK]
+    assert k.tobytes() == np.ascontiguousarray(spilled.k[:, :, :BLOCK]).tobytes()
+    assert engine.pool.alloc.num_held == 1  # the reserved blocks past it were released
+    table.release()
+    assert engine.pool.alloc.num_held == 0
