@@ -3,7 +3,7 @@ the worker's pool), from its spill file on disk, and recomputed (a new session i
 prompt); and the spill files' write and restore throughput.
 
     .venv/bin/python -m bench.kv_tiers [--model PATH] [--context 2000] [--repeats 3]
-        [--turn chat|continue] [--kv-dtypes float32 float16 q8_0]
+        [--turn chat|continue] [--kv-dtypes float32 float16 q8_0] [--keep-blocks]
 
 One worker with every core. Its warm budget holds one such session but not two, so running a
 second session of the same size pushes the first one to disk. The page cache is dropped
@@ -16,6 +16,12 @@ log: its ~17 new tokens are computed in every tier, so their cost is in every fi
 `--turn continue` it is the session's token ids so far (its prompt and replies) and nothing
 new: the resume alone, from the KV's tier to the first sampled token.
 
+A session's blocks stay known by the worker's pool when it goes to disk (until their room is
+needed), and a resume takes those instead of reading their files: before the disk resume a
+session of A's first turn takes them and is deleted, which makes the pool forget them, so
+that the disk figures are reads from the files; --keep-blocks leaves them, to measure that
+case (the resume then reads only the session's own file).
+
 Each of --kv-dtypes (the workers' --kv-dtype; default all three) runs it all in
 turn, with a warm budget of the same number of sessions; a last table sets each path's time
 in every dtype against the first's.
@@ -26,21 +32,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.kv_tiers_disk import spill_throughput
+from bench.kv_tiers_report import Results, print_dtype_table, print_resume_table, print_targets
 from bench.kv_tiers_session import (
     MAX_TOKENS,
-    SOURCE_NAMES,
     Encode,
     Messages,
-    Turn,
     log,
     long_text,
     run_repeat,
@@ -57,9 +60,6 @@ from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 from warmfleet.models import resolve_model
-
-SOURCE_KINDS = ("warm", "disk", "recompute")
-Results = list[dict[str, Turn]]  # one per repeat: the "warm", "disk" and "recompute" turns
 
 
 def parse_args() -> argparse.Namespace:
@@ -79,6 +79,13 @@ def parse_args() -> argparse.Namespace:
         choices=("float32", "float16", "q8_0"),
         default=["float32", "float16", "q8_0"],
         help="the workers' KV dtypes, each measured in turn",
+    )
+    parser.add_argument(
+        "--keep-blocks",
+        action="store_true",
+        help="resume from disk with the session's blocks still known by the worker's pool "
+        "(released when it went to disk: the resume takes them instead of reading them); "
+        "by default the pool is made to forget them first",
     )
     return parser.parse_args()
 
@@ -106,10 +113,20 @@ def main() -> None:
         methods: set[str] = set()
         resident: list[int] = []
         results = run_sessions(
-            path, threads, budget, text, args.repeats, encode, methods, resident, kv_dtype
+            path,
+            threads,
+            budget,
+            text,
+            args.repeats,
+            encode,
+            methods,
+            resident,
+            kv_dtype,
+            args.keep_blocks,
         )
         by_dtype[kv_dtype] = results
-        print(f"KV {kv_dtype}; resuming turn: {args.turn}")
+        blocks = "kept by the pool" if args.keep_blocks else "read from the files"
+        print(f"KV {kv_dtype}; resuming turn: {args.turn}; the disk resume's blocks: {blocks}")
         print_resume_table(results, threads, args.repeats, methods, resident)
         print()
         print(
@@ -122,28 +139,6 @@ def main() -> None:
         print()
     if len(by_dtype) > 1:
         print_dtype_table(by_dtype, args.repeats)
-
-
-def print_dtype_table(by_dtype: dict[str, Results], repeats: int) -> None:
-    """Each path's median time to first token in every KV dtype, against the first's."""
-    first = next(iter(by_dtype))
-    base = {k: statistics.median(pick(by_dtype[first], k, "ttft_s")) for k in SOURCE_KINDS}
-    rows = []
-    for kind in SOURCE_KINDS:
-        cells = [kind]
-        for name, results in by_dtype.items():
-            ttft = statistics.median(pick(results, kind, "ttft_s"))
-            cells.append(f"{ttft * 1e3:.1f}")
-            if name != first:
-                cells.append(f"{base[kind] / ttft:.2f}x")
-        rows.append(tuple(cells))
-    head = ["path"]
-    for name in by_dtype:
-        head.append(f"{name} TTFT (ms)")
-        if name != first:
-            head.append(f"{first} / {name}")
-    print(f"Time to first token on resume by KV dtype, median of {repeats}")
-    print_table(tuple(head), rows)
 
 
 def warm_budget(config: ModelConfig, context: int, dtype: np.dtype[Any]) -> int:
@@ -170,6 +165,7 @@ def run_sessions(
     methods: set[str],
     resident: list[int],
     kv_dtype: str,
+    keep_blocks: bool,
 ) -> Results:
     """Start one worker with `threads` threads, warm budget `budget` and `kv_dtype` KV, and
     run `repeats` repeats of the conversation over `text`, its turns sent as `encode` makes
@@ -197,88 +193,12 @@ def run_sessions(
             turn(client, "kvt-warmup", messages=warmup)
             client.delete_session("kvt-warmup")
             for r in range(repeats):
-                results.append(run_repeat(client, r, text, spill_dir, encode, methods, resident))
+                results.append(
+                    run_repeat(client, r, text, spill_dir, encode, methods, resident, keep_blocks)
+                )
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     return results
-
-
-def pick(results: Results, kind: str, attr: str) -> list[float]:
-    """`attr` of the `kind` turn in every repeat."""
-    return [float(getattr(r[kind], attr)) for r in results]
-
-
-def ms(values: Sequence[float]) -> str:
-    """The median of `values` (seconds) in milliseconds, to 0.1."""
-    return f"{statistics.median(values) * 1e3:.1f}"
-
-
-def print_resume_table(
-    results: Results, threads: int, repeats: int, methods: set[str], resident: list[int]
-) -> None:
-    """Time to first token of the warm, disk and recomputed resumes, against recompute."""
-    rec = statistics.median(pick(results, "recompute", "ttft_s"))
-    rows = []
-    for kind in SOURCE_KINDS:
-        ttft = pick(results, kind, "ttft_s")
-        rows.append(
-            (
-                kind,
-                SOURCE_NAMES[results[0][kind].source],
-                f"{results[0][kind].prompt_tokens}",
-                f"{results[0][kind].cached_tokens}",
-                ms(ttft),
-                f"{min(ttft) * 1e3:.1f}-{max(ttft) * 1e3:.1f}",
-                ms(pick(results, kind, "client_ttft_s")),
-                f"{rec / statistics.median(ttft):.1f}x",
-            )
-        )
-    print(
-        f"Time to first token on resume, 1 worker with {threads} threads, "
-        f"median of {repeats}; page cache before the disk resume: {', '.join(sorted(methods))}"
-        + (f" (spill files resident after the drop: max {max(resident)} bytes)" if resident else "")
-    )
-    print_table(
-        (
-            "path",
-            "kv_source",
-            "prompt tokens",
-            "cached",
-            "TTFT (ms)",
-            "min-max (ms)",
-            "client TTFT (ms)",
-            "recompute / this",
-        ),
-        rows,
-    )
-
-
-def print_targets(results: Results) -> None:
-    """Whether the warm and disk resumes meet their speed targets against recompute."""
-    rec = statistics.median(pick(results, "recompute", "ttft_s"))
-    warm, disk = (
-        statistics.median(pick(results, "warm", "ttft_s")),
-        statistics.median(pick(results, "disk", "ttft_s")),
-    )
-    slowest_disk = max(pick(results, "disk", "ttft_s"))
-    fastest_recompute = min(pick(results, "recompute", "ttft_s"))
-    print_table(
-        ("target", "result", "holds"),
-        [
-            ("warm >= 100x faster than recompute", f"{rec / warm:.1f}x", _yes(rec / warm >= 100)),
-            ("disk >= 20x faster than recompute", f"{rec / disk:.1f}x", _yes(rec / disk >= 20)),
-            (
-                "disk never slower than recompute",
-                f"slowest disk {slowest_disk * 1e3:.0f} ms, fastest recompute "
-                f"{fastest_recompute * 1e3:.0f} ms",
-                _yes(slowest_disk < fastest_recompute),
-            ),
-        ],
-    )
-
-
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "no"
 
 
 if __name__ == "__main__":

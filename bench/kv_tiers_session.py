@@ -184,6 +184,21 @@ def drop_spills(spill_dir: Path, methods: set[str], resident: list[int]) -> None
     log(f"  page cache of {len(files)} spill file(s) dropped; {res} bytes still resident")
 
 
+def forget_blocks(
+    client: Client, session_id: str, messages: Messages, encode: Encode | None
+) -> None:
+    """Make the worker's pool forget the blocks of the session on disk whose first turn was
+    `messages` (released when it went to disk, they stay known by hash, and a resume takes
+    them instead of reading its files): a session of that turn takes them as its prefix and
+    is deleted, and DeleteSession forgets the blocks it alone held."""
+    log("  a session of A's first turn takes A's blocks and is deleted: the pool forgets them")
+    t = send(client, session_id, messages, encode, [])
+    assert t.cached_tokens > TEMPLATE_PREFIX_TOKENS, f"{session_id} found no prefix of A's"
+    client.delete_session(session_id)
+    wait_for(client, f"{session_id} to go", lambda ss: all(s.session_id != session_id for s in ss))
+    settle(client)
+
+
 def run_repeat(
     client: Client,
     r: int,
@@ -192,11 +207,13 @@ def run_repeat(
     encode: Encode | None,
     methods: set[str],
     resident: list[int],
+    keep_blocks: bool = False,
 ) -> dict[str, Turn]:
-    """Repeat `r`: session A resumed warm, then from disk once session B has pushed it out,
-    then recomputed under a new id C; each turn sent as `send` does with `encode`. Adds the
-    page cache drop methods to `methods` and the spill bytes still resident after the drop to
-    `resident`; deletes the sessions after."""
+    """Repeat `r`: session A resumed warm, then from disk once session B has pushed it out
+    (its blocks first forgotten by the pool, unless `keep_blocks`), then recomputed under a
+    new id C; each turn sent as `send` does with `encode`. Adds the page cache drop methods
+    to `methods` and the spill bytes still resident after the drop to `resident`; deletes
+    the sessions after."""
     a, b, c = f"kvt-{r}-a", f"kvt-{r}-b", f"kvt-{r}-c"
     # a repeat's text of its own: the blocks of an earlier repeat's deleted sessions stay
     # findable by their hash in the pool until it needs their room
@@ -210,6 +227,8 @@ def run_repeat(
     expect(warm, pb.KV_SOURCE_WARM, "A turn 2 (warm)")
     # B and C differ from A from their first word: they share none of A's blocks
     push_out(client, a, b, f"Session B. {text}\n\n{QUESTIONS[0]}", encode)
+    if not keep_blocks:
+        forget_blocks(client, f"kvt-{r}-a-forget", m1, encode)
     drop_spills(spill_dir, methods, resident)
     m3 = [
         *m2,

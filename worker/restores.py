@@ -1,4 +1,4 @@
-"""Sessions' KV being read back from disk on the spiller's I/O thread: each one's file, then,
+"""Sessions' KV being read back from disk on the spiller's reading thread: each one's file, then,
 where the pool takes them in place (a host pool; a file in its KV dtype whose layers hold
 every position), the blocks it lists straight into the pool's blocks
 (engine/kv/pool_read.py) while the worker goes on stepping."""

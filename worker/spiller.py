@@ -1,4 +1,5 @@
-"""Moves evicted sessions' KV to disk on an I/O thread, and brings it back on resume."""
+"""Moves evicted sessions' KV to disk on a writing thread, and brings it back on resume on a
+reading thread."""
 
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ class Spiller:
         self.store = store
         self.model = model
         self.stats = SpillStats()
+        # writes on one thread, reads on another: a session coming back (often the reason
+        # another goes to disk) does not wait for that one's write. A session is read only
+        # once no write of its own is in flight (has_file; take_back takes the bytes back).
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spill")
+        self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore")
         self._pending: dict[str, tuple[SpilledKV, Future[FileSummary]]] = {}
 
     def spill(self, key: str, kv: SpilledKV) -> None:
@@ -93,15 +98,15 @@ class Spiller:
     def restore_async(
         self, key: str, listing: bool = False
     ) -> Future[tuple[SpilledKV | Listing | None, str]]:
-        """take_back of a session on disk, on the I/O thread (decoding goes on meanwhile);
+        """take_back of a session on disk, on the reading thread (decoding goes on meanwhile);
         with `listing`, a file whose blocks can go straight into the pool comes back as a
         Listing (the file stays until read_listed_async has read them)."""
-        return self._io.submit(self._list_back, key, listing)
+        return self._reads.submit(self._list_back, key, listing)
 
     def read_listed_async(self, read: PoolRead) -> Future[tuple[int, str]]:
-        """The blocks of a Listing restore_async gave read into the pool, on the I/O
+        """The blocks of a Listing restore_async gave read into the pool, on the reading
         thread: how many of its tokens came back, and "disk" (or 0 and "rejected")."""
-        return self._io.submit(self._read_listed, read)
+        return self._reads.submit(self._read_listed, read)
 
     def _read_listed(self, read: PoolRead) -> tuple[int, str]:
         key = read.listing.key
@@ -167,9 +172,9 @@ class Spiller:
             log.warning("could not answer a shared prefix's request (%s)", e)
 
     def read_prefix_async(self, scope: str, ids: list[int]) -> Future[SpilledKV]:
-        """The longest run of `ids`'s whole blocks on disk, read on the I/O thread."""
+        """The longest run of `ids`'s whole blocks on disk, read on the reading thread."""
         read = self.store.read_prefix
-        return self._io.submit(read, scope, ids, like=self._shape(), dtype=self.model.kv_dtype)
+        return self._reads.submit(read, scope, ids, like=self._shape(), dtype=self.model.kv_dtype)
 
     def drop(self, key: str) -> list[bytes]:
         """Forget the session everywhere (DeleteSession); the hashes of its file's whole
@@ -184,6 +189,7 @@ class Spiller:
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
+        self._reads.shutdown(wait=True)
 
     def _shape(self) -> tuple[int, int, int]:
         c = self.model.config
