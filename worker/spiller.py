@@ -3,7 +3,10 @@ reading thread."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,7 @@ from engine.kv_files.spill_file import FileSummary, Listing, SpilledKV, SpillSto
 from engine.model import Model
 
 log = logging.getLogger("warmfleet.worker")
+WRITE_NICE = 10  # the writing thread's nice value (_background_priority)
 RECLAIM_WAIT_S = 30.0  # longest wait for a write in flight when its session comes back
 
 
@@ -46,7 +50,7 @@ class Spiller:
         # writes on one thread, reads on another: a session coming back (often the reason
         # another goes to disk) does not wait for that one's write. A session is read only
         # once no write of its own is in flight (has_file; take_back takes the bytes back).
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spill")
+        self._io = ThreadPoolExecutor(1, "spill", initializer=_background_priority)
         self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore")
         self._pending: dict[str, tuple[SpilledKV, Future[FileSummary]]] = {}
 
@@ -194,3 +198,14 @@ class Spiller:
     def _shape(self) -> tuple[int, int, int]:
         c = self.model.config
         return c.num_layers, c.num_kv_heads, c.head_dim
+
+
+def _background_priority() -> None:
+    """Lower the writing thread's CPU priority (nice WRITE_NICE): its hashing and copies
+    wait for the decoding threads, whose steps it would otherwise stretch where they take
+    every core. On 2 cores, a float32 session's disk resume that pushed another out (whose
+    write ran meanwhile): its time to first token past the read 51 ms with the writer at
+    nice 0, 31 ms at 10 (means of 6; bench/RESULTS.md). Where threads have no priority of
+    their own (macOS), it keeps the process's."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITE_NICE)

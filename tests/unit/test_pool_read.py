@@ -2,10 +2,14 @@
 with a host pool does: the same bytes and the same next tokens as the session had warm, on
 a llama-shaped model and on gpt-oss (two block groups: its windowed layers and the rest);
 blocks the pool still knows are taken, not read; a damaged block ends the read there, its
-file deleted and counted, and the table holds the blocks before it and no more."""
+file deleted and counted, and the table holds the blocks before it and no more. Spills are
+written on a thread of lower priority, and read back on one of the worker's own."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +23,7 @@ from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
 from engine.model import Model
 from engine.sequence import Request
 from tests.unit.engine_driver import drive, run_alone
+from worker.spiller import WRITE_NICE, Spiller
 
 GREEDY = SamplingParams(max_tokens=6)
 BLOCK = 16
@@ -116,3 +121,20 @@ def test_a_damaged_block_ends_the_read_and_the_blocks_past_it_go_back(
     assert engine.pool.alloc.num_held == 1  # the reserved blocks past it were released
     table.release()
     assert engine.pool.alloc.num_held == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have a priority of their own on Linux")
+def test_spills_are_written_at_a_lower_priority_and_read_at_the_workers(
+    tiny_model: Model, tmp_path: Path
+) -> None:
+    spiller = Spiller(SpillStore(tmp_path, tiny_model.fingerprint), tiny_model)
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+
+        def nice() -> int:
+            return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+        assert spiller._io.submit(nice).result() == min(19, mine + WRITE_NICE)
+        assert spiller._reads.submit(nice).result() == mine
+    finally:
+        spiller.close()
