@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -45,18 +46,34 @@ def fake_clusters(
     return made
 
 
-def signal_when(condition: Callable[[], bool], timeout_s: float = 60.0) -> threading.Thread:
-    """SIGTERM this process once `condition()` holds (or after `timeout_s`)."""
+@contextlib.contextmanager
+def signal_when(condition: Callable[[], bool], timeout_s: float = 60.0) -> Iterator[None]:
+    """SIGTERM this process once `condition()` holds (or after `timeout_s`) while the block
+    runs; none once it has ended (a later test's process would be the one stopped)."""
+    ended = threading.Event()
 
     def wait_then_signal() -> None:
         deadline = time.monotonic() + timeout_s
         while not condition() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
+            if ended.wait(0.05):
+                return
+        if not ended.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=wait_then_signal, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        ended.set()
+        thread.join()
+
+
+def ports() -> list[str]:
+    """Free ports for every listener `up` starts (none left to its defaults: a machine may
+    use those)."""
+    names = ("--port", "--http-port", "--kvstore-port")
+    return [arg for name in names for arg in (name, str(free_port()))]
 
 
 def run_up(argv: list[str]) -> int:
@@ -74,11 +91,10 @@ def test_up_demo_then_sigterm_stops_cleanly(
     monkeypatch.setattr("sys.stdout", stdout)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    port = free_port()
-    signal_when(lambda: stdout.getvalue().count("[demo-") >= 8)  # 4 turns, 2 lines each
-    http_port = free_port()
-    argv = ["--workers", "2", "--port", str(port), "--http-port", str(http_port), "--demo"]
-    code = run_up([*argv, "--model", str(model)])
+    listen = ports()
+    port, http_port = listen[1], listen[3]
+    with signal_when(lambda: stdout.getvalue().count("[demo-") >= 8):  # 4 turns, 2 lines each
+        code = run_up(["--workers", "2", *listen, "--demo", "--model", str(model)])
     assert code == 0
     out = stdout.getvalue()
     addresses = f"gRPC 127.0.0.1:{port} · HTTP http://127.0.0.1:{http_port} · workers w0, w1"
@@ -107,9 +123,8 @@ def test_a_signal_during_start_stops_everything(
     made = fake_clusters(monkeypatch, tmp_path, env={"FAKE_SILENT": "w0"})  # never ready
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    signal_when(lambda: bool(made) and "w0" in made[0].processes)
-    ports = ["--port", str(free_port()), "--http-port", str(free_port())]
-    code = run_up(["--workers", "1", *ports, "--model", str(model)])
+    with signal_when(lambda: bool(made) and "w0" in made[0].processes):
+        code = run_up(["--workers", "1", *ports(), "--model", str(model)])
     assert code == 130
     assert all(p.poll() is not None for p in made[0].processes.values())
 
@@ -134,9 +149,8 @@ def test_up_starts_a_killed_worker_again_and_still_stops_cleanly(
             os.kill(w0.pid, signal.SIGKILL)
         return w0.pid != killed[0] and made[0].log_path("w0").read_text().count("argv") == 2
 
-    signal_when(back_again)
-    ports = ["--port", str(free_port()), "--http-port", str(free_port())]
-    code = run_up(["--workers", "2", *ports, "--model", str(model)])
+    with signal_when(back_again):
+        code = run_up(["--workers", "2", *ports(), "--model", str(model)])
     assert code == 0
     err = capsys.readouterr().err
     assert "w0 was killed by SIGKILL after " in err
@@ -214,9 +228,7 @@ def test_up_killed_with_sigkill_leaves_no_process_behind(
     default_model_path: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "up.out"
-    argv = [sys.executable, "-m", "warmfleet.cli", "up", "--workers", "1"]
-    argv += ["--port", str(free_port()), "--kvstore-port", str(free_port())]
-    argv += ["--http-port", str(free_port())]
+    argv = [sys.executable, "-m", "warmfleet.cli", "up", "--workers", "1", *ports()]
     argv += ["--model", str(default_model_path), "--spill-dir", str(tmp_path / "spill")]
     with out.open("wb") as f:
         up_process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
