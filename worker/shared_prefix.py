@@ -34,11 +34,14 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.leases import Delivery
 from broker.messages import ControlOrder, OrderOp
 from engine.kv.kv_pool import PagedKV, detach
+from engine.kv.pool_read import PoolRead
 from engine.kv_files.spill_file import ANSWERS_DIR, SpilledKV, SpillStore
+from worker.spiller import Spiller
 from worker.state import WorkerState
 
 log = logging.getLogger("warmfleet.worker")
@@ -72,7 +75,8 @@ class Waiting:
     answer: Path | None  # the holder's answer to wait for; None: read at once
     until: float  # monotonic seconds: then prefill instead
     started: float
-    read: Future[SpilledKV] | None = None
+    read: Future[Any] | None = None  # a SpilledKV; or, read into the pool, its tokens
+    into: PoolRead | None = None  # where (a host pool's blocks)
 
 
 class SharedPrefixes:
@@ -118,7 +122,7 @@ class SharedPrefixes:
         self.waiting.append(Waiting(d, key, job.tenant, ids, answer, until, now))
         return True
 
-    def reads(self) -> list[Future[SpilledKV]]:
+    def reads(self) -> list[Future[Any]]:
         return [w.read for w in self.waiting if w.read is not None]
 
     def _wait_s(self, num_tokens: int) -> float:
@@ -133,7 +137,7 @@ class SharedPrefixes:
         spiller, done = self.s.spiller, []
         for w in list(self.waiting):
             if w.read is None and spiller is not None and self._answered(w):
-                w.read = spiller.read_prefix_async(w.tenant, w.ids)
+                self._read(w, spiller)
             if w.read is not None and w.read.done():
                 done.append((w.delivery, w.key, self._loaded(w, w.read)))
             elif w.read is None and time.monotonic() > w.until:
@@ -157,20 +161,32 @@ class SharedPrefixes:
             return False
         return True
 
-    def _loaded(self, w: Waiting, read: Future[SpilledKV]) -> PagedKV | None:
+    def _read(self, w: Waiting, spiller: Spiller) -> None:
+        """Start reading the prefix's blocks: straight into a host pool's blocks, else into
+        arrays."""
+        pool = self.s.engine.pool
+        if pool.host_blocks:
+            w.into = PoolRead(pool, spiller.prefix_listing(w.tenant, w.ids))
+            w.read = spiller.read_prefix_into_async(w.into)
+        else:
+            w.read = spiller.read_prefix_async(w.tenant, w.ids)
+
+    def _loaded(self, w: Waiting, read: Future[Any]) -> PagedKV | None:
         try:
-            kv = read.result()
+            got = read.result()  # a SpilledKV, or the tokens read into w.into
         except OSError as e:
             log.warning("%s: could not read the shared prefix (%s); prefilling it", w.key, e)
-            return None
-        if not kv.token_ids:
+            got = None
+        n = len(got.token_ids) if isinstance(got, SpilledKV) else got or 0
+        if not n:
+            if w.into is not None:
+                w.into.abandon()
             return None
         took_ms = (time.monotonic() - w.started) * 1e3
-        n = len(kv.token_ids)
         log.info("%s: %d tokens of a shared prefix read from disk in %.0f ms", w.key, n, took_ms)
         assert self.s.spiller is not None
         self.s.spiller.stats.num_shared_read += 1
-        return self.s.load(w.key, kv)
+        return w.into.finish(n) if w.into is not None else self.s.load(w.key, got)
 
     def write_for(self, order: ControlOrder) -> None:
         """SHARE: write the blocks of the order's prompt this pool holds (from the first, as

@@ -180,6 +180,17 @@ class Spiller:
         read = self.store.read_prefix
         return self._reads.submit(read, scope, ids, like=self._shape(), dtype=self.model.kv_dtype)
 
+    def read_prefix_into_async(self, read: PoolRead) -> Future[int]:
+        """The blocks of a prefix's Listing (SpillStore.prefix_listing) read into the pool,
+        on the reading thread: how many of its tokens (a missing or bad block ends them)."""
+        listing = read.listing
+        return self._reads.submit(
+            lambda: self.store.read_listed(listing, read, read.first, counted=False)[0]
+        )
+
+    def prefix_listing(self, scope: str, ids: list[int]) -> Listing:
+        return self.store.prefix_listing(scope, ids, like=self._shape(), dtype=self.model.kv_dtype)
+
     def drop(self, key: str) -> list[bytes]:
         """Forget the session everywhere (DeleteSession); the hashes of its file's whole
         blocks (which the pool may still know: those it listed, and a windowed model's that

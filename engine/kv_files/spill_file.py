@@ -144,27 +144,42 @@ class SpillStore:
             got = self._filled(got, like)
         return None if got is None else self._converted(got, dtype)
 
-    def read_listed(self, listing: Listing, target: BlockTarget, first: int = 0) -> tuple[int, str]:
-        """Read the listed blocks from block `first` on into `target`; the tokens
-        read (those of the blocks before the first one that failed, or all of them: the
-        tail is the caller's), and why one failed ("" when none did; counted)."""
+    def read_listed(
+        self, listing: Listing, target: BlockTarget, first: int = 0, counted: bool = True
+    ) -> tuple[int, str]:
+        """Read the listed blocks from block `first` on into `target`; the tokens read
+        (those of the blocks before the first one that failed, or all of them: the tail is
+        the caller's), and why one failed ("" when none did; counted unless not `counted`)."""
+        layers, kv_heads, _, row = listing.k_tail.shape
+        shape = [layers, kv_heads, self.block_size, row]
         ids = listing.token_ids[: listing.listed]
-        got, why = self._read_blocks(listing.chain, ids, listing.k_tail, target, first)
-        if why:
+        got, why = read_blocks(
+            self.blocks, self.fingerprint, listing.chain, ids, shape, target, first
+        )
+        if why and counted:
             self.num_rejected += 1
         return (got if why else len(listing.token_ids)), why
+
+    def prefix_listing(
+        self, scope: str, ids: list[int], *, like: tuple[int, int, int], dtype: np.dtype[Any]
+    ) -> Listing:
+        """A Listing of `ids`'s whole blocks in `dtype` (a prefix another worker of this
+        host wrote, or sessions on disk hold), whichever of them are on disk."""
+        n = len(ids) // self.block_size * self.block_size
+        chain = [self._root(dtype, scope), *self.chain(scope, ids[:n], dtype)]
+        k, v = self._arrays(like, 0, dtype)
+        return Listing("", scope, ids[:n], chain, n, k, v)
 
     def read_prefix(
         self, scope: str, ids: list[int], *, like: tuple[int, int, int], dtype: np.dtype[Any]
     ) -> SpilledKV:
         """The KV of the longest run of `ids`'s whole blocks from the start whose block files
-        are on disk in `dtype` (a prefix another worker of this host wrote: no conversion),
-        read straight into place. A block missing or failing a check (deleted) ends it."""
-        n = len(ids) // self.block_size * self.block_size
+        are on disk in `dtype` (prefix_listing), read into arrays of its own. A block
+        missing or failing a check (deleted) ends it, uncounted."""
+        listing = self.prefix_listing(scope, ids, like=like, dtype=dtype)
+        n = listing.listed
         k, v = self._arrays(like, n, dtype)
-        hashes = [self._root(dtype, scope), *self.chain(scope, ids[:n], dtype)]
-        target = SessionBlocks(k, v, self.block_size)
-        got, _ = self._read_blocks(hashes, ids[:n], k, target)
+        got, _ = self.read_listed(listing, SessionBlocks(k, v, self.block_size), counted=False)
         return SpilledKV(k[:, :, :got], v[:, :, :got], ids[:got], scope)
 
     def _open(
@@ -216,20 +231,6 @@ class SpillStore:
         layers, kv_heads, head_dim = like
         shape = (layers, kv_heads, num_tokens, row_items(head_dim, dtype))
         return np.empty(shape, dtype), np.empty(shape, dtype)
-
-    def _read_blocks(
-        self,
-        chain: list[bytes],
-        ids: list[int],
-        like: np.ndarray,
-        target: BlockTarget,
-        first: int = 0,
-    ) -> tuple[int, str]:
-        """block_reads.read_blocks from this store (keys and values shaped as `like`'s
-        [layers, kv_heads, :, head_dim], in blocks of its size)."""
-        layers, kv_heads, _, row = like.shape
-        shape = [layers, kv_heads, self.block_size, row]
-        return read_blocks(self.blocks, self.fingerprint, chain, ids, shape, target, first)
 
     def _parse(
         self, data: bytes, like: tuple[int, int, int], dtype: np.dtype[Any], name: str

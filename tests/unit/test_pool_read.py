@@ -2,7 +2,8 @@
 with a host pool does: the same bytes and the same next tokens as the session had warm, on
 a llama-shaped model and on gpt-oss (two block groups: its windowed layers and the rest);
 blocks the pool still knows are taken, not read; a damaged block ends the read there, its
-file deleted and counted, and the table holds the blocks before it and no more. Spills are
+file deleted and counted, and the table holds the blocks before it and no more; a prompt's
+prefix on disk is read in place up to its first missing block, uncounted. Spills are
 written on a thread of lower priority, and read back on one of the worker's own."""
 
 from __future__ import annotations
@@ -138,3 +139,26 @@ def test_spills_are_written_at_a_lower_priority_and_read_at_the_workers(
         assert spiller._reads.submit(nice).result() == mine
     finally:
         spiller.close()
+
+
+def test_a_prefix_on_disk_is_read_into_the_pool_up_to_its_first_missing_block(
+    tiny_model: Model, tmp_path: Path
+) -> None:
+    _, _, spilled = spilled_session(tiny_model, 50)  # 3 whole blocks and a tail
+    store = SpillStore(tmp_path, tiny_model.fingerprint)
+    blocks = store.write("acme/s", spilled).blocks
+    (store.blocks / f"{blocks[2]}.wfkb").unlink()  # the third is not on disk: the run ends
+    c = tiny_model.config
+    like = (c.num_layers, c.num_kv_heads, c.head_dim)
+    prompt = [*spilled.token_ids, 5, 6, 7]
+    listing = store.prefix_listing(spilled.scope, prompt, like=like, dtype=tiny_model.kv_dtype)
+    assert listing.listed == len(prompt) // BLOCK * BLOCK and listing.k_tail.shape[2] == 0
+    engine = Engine(tiny_model)
+    read = PoolRead(engine.pool, listing)
+    got, why = store.read_listed(listing, read, read.first, counted=False)
+    assert got == 2 * BLOCK and "missing" in why and store.num_rejected == 0
+    k, v, token_ids = read.finish(got).state()
+    assert token_ids == spilled.token_ids[: 2 * BLOCK]
+    for a, b in ((k, spilled.k), (v, spilled.v)):
+        assert a.tobytes() == np.ascontiguousarray(b[:, :, : 2 * BLOCK]).tobytes()
+    assert engine.pool.alloc.num_held == 2
