@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from engine.step_cost import StepCost
 from engine.text.detokenizer import StreamDecoder
 from engine.text.text_stream import TextStream
 
+T = TypeVar("T")
 log = logging.getLogger("warmfleet.engine")
 
 
@@ -146,6 +149,19 @@ class Engine:
                         break
                     self._evict([oldest])
         return kept, ended
+
+    def with_room(self, take: Callable[[], T]) -> T | None:
+        """take() (something that takes blocks of the pool and gives them back if it
+        raises PoolExhaustedError), evicting idle sessions, least recently used first,
+        while the pool is full; None when it stays full with none left."""
+        while True:
+            try:
+                return take()
+            except PoolExhaustedError:
+                oldest = self.sessions.pop_oldest()
+                if oldest is None:
+                    return None
+                self._evict([oldest])
 
     def set_session_budget(self, budget_bytes: int) -> None:
         """Idle sessions may hold this much now; the oldest beyond it are evicted."""

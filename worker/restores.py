@@ -63,13 +63,21 @@ class Restores:
         (`wait`: until they are)."""
         spiller = self.s.spiller
         assert spiller is not None
+        engine = self.s.engine
         if restore.read is None:
             kv, found = self._result(key, restore.future, (None, "none"))
             if not isinstance(kv, Listing):
-                cache = self.s.load(key, kv) if kv is not None else None
+                cache = None if kv is None else engine.with_room(lambda: self.s.load(key, kv))
+                if kv is not None and cache is None:
+                    found = self._pool_full(key)
                 return self._restored(key, restore, cache, found)
-            restore.read = PoolRead(self.s.engine.pool, kv)
-            restore.future = spiller.read_listed_async(restore.read)
+            listing = kv
+            read = engine.with_room(lambda: PoolRead(engine.pool, listing))
+            if read is None:
+                spiller.store.delete(key)  # recomputed into memory: not on disk too
+                return self._restored(key, restore, None, self._pool_full(key))
+            restore.read = read
+            restore.future = spiller.read_listed_async(read)
             if not wait and not restore.future.done():
                 return None
         got, found = self._result(key, restore.future, (0, "none"))
@@ -77,6 +85,13 @@ class Restores:
             restore.read.abandon()
             return self._restored(key, restore, None, found)
         return self._restored(key, restore, restore.read.finish(got), found)
+
+    def _pool_full(self, key: str) -> str:
+        """No room in a pool of running sequences only (no idle session left to evict):
+        the session is recomputed as they end."""
+        blocks = self.s.engine.pool.alloc.num_blocks
+        log.warning("KV pool full (%d blocks, all running): recomputing %s", blocks, key)
+        return "none"
 
     @staticmethod
     def _result(key: str, future: Future[Any], failed: tuple[Any, str]) -> Any:

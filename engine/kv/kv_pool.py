@@ -17,7 +17,7 @@ import numpy as np
 
 from engine.device import to_host
 from engine.kv.block_groups import WINDOW_SHARE, BlockGroup, block_groups
-from engine.kv.blocks import BlockAllocator
+from engine.kv.blocks import BlockAllocator, PoolExhaustedError
 from engine.kv.paged_kv import PagedKV
 from engine.kv_files.kv_dtypes import Q8_0, quantize, row_items, token_bytes
 from engine.kv_files.spill_file import SpilledKV
@@ -210,13 +210,17 @@ class KVPool:
         (a windowed layer's from held_from on: PagedKV.held_from)."""
         kv = self.new_kv(scope)
         n = len(token_ids)
-        start = kv.extend_prefix(token_ids, n)  # blocks the pool holds already are taken
-        firsts = [start] * len(self.groups)
-        for g, group in enumerate(self.groups):
-            if held_from and held_from[group.layers[0]] > start:
-                firsts[g] = held_from[group.layers[0]]
-                kv.release_before(g, firsts[g] // self.block_size)
-        kv.prepare_write(start, n - start)
+        try:  # a full pool (PoolExhaustedError): the blocks taken so far go back
+            start = kv.extend_prefix(token_ids, n)  # blocks the pool holds already are taken
+            firsts = [start] * len(self.groups)
+            for g, group in enumerate(self.groups):
+                if held_from and held_from[group.layers[0]] > start:
+                    firsts[g] = held_from[group.layers[0]]
+                    kv.release_before(g, firsts[g] // self.block_size)
+            kv.prepare_write(start, n - start)
+        except PoolExhaustedError:
+            kv.release()
+            raise
         for g, group in enumerate(self.groups):
             if n > firsts[g]:
                 layers = slice(None) if len(self.groups) == 1 else list(group.layers)

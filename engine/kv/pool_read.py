@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.kv.blocks import PoolExhaustedError
 from engine.kv.kv_pool import KVPool
 from engine.kv.paged_kv import PagedKV
 from engine.kv_files.spill_file import Listing
@@ -22,13 +23,18 @@ from engine.kv_files.spill_file import Listing
 class PoolRead:
     def __init__(self, pool: KVPool, listing: Listing) -> None:
         """The table of `listing`'s tokens, its tail put; its listed blocks from `first`
-        on are to be read in place (a spill_file.BlockTarget)."""
+        on are to be read in place (a spill_file.BlockTarget). PoolExhaustedError, nothing
+        held, when the pool has no room (Engine.with_room makes some)."""
         assert pool.host_blocks, "a device pool is loaded from arrays (KVPool.load)"
         self.pool, self.listing = pool, listing
         ids, n = listing.token_ids, len(listing.token_ids)
         self.table = pool.new_kv(listing.scope)
-        self.start = self.table.extend_prefix(ids, n)  # whole blocks: none of the tail
-        self.table.prepare_write(self.start, n - self.start)
+        try:  # a full pool (PoolExhaustedError): the blocks taken so far go back
+            self.start = self.table.extend_prefix(ids, n)  # whole blocks: none of the tail
+            self.table.prepare_write(self.start, n - self.start)
+        except PoolExhaustedError:
+            self.table.release()
+            raise
         for g, group in enumerate(pool.groups):
             if n > listing.listed:
                 layers = slice(None) if len(pool.groups) == 1 else list(group.layers)

@@ -3,7 +3,8 @@ with a host pool does: the same bytes and the same next tokens as the session ha
 a llama-shaped model and on gpt-oss (two block groups: its windowed layers and the rest);
 blocks the pool still knows are taken, not read; a damaged block ends the read there, its
 file deleted and counted, and the table holds the blocks before it and no more; a prompt's
-prefix on disk is read in place up to its first missing block, uncounted. Spills are
+prefix on disk is read in place up to its first missing block, uncounted; a full pool evicts
+idle sessions to make room, or gives up holding nothing. Spills are
 written on a thread of lower priority, and read back on one of the worker's own."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
+from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv.kv_pool import detach
 from engine.kv.pool_read import PoolRead
@@ -162,3 +164,25 @@ def test_a_prefix_on_disk_is_read_into_the_pool_up_to_its_first_missing_block(
     for a, b in ((k, spilled.k), (v, spilled.v)):
         assert a.tobytes() == np.ascontiguousarray(b[:, :, : 2 * BLOCK]).tobytes()
     assert engine.pool.alloc.num_held == 2
+
+
+def test_a_full_pool_evicts_idle_sessions_for_a_read_or_gives_up_holding_nothing(
+    tiny_model: Model, tmp_path: Path
+) -> None:
+    _, _, spilled = spilled_session(tiny_model, 50)  # 4 blocks: 3 whole and a tail
+    store = SpillStore(tmp_path, tiny_model.fingerprint)
+    store.write("acme/s", spilled)
+    room = EngineConfig(kv_pool_bytes=5 * BLOCK * tiny_model.bytes_per_token)
+    engine = Engine(tiny_model, room)  # 5 blocks: an idle session of 3 leaves too few
+    ids = [int(t) for t in np.random.default_rng(9).integers(3, tiny_model.config.vocab_size, 40)]
+    drive(engine, {0: [Request("idle", ids, GREEDY, cache_key="idle")]})
+    assert "idle" in engine.sessions and engine.pool.alloc.num_held == 3
+    read = engine.with_room(lambda: PoolRead(engine.pool, listing(store, tiny_model)))
+    assert read is not None and "idle" not in engine.sessions  # evicted to make room
+    assert [key for key, _ in engine.evicted_sessions] == ["idle"]  # for the worker to spill
+    got, why = store.read_listed(read.listing, read, read.first)
+    k, _, token_ids = read.finish(got).state()
+    assert (token_ids, why) == (spilled.token_ids, "") and k.tobytes() == spilled.k.tobytes()
+    small = Engine(tiny_model, EngineConfig(kv_pool_bytes=3 * BLOCK * tiny_model.bytes_per_token))
+    assert small.with_room(lambda: PoolRead(small.pool, listing(store, tiny_model))) is None
+    assert small.pool.alloc.num_held == 0  # the blocks it had taken went back
