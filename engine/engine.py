@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from common.enums import FinishReason
 from common.errors import InvalidRequestError
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
+from engine.engine_stats import EngineStats
 from engine.kv.blocks import PoolExhaustedError, common_prefix_len
 from engine.kv.kv_pool import PagedKV, detach
 from engine.kv.session_pool import SessionPool
@@ -29,18 +31,6 @@ from engine.text.text_stream import TextStream
 
 T = TypeVar("T")
 log = logging.getLogger("warmfleet.engine")
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Counters since the engine started."""
-
-    num_steps: int = 0
-    num_prefill_tokens: int = 0  # prompt tokens computed (reused ones are not)
-    num_decode_tokens: int = 0  # generated tokens fed back through the model
-    num_generated_tokens: int = 0  # tokens sampled
-    step_seconds: float = 0.0  # time in the model's forward passes, all steps together
-    last_step_s: float = 0.0  # the latest step's forward pass
 
 
 @dataclass(slots=True)
@@ -125,29 +115,22 @@ class Engine:
         self.scheduler.step_ran()
         took = time.perf_counter() - t0
         self.scheduler.cost.observe(prefill, took)
-        self._count(batch, prefills, len(due), took)
+        self.stats.count(batch, prefills, len(due), took)
         return ended + [self._postprocess(seq, row) for seq, row in zip(due, logits, strict=True)]
 
     def _make_room(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, list[StepOutput]]:
-        """Make each scheduled sequence's blocks its own for the positions it writes. When
-        the pool is full, idle sessions are evicted (least recently used first); a sequence
-        that still finds no room ends (LENGTH), with a warning."""
+        """Make each scheduled sequence's blocks its own for the positions it writes
+        (with_room); a sequence that still finds no room ends (LENGTH), with a warning."""
         kept: ScheduledBatch = []
         ended: list[StepOutput] = []
         for seq, n in batch:
-            while True:
-                try:
-                    seq.cache.prepare_write(seq.num_computed, n)
-                    kept.append((seq, n))
-                    break
-                except PoolExhaustedError:
-                    oldest = self.sessions.pop_oldest()
-                    if oldest is None:
-                        log.warning("KV pool full (%d blocks): ending %s",
-                                    self.pool.alloc.num_blocks, seq.request_id)  # fmt: skip
-                        ended.append(self._finish(seq, FinishReason.LENGTH, ""))
-                        break
-                    self._evict([oldest])
+            write = functools.partial(seq.cache.prepare_write, seq.num_computed, n)
+            if self.with_room(lambda: write() or True):  # noqa: B023 (called at once)
+                kept.append((seq, n))
+                continue
+            blocks = self.pool.alloc.num_blocks
+            log.warning("KV pool full (%d blocks): ending %s", blocks, seq.request_id)
+            ended.append(self._finish(seq, FinishReason.LENGTH, ""))
         return kept, ended
 
     def with_room(self, take: Callable[[], T]) -> T | None:
@@ -176,20 +159,6 @@ class Engine:
         """A session's keys and values (e.g. read from disk) put into the pool in `scope`,
         sharing the blocks it holds already."""
         return self.pool.load(scope, kv.k, kv.v, kv.token_ids, kv.held_from)
-
-    def _count(
-        self, batch: ScheduledBatch, prefills: list[bool], sampled: int, took_s: float
-    ) -> None:
-        self.stats.num_steps += 1
-        self.stats.num_generated_tokens += sampled
-        self.stats.step_seconds += took_s
-        self.stats.last_step_s = took_s
-        for (_, n), prefilled in zip(batch, prefills, strict=True):
-            # a decode step feeds back one sampled token; everything else is prefill
-            if prefilled:
-                self.stats.num_prefill_tokens += n
-            else:
-                self.stats.num_decode_tokens += n
 
     def abort(self, request_id: str) -> StepOutput | None:
         """End a queued or running request now; its KV so far stays with its session."""

@@ -4,7 +4,7 @@ a llama-shaped model and on gpt-oss (two block groups: its windowed layers and t
 blocks the pool still knows are taken, not read; a damaged block ends the read there, its
 file deleted and counted, and the table holds the blocks before it and no more; a prompt's
 prefix on disk is read in place up to its first missing block, uncounted; a full pool evicts
-idle sessions to make room, or gives up holding nothing. Spills are
+idle sessions to make room, or gives up holding nothing (a step's sequence then ends). Spills are
 written on a thread of lower priority, and read back on one of the worker's own."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.enums import FinishReason
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -186,3 +187,12 @@ def test_a_full_pool_evicts_idle_sessions_for_a_read_or_gives_up_holding_nothing
     small = Engine(tiny_model, EngineConfig(kv_pool_bytes=3 * BLOCK * tiny_model.bytes_per_token))
     assert small.with_room(lambda: PoolRead(small.pool, listing(store, tiny_model))) is None
     assert small.pool.alloc.num_held == 0  # the blocks it had taken went back
+
+
+def test_a_step_that_finds_no_room_ends_its_sequence_and_holds_nothing(tiny_model: Model) -> None:
+    engine = Engine(tiny_model, EngineConfig(kv_pool_bytes=2 * BLOCK * tiny_model.bytes_per_token))
+    ids = [int(t) for t in np.random.default_rng(3).integers(3, tiny_model.config.vocab_size, 40)]
+    out = engine.generate([Request("r", ids, GREEDY)])["r"]
+    completion = out[-1].completion
+    assert completion is not None and completion.finish_reason == FinishReason.LENGTH
+    assert engine.pool.alloc.num_held == 0 and not engine.sequences
