@@ -124,8 +124,7 @@ class Engine:
         kept: ScheduledBatch = []
         ended: list[StepOutput] = []
         for seq, n in batch:
-            write = functools.partial(seq.cache.prepare_write, seq.num_computed, n)
-            if self.with_room(lambda: write() or True):  # noqa: B023 (called at once)
+            if self.with_room(functools.partial(_room_to_write, seq, n)):
                 kept.append((seq, n))
                 continue
             blocks = self.pool.alloc.num_blocks
@@ -281,3 +280,10 @@ class Engine:
             for out in self.step():
                 outputs.setdefault(out.request_id, []).append(out)
         return outputs
+
+
+def _room_to_write(seq: Sequence, n: int) -> bool:
+    """Make the sequence's blocks its own for its next n positions (PoolExhaustedError
+    when the pool has no room): True."""
+    seq.cache.prepare_write(seq.num_computed, n)
+    return True

@@ -40,8 +40,11 @@ class PoolRead:
                 layers = slice(None) if len(pool.groups) == 1 else list(group.layers)
                 k, v = listing.k_tail[layers], listing.v_tail[layers]
                 pool.put(*self.table.slots(listing.listed, n - listing.listed, g), k, v, g)
-        # each block's id in every group (read on the readers' threads: a copy)
+        # each block's id in every group (read on the readers' threads: a copy), and each
+        # layer's (group, index in it)
         self.rows = [list(blocks) for blocks in zip(*self.table.tables, strict=True)]
+        every = range(pool.config.num_layers)
+        self._places = [(pool.group_of[x], pool.index_in_group[x]) for x in every]
 
     @property
     def first(self) -> int:
@@ -52,9 +55,7 @@ class PoolRead:
         """Where block i's payload goes: each layer's keys [kv_heads, block, head_dim] in
         the pool, then each layer's values."""
         pool, row = self.pool, self.rows[i]
-        layers = range(pool.config.num_layers)
-        places = [(pool.group_of[x], pool.index_in_group[x]) for x in layers]
-        return [a[g][j, row[g]] for a in (pool.k_groups, pool.v_groups) for g, j in places]
+        return [a[g][j, row[g]] for a in (pool.k_groups, pool.v_groups) for g, j in self._places]
 
     def place(self, i: int) -> None:
         pass  # read in place

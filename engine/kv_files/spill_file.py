@@ -175,12 +175,9 @@ class SpillStore:
     ) -> SpilledKV:
         """The KV of the longest run of `ids`'s whole blocks from the start whose block files
         are on disk in `dtype` (prefix_listing), read into arrays of its own. A block
-        missing or failing a check (deleted) ends it, uncounted."""
+        missing or failing a check (deleted) ends it, uncounted (`incomplete` says why)."""
         listing = self.prefix_listing(scope, ids, like=like, dtype=dtype)
-        n = listing.listed
-        k, v = self._arrays(like, n, dtype)
-        got, _ = self.read_listed(listing, SessionBlocks(k, v, self.block_size), counted=False)
-        return SpilledKV(k[:, :, :got], v[:, :, :got], ids[:got], scope)
+        return self._filled(listing, like, counted=False)
 
     def _open(
         self, key: str, like: tuple[int, int, int], dtype: np.dtype[Any]
@@ -207,12 +204,14 @@ class SpillStore:
         listed = len(h["blocks"]) * self.block_size  # (checked against the tokens)
         return Listing(key, scope, ids, chain, listed, k_tail, v_tail)
 
-    def _filled(self, listing: Listing, like: tuple[int, int, int]) -> SpilledKV:
+    def _filled(
+        self, listing: Listing, like: tuple[int, int, int], counted: bool = True
+    ) -> SpilledKV:
         """A listing's KV in arrays of its own: its blocks read back and followed by the
-        tail (or as many blocks as passed their checks)."""
+        tail (or as many blocks as passed their checks; read_listed's `counted`)."""
         k, v = self._arrays(like, len(listing.token_ids), listing.k_tail.dtype)
         k[:, :, listing.listed :], v[:, :, listing.listed :] = listing.k_tail, listing.v_tail
-        n, why = self.read_listed(listing, SessionBlocks(k, v, self.block_size))
+        n, why = self.read_listed(listing, SessionBlocks(k, v, self.block_size), 0, counted)
         return SpilledKV(k[:, :, :n], v[:, :, :n], listing.token_ids[:n], listing.scope, why)
 
     def _converted(self, kv: SpilledKV, dtype: np.dtype[Any]) -> SpilledKV:
