@@ -4,7 +4,7 @@ through their packages) before NumPy and Numba load their libraries. Nothing is 
 here, so that calling it comes first.
 
 Two thread pools share the cores: OpenBLAS's (long prefill chunks, unless the quantized C
-kernels take them: Kernels.every_row) and OpenMP's (the C and Numba kernels). A step that mixes
+kernels take them: Kernels.chunk_rows) and OpenMP's (the C and Numba kernels). A step that mixes
 both calls them in turn, layer after layer, and each pool's idle threads spin after a call:
 OpenBLAS's by default for about 2^28 cycles, which took a core from the kernels for every
 call and made a mixed step up to three times slower (bench/RESULTS.md). Both are told to

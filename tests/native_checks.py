@@ -12,17 +12,18 @@ import numpy as np
 import pytest
 
 from engine.model import Model
-from engine.ops import native
-from engine.ops.kernels import SMALL_ROWS
+from engine.ops.chunks import SMALL_ROWS, kernel_chunk_rows
 from engine.ops.native_layers import NativeLayers, native_layers
 from tests.paged import new_kv, pool_of, run_segments, step
 
 
-def long_chunks_in_one_call(model: Model) -> bool:
-    """Whether the all-layers call takes chunks longer than SMALL_ROWS: where the kernels
-    take every row (AVX-512), or every matrix of the model is read in place (an MoE
-    model's); elsewhere (AVX2, NEON) such a chunk goes to BLAS op by op."""
-    return native.wide_vectors() or model.weights.in_place
+def long_chunks_in_one_call(model: Model, rows: int = 45) -> bool:
+    """Whether the all-layers call takes a chunk of `rows` (longer than SMALL_ROWS): where
+    the kernels take chunks that long (every one on AVX-512, 128 rows on AVX2:
+    engine/ops/chunks.py), or every matrix of the model is read in place (an MoE model's);
+    elsewhere (NEON, plain C) such a chunk goes to BLAS op by op."""
+    limit = kernel_chunk_rows()
+    return model.weights.in_place or limit is None or rows <= limit
 
 
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:

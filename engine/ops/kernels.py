@@ -9,8 +9,8 @@ activation row through one and the same loop, one row at a time; decode rows alw
 through it, and only prefill chunks longer than SMALL_ROWS go to BLAS, each in a call of its
 own. Streaming each weight block once for all rows keeps it in cache for the next row, so
 one row at a time costs little (see bench/RESULTS.md). Quantized weights with the C
-kernels on an AVX-512 CPU (engine/ops/quant, Kernels.every_row) take every row there, long
-chunks too.
+kernels take longer chunks as their build allows (engine/ops/chunks.py, Kernels.chunk_rows):
+every row on an AVX-512 CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from numba import config, get_num_threads, njit, prange, set_num_threads
 
+from engine.ops.chunks import SMALL_ROWS
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix
 from engine.ops.quant.cuda import matmul_t as gpu_matmul_t
@@ -29,7 +30,6 @@ from engine.ops.quant.experts_native import expert_matmul
 from engine.ops.quant.matrix import QuantMatrix
 
 MAX_THREADS: int = config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # pool size at start
-SMALL_ROWS = 32  # prefill chunks up to this long run in the kernel too
 SCRATCH_BYTES = 32 << 20  # at most this much of a quantized matrix expanded for BLAS at once
 Array = Any
 # a step's rows as consecutive runs: (start, stop, True when the kernel computes them)
@@ -125,16 +125,29 @@ def matmul_t(
     return out
 
 
+def kernel_runs(runs: RowRuns) -> RowRuns:
+    """`runs` as the quantized kernels take them: a long chunk as long as they take
+    (Kernels.chunk_rows, engine/ops/chunks.py) goes to them too, with the runs beside it."""
+    limit = quant_kernels().chunk_rows
+    taken: list[tuple[int, int, bool]] = []
+    for start, stop, kernel in runs:
+        kernel = kernel or limit is None or stop - start <= limit
+        if taken and kernel and taken[-1][2]:
+            taken[-1] = (taken[-1][0], stop, True)
+        else:
+            taken.append((start, stop, kernel))
+    return tuple(taken)
+
+
 def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.ndarray:
-    """matmul_t on quantized weights: every row in the kernel where it takes long chunks
-    (`every_row`); elsewhere kernel rows in the kernel and long chunks with BLAS against
+    """matmul_t on quantized weights: kernel rows, and the long chunks the kernels take
+    (`kernel_runs`: every one on AVX-512), in the kernel; any longer chunk with BLAS against
     the weights expanded into a scratch buffer (in slabs of rows for a large matrix, once
     for all the step's long chunks), reused from call to call."""
     kernels, threads = quant_kernels(), get_num_threads()
     n = w.shape[0]
     out = np.empty((x.shape[0], n), dtype=np.float32)
-    if runs is None or kernels.every_row:
-        runs = ((0, x.shape[0], True),)
+    runs = kernel_runs(runs or ((0, x.shape[0], True),))
     for start, stop, _ in (r for r in runs if r[2]):
         kernels.matmul(w, x[start:stop], out[start:stop], threads)
     chunks = [(start, stop) for start, stop, kernel in runs if not kernel]

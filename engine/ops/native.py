@@ -103,6 +103,11 @@ def wide_vectors() -> bool:
     return "avx512f" in _target_flags()
 
 
+def builds_for(feature: str) -> bool:
+    """Whether the kernels' build target has `feature` (as /proc/cpuinfo names it: avx2)."""
+    return feature in _target_flags()
+
+
 def isa() -> str:
     """What the kernels' build target makes of their vectors, in words."""
     flags = _target_flags()

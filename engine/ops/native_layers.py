@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.ops import native
 from engine.ops.attention_rows import KERNEL_KV_DTYPES, c_kernel_fits
+from engine.ops.kernels import kernel_runs
 from engine.ops.native import address
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
@@ -182,7 +183,7 @@ class NativeLayers:
         `pool`; False (nothing done) where this step has rows outside the kernels. Raises
         MemoryError (nothing done) where the step's scratch cannot be allocated."""
         plan = step.attention
-        every_row = quant_kernels().every_row or all(kernel for *_, kernel in step.runs)
+        every_row = all(kernel for *_, kernel in kernel_runs(step.runs))
         if not (
             every_row and len(plan.kernel_rows) == x.shape[0]
             and pool.xp is np and pool.dtype in KERNEL_KV_DTYPES

@@ -3,9 +3,12 @@ the same bits whatever rows come with it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from engine.ops import kernels
 from engine.ops.kernels import SMALL_ROWS, matmul_t, plan_rows
 
 
@@ -44,3 +47,24 @@ def test_runs_compute_kernel_and_blas_rows_apart() -> None:
     assert np.array_equal(got[:1], matmul_t(x[:1], w))
     assert np.array_equal(got[41:], matmul_t(x[41:], w))
     assert np.array_equal(got[1:41], x[1:41] @ w.T)  # the long chunk: BLAS, on its own
+
+
+@pytest.mark.parametrize(
+    ("limit", "want"),
+    [
+        (None, ((0, 245, True),)),  # AVX-512: every chunk in the kernels, one run
+        (128, ((0, 44, True), (44, 244, False), (244, 245, True))),  # AVX2
+        (
+            SMALL_ROWS,
+            ((0, 1, True), (1, 41, False), (41, 44, True), (44, 244, False), (244, 245, True)),
+        ),
+    ],
+)
+def test_quantized_kernels_take_the_long_chunks_their_build_allows(
+    limit: int | None, want: tuple[tuple[int, int, bool], ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan_rows sends every chunk past SMALL_ROWS to BLAS (as float weights want);
+    kernel_runs gives the quantized kernels those they take (engine/ops/chunks.py), merged
+    with the kernel rows beside them."""
+    monkeypatch.setattr(kernels, "quant_kernels", lambda: SimpleNamespace(chunk_rows=limit))
+    assert kernels.kernel_runs(plan_rows([1, 40, 3, 200, 1])) == want

@@ -19,7 +19,9 @@ from engine.ops.quant.matrix import QuantMatrix
 
 class Kernels(Protocol):
     name: str
-    every_row: bool  # long chunks too (else they go to BLAS on expanded weights)
+    # the longest prefill chunk the kernels take (None: every one); longer ones go to BLAS
+    # on expanded weights
+    chunk_rows: int | None
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None: ...
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from engine.ops.chunks import SMALL_ROWS
 from engine.ops.quant.formats import KIND_BF16, KIND_F16, KIND_Q4
 from engine.ops.quant.matrix import QuantMatrix
 
@@ -76,7 +77,8 @@ def _dequant(kind, gshift, codes, scale, offset, k, rows, out):  # type: ignore[
 
 class NumbaKernels:
     name = "numba"
-    every_row = False  # per-row scalar loops: BLAS on expanded weights is faster for chunks
+    # per-row scalar loops: BLAS on expanded weights is faster for longer chunks
+    chunk_rows: int | None = SMALL_ROWS
 
     # Numba reads no float16 on the CPU: float16 groups are widened for each call (exact)
 

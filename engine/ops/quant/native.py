@@ -7,6 +7,7 @@ import ctypes
 import numpy as np
 
 from engine.ops import native
+from engine.ops.chunks import kernel_chunk_rows
 from engine.ops.native import address
 from engine.ops.quant.matrix import QuantMatrix
 
@@ -21,9 +22,9 @@ class NativeKernels:
         # (AVX-512): on 2 Zen 4 cores as fast as expanding the weights for BLAS, with no
         # expansion and no hand-over between BLAS's and OpenMP's threads (each woke the
         # other's sleeping thread: ~0.5 ms, several times a layer): a 512-token prefill
-        # 1.08-1.15 s -> 0.73-0.75 s (bench/RESULTS.md). Built for AVX2 or NEON the tiles
-        # spill their registers and run ~10x below BLAS: long chunks go there.
-        self.every_row = native.wide_vectors()
+        # 1.08-1.15 s -> 0.73-0.75 s (bench/RESULTS.md). Built for AVX2 chunks of up to
+        # 128 rows; longer ones go to BLAS (engine/ops/chunks.py).
+        self.chunk_rows = kernel_chunk_rows()
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._matmul = lib.wf_matmul
         self._matmul.argtypes = [i, i, p, p, p, i64, i64, p, i64, p, i64, i]

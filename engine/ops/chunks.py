@@ -1,0 +1,29 @@
+"""Which prefill chunks the compiled kernels take beside the decode rows, by the kernels'
+build; longer chunks go to BLAS (their products against weights expanded to float32, their
+attention over gathered keys), each chunk in calls of its own. A row's path, and so its
+bits, depends on its own chunk's length only, never on what else runs in the step (batch
+invariance).
+
+Where the kernels' 16-lane vectors are pairs of 8-lane registers (AVX2), one chunk after 600
+cached positions took, in the kernels against BLAS (2 cores of an Intel Xeon built for AVX2,
+the default model, bench/RESULTS.md), 0.72x the time at 64 rows, 0.78x at 128, 0.92x at 160,
+1.0x at 256 and 1.13x at 512; after 3,000 positions 0.75x at 64 and 0.95x at 128. BLAS pays
+for expanding the weights once a step, whatever its rows: two long chunks in one step share
+it, which is why the bound is 128 rows and not 256. NEON and plain C builds keep SMALL_ROWS
+until measured.
+"""
+
+from __future__ import annotations
+
+from engine.ops import native
+
+SMALL_ROWS = 32  # prefill chunks up to this long stay in the kernels on every build
+AVX2_CHUNK_ROWS = 128  # on AVX2, as measured above
+
+
+def kernel_chunk_rows() -> int | None:
+    """The longest chunk the compiled kernels take: every one (None) where their vectors are
+    single registers (AVX-512), AVX2_CHUNK_ROWS on AVX2, SMALL_ROWS on other builds."""
+    if native.wide_vectors():
+        return None
+    return AVX2_CHUNK_ROWS if native.builds_for("avx2") else SMALL_ROWS
