@@ -13,7 +13,10 @@ sizes and a scan per round; virtual time is one sorted-set lookup per dispatch a
 for requests of any size.)
 
 A request whose session is warm on a live worker skips the queue: it goes to that worker's
-pinned stream. Every other request waits in its tenant's list until a worker with room
+pinned stream, unless its tenant already runs as many requests as it may (max_concurrent).
+Then it waits in its tenant's queue like any other, marked with that worker, which takes it
+when the tenant's turn comes, if it has a free slot then (else placement below decides, as
+for a new session). Every other request waits in its tenant's list until a worker with room
 dispatches it, which moves it onto the worker's pinned stream, where leases and fail-over
 work as for pinned requests. Key names are built inside the scripts from prefixes, so the
 scripts assume one Redis (not a Redis Cluster).
@@ -34,19 +37,10 @@ holding its prompt's prefix): see broker/placement.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from string import Template
 
 from broker import keys
-from broker.codec import FIELD
-from broker.placement import PREFIX_HOLDER, STANDING
+from broker.placement import placement_script
 from common.enums import PRIORITIES
-
-
-def _stream_field(script: str) -> str:
-    """A script with the stream field that holds a message (codec.FIELD) and placement's
-    ranking of workers filled in."""
-    return Template(script).substitute(field=FIELD, standing=STANDING, prefix_holder=PREFIX_HOLDER)
-
 
 # A worker takes requests while its heartbeat key exists and its draining key does not.
 # KEYS: session hash, tenant's queued count, total queued count, the request's hash,
@@ -59,8 +53,9 @@ def _stream_field(script: str) -> str:
 # The session goes to the worker the index names, else to the one that last started it
 # (the index lags the worker by the kvstore's reaction time; an agent's next turn does not),
 # else to the worker holding the session that last sent the longest prefix of its prompt in
-# memory, while that worker has room (broker/placement.py).
-ENQUEUE = _stream_field("""
+# memory, while that worker has room (broker/placement.py); while its tenant runs fewer than
+# its running bound, else it is queued, its hash naming that worker ('h') for DISPATCH.
+ENQUEUE = placement_script("""
 local hb, draining, pinned = ARGV[2], ARGV[13], ARGV[3]
 $standing
 local function takes(w)
@@ -75,12 +70,16 @@ end
 if not takes(worker) then
   worker = prefix_holder(KEYS[12], ARGV[4], tonumber(ARGV[14]))
 end
-if takes(worker) then
+local running = tonumber(redis.call('HGET', KEYS[9], ARGV[6]) or '0')
+local bound = tonumber(ARGV[12])
+if takes(worker) and (not bound or running < bound) then
   redis.call('XADD', ARGV[3] .. worker, '*', '$field', ARGV[1])
   redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
   redis.call('HINCRBY', KEYS[11], 'admitted', 1)
   return {'pinned', worker}
 end
+-- the tenant runs as many as it may: the request waits in its queue, for that worker
+local holder = takes(worker) and worker or ''
 local alive = false
 for _, w in ipairs(redis.call('SMEMBERS', ARGV[4])) do
   if takes(w) then
@@ -101,7 +100,7 @@ if all >= tonumber(ARGV[10]) then
   redis.call('HINCRBY', KEYS[11], 'refused', 1)
   return {'full', tostring(all)}
 end
-redis.call('HSET', KEYS[4], 'b', ARGV[1], 'c', ARGV[7], 'w', ARGV[8], 'm', ARGV[12])
+redis.call('HSET', KEYS[4], 'b', ARGV[1], 'c', ARGV[7], 'w', ARGV[8], 'm', ARGV[12], 'h', holder)
 redis.call('EXPIRE', KEYS[4], ARGV[11])
 redis.call('RPUSH', KEYS[5], ARGV[5])
 if not redis.call('ZSCORE', KEYS[6], ARGV[6]) then
@@ -123,10 +122,19 @@ return {'queued', tostring(all + 1)}
 #       then per class in priority order: active set, virtual times, tenant-list prefix,
 #       then (placement) the worker's id, workers set, heartbeat, draining, pinned-stream
 #       and wake-stream prefixes, then the charge prefix
-DISPATCH = _stream_field("""
+DISPATCH = placement_script("""
 local me, hb, draining, pinned = ARGV[15], ARGV[17], ARGV[18], ARGV[19]
 $standing
 local rival, own = nil, nil  -- the first other live worker with a free slot; this one
+local function wake(w)  -- one entry is enough: it wakes, then dispatches
+  if redis.call('XLEN', ARGV[20] .. w) == 0 then
+    redis.call('XADD', ARGV[20] .. w, '*', 'from', me)
+  end
+end
+local function free(w)
+  local s = standing(w)
+  return s and (not s[4] or s[1] < s[4])
+end
 local function placed_elsewhere(taken)
   if not own then
     own = standing(me) or {redis.call('XLEN', pinned .. me), 0, me}
@@ -141,10 +149,7 @@ local function placed_elsewhere(taken)
   if not rival or not before(rival, {own[1] + taken, own[2], me}) then
     return false
   end
-  local wake = ARGV[20] .. rival[3]
-  if redis.call('XLEN', wake) == 0 then  -- one is enough: it wakes, then dispatches
-    redis.call('XADD', wake, '*', 'from', me)
-  end
+  wake(rival[3])
   return true
 end
 local n = 0
@@ -153,22 +158,30 @@ for c = 0, 2 do
   local active, state, prefix = ARGV[6 + c * 3], ARGV[7 + c * 3], ARGV[8 + c * 3]
   while n < room do
     -- the first tenant by virtual time whose running requests are under its bound
-    local tenant, start = nil, nil
+    local tenant, start, holder = nil, nil, ''
     local ranked = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
     for i = 1, #ranked, 2 do
       local head = redis.call('LINDEX', prefix .. ranked[i], 0)
-      local bound = head and tonumber(redis.call('HGET', ARGV[4] .. head, 'm') or '') or nil
+      local f = head and redis.call('HMGET', ARGV[4] .. head, 'm', 'h') or {}
+      local bound = tonumber(f[1] or '')
       local running = tonumber(redis.call('HGET', KEYS[3], ranked[i]) or '0')
       if not bound or running < bound then
-        tenant, start = ranked[i], tonumber(ranked[i + 1])
+        tenant, start, holder = ranked[i], tonumber(ranked[i + 1]), f[2] or ''
         break
       end
     end
     if not tenant then
       break  -- every tenant of this class is at its bound: the next class may go
     end
-    if placed_elsewhere(n) then
-      return n  -- a less loaded worker takes it: the queue's order is left as it is
+    if holder ~= me then
+      -- the worker holding its session takes it while it has a free slot; else placement
+      if holder ~= '' and free(holder) then
+        wake(holder)
+        return n
+      end
+      if placed_elsewhere(n) then
+        return n  -- a less loaded worker takes it: the queue's order is left as it is
+      end
     end
     local list = prefix .. tenant
     local rid = redis.call('LPOP', list)
@@ -220,48 +233,6 @@ return removed
 """
 
 
-# A draining worker hands a request it has not started to the worker placement would pick
-# (the first by `before` among those with a free slot, else the first of all), in one step
-# (the entry leaves its stream as it joins the other).
-# KEYS: the draining worker's pinned stream
-# ARGV: entry id, the job (encoded), heartbeat prefix, pinned-stream prefix, workers set, draining
-#       prefix, the draining worker's id, the consumer group
-HAND_OVER = _stream_field("""
-local me, hb, draining, pinned = ARGV[7], ARGV[3], ARGV[6], ARGV[4]
-$standing
-local best, room = nil, false
-for _, w in ipairs(redis.call('SMEMBERS', ARGV[5])) do
-  local s = w ~= me and standing(w)
-  if s then
-    local free = not s[4] or s[1] < s[4]
-    if not best or (free and not room) or (free == room and before(s, best)) then
-      best, room = s, free
-    end
-  end
-end
-if not best then
-  return ''
-end
-redis.call('XADD', pinned .. best[3], '*', '$field', ARGV[2])
-redis.call('XACK', KEYS[1], ARGV[8], ARGV[1])
-redis.call('XDEL', KEYS[1], ARGV[1])
-return best[3]
-""")
-
-
-# The workers that take requests now (the same rule as ENQUEUE's).
-# ARGV: workers set, heartbeat prefix, draining prefix
-LIVE_WORKERS = """
-local live = {}
-for _, w in ipairs(redis.call('SMEMBERS', ARGV[1])) do
-  if redis.call('EXISTS', ARGV[2] .. w) == 1 and redis.call('EXISTS', ARGV[3] .. w) == 0 then
-    table.insert(live, w)
-  end
-end
-return live
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class Admission:
     kind: str  # pinned, queued, no_worker, tenant_full or full
@@ -279,8 +250,3 @@ def dispatch_args(rooms: Rooms, worker_id: str) -> list[str | int]:
         args += [keys.fair_active(p), keys.fair_state(p), keys.fair_queue(p, "")]
     args += [worker_id, keys.WORKERS, keys.heartbeat_key(""), keys.draining_key("")]
     return [*args, keys.pinned_stream(""), keys.worker_wake(""), keys.fair_charge("")]
-
-
-def live_workers_args() -> list[str]:
-    """ARGV of LIVE_WORKERS."""
-    return [keys.WORKERS, keys.heartbeat_key(""), keys.draining_key("")]

@@ -43,7 +43,7 @@ class GatewayBroker:
         self.r = r
         self._enqueue = r.register_script(fair_queue.ENQUEUE)
         self._unqueue = r.register_script(fair_queue.UNQUEUE)
-        self._live = r.register_script(fair_queue.LIVE_WORKERS)
+        self._live = r.register_script(placement.LIVE_WORKERS)
         self._remember_head = r.register_script(prompt_heads.REMEMBER)
         self._forget_head = r.register_script(prompt_heads.FORGET)
         self._find = r.register_script(prompt_heads.FIND)
@@ -101,7 +101,7 @@ class GatewayBroker:
 
     async def live_workers(self) -> list[str]:
         """The workers that take requests now: registered, heartbeat fresh, not draining."""
-        return sorted(await self._live(args=fair_queue.live_workers_args()))
+        return sorted(await self._live(args=placement.live_workers_args()))
 
     async def find_by_prompt(
         self, tenant: str, hashes: list[bytes], marks: list[bytes]

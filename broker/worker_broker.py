@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from broker import codec, fair_queue, keys
+from broker import codec, fair_queue, keys, placement
 from broker.fair_queue import Rooms
 from broker.leases import Delivery, Leases, is_lost_group, parse_entries
 from broker.messages import Completion, ControlOrder, EventKind, JobError, SessionEvent, TokenChunk
@@ -91,7 +91,7 @@ class WorkerBroker(Leases):
         super().__init__(r, worker_id, lease_s)
         self.wake = keys.worker_wake(worker_id)  # another worker leaves it a request
         self._dispatch = r.register_script(fair_queue.DISPATCH)
-        self._hand_over = r.register_script(fair_queue.HAND_OVER)
+        self._hand_over = r.register_script(placement.HAND_OVER)
         self._end = r.register_script(END)
 
     def register(self, status: dict[str, object], ttl_s: float) -> None:
