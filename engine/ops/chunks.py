@@ -10,20 +10,39 @@ the default model, bench/RESULTS.md), 0.72x the time at 64 rows, 0.78x at 128, 0
 1.0x at 256 and 1.13x at 512; after 3,000 positions 0.75x at 64 and 0.95x at 128. BLAS pays
 for expanding the weights once a step, whatever its rows: two long chunks in one step share
 it, which is why the bound is 128 rows and not 256. NEON and plain C builds keep SMALL_ROWS
-until measured.
+until measured. WARMFLEET_CHUNK_ROWS sets the bound on any build (`all`: every chunk), to
+measure it on another CPU (bench.chunk_paths); set it before the process starts.
 """
 
 from __future__ import annotations
 
+import os
+
+from common.errors import InvalidRequestError
 from engine.ops import native
 
 SMALL_ROWS = 32  # prefill chunks up to this long stay in the kernels on every build
 AVX2_CHUNK_ROWS = 128  # on AVX2, as measured above
+CHUNK_ROWS_ENV = "WARMFLEET_CHUNK_ROWS"
 
 
 def kernel_chunk_rows() -> int | None:
-    """The longest chunk the compiled kernels take: every one (None) where their vectors are
-    single registers (AVX-512), AVX2_CHUNK_ROWS on AVX2, SMALL_ROWS on other builds."""
+    """The longest chunk the compiled kernels take: WARMFLEET_CHUNK_ROWS where set, else
+    every one (None) where their vectors are single registers (AVX-512), AVX2_CHUNK_ROWS on
+    AVX2, SMALL_ROWS on other builds."""
+    asked = os.environ.get(CHUNK_ROWS_ENV, "").strip().lower()
+    if asked:
+        return _asked_rows(asked)
     if native.wide_vectors():
         return None
     return AVX2_CHUNK_ROWS if native.builds_for("avx2") else SMALL_ROWS
+
+
+def _asked_rows(asked: str) -> int | None:
+    if asked == "all":
+        return None
+    if asked.isdigit() and int(asked) >= 1:
+        return int(asked)
+    raise InvalidRequestError(
+        CHUNK_ROWS_ENV, f"must be a number of rows (>= 1) or all, got {asked!r}"
+    )

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from common.errors import InvalidRequestError
 from engine.ops import kernels
+from engine.ops.chunks import CHUNK_ROWS_ENV, kernel_chunk_rows
 from engine.ops.kernels import SMALL_ROWS, matmul_t, plan_rows
 
 
@@ -68,3 +70,13 @@ def test_quantized_kernels_take_the_long_chunks_their_build_allows(
     with the kernel rows beside them."""
     monkeypatch.setattr(kernels, "quant_kernels", lambda: SimpleNamespace(chunk_rows=limit))
     assert kernels.kernel_runs(plan_rows([1, 40, 3, 200, 1])) == want
+
+
+def test_warmfleet_chunk_rows_sets_the_bound_on_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    for asked, rows in (("64", 64), (" ALL ", None), ("1", 1)):
+        monkeypatch.setenv(CHUNK_ROWS_ENV, asked)
+        assert kernel_chunk_rows() == rows
+    for bad in ("0", "-3", "many", "1.5"):
+        monkeypatch.setenv(CHUNK_ROWS_ENV, bad)
+        with pytest.raises(InvalidRequestError, match=CHUNK_ROWS_ENV):
+            kernel_chunk_rows()
