@@ -19,18 +19,19 @@ from common.v1 import inference_pb2 as pb
 from engine.model import Model
 from gateway.auth import hash_key
 from tests.cluster_helpers import NEW_TOKENS, reference, wait_for
-from warmfleet.client import Client
+from warmfleet.client import Client, collect
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
 
 pytestmark = pytest.mark.slow
-KEYS = {t: f"{t}-secret" for t in ("alice", "bob", "flooder", "quiet", "tiny")}
+KEYS = {t: f"{t}-secret" for t in ("alice", "bob", "flooder", "quiet", "tiny", "single")}
 SETTINGS = {
     "alice": 'max_priority = "interactive"',
     "bob": 'max_priority = "normal"',
     "flooder": 'max_queued = 64\nmax_priority = "interactive"',
     "quiet": "",
     "tiny": "max_queued = 1",
+    "single": "max_concurrent = 1",
 }
 MESSAGES = [{"role": "user", "content": "Name a large animal."}]
 
@@ -257,3 +258,29 @@ def test_two_flooding_tenants_of_equal_weight_share_tokens_evenly(cluster: Clust
     window = sorted(done, key=lambda d: d.first_token)[:30]
     tokens = {t: sum(d.tokens for d in window if d.tenant == t) for t in ("flooder", "quiet")}
     assert abs(tokens["flooder"] - tokens["quiet"]) <= 0.2 * max(tokens.values()), tokens
+
+
+def test_a_tenants_bound_holds_for_its_warm_sessions_which_stay_warm(cluster: Cluster) -> None:
+    """max_concurrent 1: with one of its sessions generating, the next turn of another warm
+    session waits in the tenant's queue (not on the worker's stream), marked with the worker
+    holding it, and then resumes there, its KV reused."""
+    r = redis_lib.Redis.from_url(cluster.redis_url, decode_responses=True)
+    count = [{"role": "user", "content": "Count from 1 to 100, one number per line."}]
+    with client(cluster, "single") as single:
+        first = {sid: single.complete(sid, messages=MESSAGES, max_tokens=4) for sid in ("s1", "s2")}
+        long_turn = single.stream("s1", messages=count, max_tokens=60)
+        next(iter(long_turn))  # s1 runs: the tenant's one request
+        turn = [*MESSAGES, {"role": "assistant", "content": first["s2"].text}, *MESSAGES]
+        waiting = single.stream("s2", messages=turn, max_tokens=4)
+        queue = keys.fair_queue("normal", "single")
+        wait_for(lambda: r.llen(queue) == 1, "s2's turn to wait in its tenant's queue", 30)
+        (rid,) = r.lrange(queue, 0, -1)
+        assert r.hget(keys.queued_request(rid), "h") == first["s2"].completion.worker_id
+        for _ in long_turn:
+            pass
+        reply = collect(waiting)
+    assert reply.completion.worker_id == first["s2"].completion.worker_id
+    held = first["s2"].completion.usage.prompt_tokens + len(first["s2"].token_ids)
+    assert reply.completion.usage.cached_tokens >= held - 4  # warm: only the new turn computed
+    assert r.hget(keys.RUNNING, "single") == "0"
+    r.close()
