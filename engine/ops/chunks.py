@@ -5,7 +5,7 @@ bits, depends on its own chunk's length only, never on what else runs in the ste
 invariance).
 
 Where the kernels' 16-lane vectors are pairs of 8-lane registers (AVX2), one chunk after 600
-cached positions took, in the kernels against BLAS (2 cores of an Intel Xeon built for AVX2,
+cached positions took, in the kernels against BLAS (2 Zen 4 cores built for AVX2,
 the default model, bench/RESULTS.md), 0.72x the time at 64 rows, 0.78x at 128, 0.92x at 160,
 1.0x at 256 and 1.13x at 512; after 3,000 positions 0.75x at 64 and 0.95x at 128. BLAS pays
 for expanding the weights once a step, whatever its rows: two long chunks in one step share
