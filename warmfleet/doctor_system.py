@@ -17,6 +17,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from engine.ops import native
+from engine.ops.chunks import kernel_chunk_rows
 from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.sizes import format_size
 
@@ -62,9 +63,11 @@ def kernels_row() -> Check:
         logger.removeHandler(collect)
     if lib is not None:
         target = "this CPU" if native.march() == "native" else f"-march={native.march()}"
-        threads = native.threads(lib)
-        what = f"built for {target} ({native.isa()}, {threads}): {lib._name}"
-        return ok("C kernels", what, library=str(lib._name), isa=native.isa(), threads=threads)
+        threads, rows = native.threads(lib), kernel_chunk_rows()
+        chunks = "every prefill chunk" if rows is None else f"prefill chunks up to {rows} rows"
+        what = f"built for {target} ({native.isa()}, {threads}; {chunks}): {lib._name}"
+        values = {"isa": native.isa(), "threads": threads, "chunk_rows": rows}
+        return ok("C kernels", what, library=str(lib._name), **values)
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"
     else:  # native.py logs why, once per process
