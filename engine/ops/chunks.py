@@ -10,8 +10,9 @@ the default model, bench/RESULTS.md), 0.72x the time at 64 rows, 0.78x at 128, 0
 1.0x at 256 and 1.13x at 512; after 3,000 positions 0.75x at 64 and 0.95x at 128. BLAS pays
 for expanding the weights once a step, whatever its rows: two long chunks in one step share
 it, which is why the bound is 128 rows and not 256. NEON and plain C builds keep SMALL_ROWS
-until measured. WARMFLEET_CHUNK_ROWS sets the bound on any build (`all`: every chunk), to
-measure it on another CPU (bench.chunk_paths); set it before the process starts.
+until measured. WARMFLEET_CHUNK_ROWS sets the bound on any build (at least SMALL_ROWS; `all`:
+every chunk), to measure it on another CPU (bench.chunk_paths); set it before the process
+starts.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ def kernel_chunk_rows() -> int | None:
 def _asked_rows(asked: str) -> int | None:
     if asked == "all":
         return None
-    if asked.isdigit() and int(asked) >= 1:
+    if asked.isdigit() and int(asked) >= SMALL_ROWS:
         return int(asked)
-    raise InvalidRequestError(
-        CHUNK_ROWS_ENV, f"must be a number of rows (>= 1) or all, got {asked!r}"
-    )
+    why = f"must be a number of rows (at least {SMALL_ROWS}) or all, got {asked!r}"
+    raise InvalidRequestError(CHUNK_ROWS_ENV, why)

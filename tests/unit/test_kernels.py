@@ -73,10 +73,10 @@ def test_quantized_kernels_take_the_long_chunks_their_build_allows(
 
 
 def test_warmfleet_chunk_rows_sets_the_bound_on_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    for asked, rows in (("64", 64), (" ALL ", None), ("1", 1)):
+    for asked, rows in (("64", 64), (" ALL ", None), (str(SMALL_ROWS), SMALL_ROWS)):
         monkeypatch.setenv(CHUNK_ROWS_ENV, asked)
         assert kernel_chunk_rows() == rows
-    for bad in ("0", "-3", "many", "1.5"):
+    for bad in ("0", "-3", "many", "1.5", str(SMALL_ROWS - 1)):
         monkeypatch.setenv(CHUNK_ROWS_ENV, bad)
         with pytest.raises(InvalidRequestError, match=CHUNK_ROWS_ENV):
             kernel_chunk_rows()
