@@ -59,8 +59,8 @@ def fair_charge(request_id: str) -> str:
 
 
 def queued_request(request_id: str) -> str:
-    """Hash: a queued request's body, cost, weight, class and tenant (expires at its
-    deadline)."""
+    """Hash: a queued request's body (b), cost (c), weight (w), its tenant's running bound
+    (m) and the worker holding its session, if one does (h); it expires at its deadline."""
     return f"wf:req:{request_id}"
 
 
