@@ -52,6 +52,9 @@ class Spiller:
         # once no write of its own is in flight (has_file; take_back takes the bytes back).
         self._io = ThreadPoolExecutor(1, "spill", initializer=_background_priority)
         self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore")
+        # another worker's request waits on a share: not behind this worker's spills, and
+        # not at their lower priority
+        self._shares = ThreadPoolExecutor(max_workers=1, thread_name_prefix="share")
         self._pending: dict[str, tuple[SpilledKV, Future[FileSummary]]] = {}
 
     def spill(self, key: str, kv: SpilledKV) -> None:
@@ -159,8 +162,11 @@ class Spiller:
 
     def share(self, kv: SpilledKV | None, answer: Path) -> None:
         """Write a prefix's block files for another worker of the host (those there already
-        are only touched), then `answer`, in the background."""
-        self._io.submit(self._share, kv, answer)
+        are only touched), then `answer`, in the background: on a thread of its own at the
+        process's priority, since the asking worker waits only about what prefilling the
+        prefix would take it (a write queued behind spills at nice 10 on a busy host came
+        too late)."""
+        self._shares.submit(self._share, kv, answer)
 
     def _share(self, kv: SpilledKV | None, answer: Path) -> None:
         try:
@@ -205,6 +211,7 @@ class Spiller:
     def close(self) -> None:
         self._io.shutdown(wait=True)
         self._reads.shutdown(wait=True)
+        self._shares.shutdown(wait=True)
 
     def _shape(self) -> tuple[int, int, int]:
         c = self.model.config

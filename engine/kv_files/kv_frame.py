@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ def write_frame(
         **header, "dtype": kv_str(k.dtype), "shape": list(k.shape),
         "payload_bytes": k.nbytes + v.nbytes, "xxh3_64": digest.hexdigest(),
     }).encode()  # fmt: skip
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # one name per thread: two threads of a process may write the same block at once
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
     try:
         with tmp.open("wb") as f:
             f.write(PREFIX.pack(magic, version, len(head)))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,7 +142,36 @@ def test_spills_are_written_at_a_lower_priority_and_read_at_the_workers(
 
         assert spiller._io.submit(nice).result() == min(19, mine + WRITE_NICE)
         assert spiller._reads.submit(nice).result() == mine
+        assert spiller._shares.submit(nice).result() == mine  # another worker waits on it
     finally:
+        spiller.close()
+
+
+class _StuckWrites(SpillStore):
+    """A store whose session writes wait for `go`."""
+
+    go = threading.Event()
+
+    def write(self, key: str, kv: SpilledKV) -> Any:
+        assert self.go.wait(timeout=60)
+        return super().write(key, kv)
+
+
+def test_a_share_is_answered_while_a_spill_is_still_being_written(
+    tiny_model: Model, tmp_path: Path
+) -> None:
+    spiller = Spiller(_StuckWrites(tmp_path, tiny_model.fingerprint), tiny_model)
+    k = np.zeros((1, 1, 16, 8), dtype=np.float32)
+    try:
+        spiller.spill("acme/stuck", SpilledKV(k, k, list(range(16)), "acme"))
+        answer = tmp_path / "answer"
+        spiller.share(None, answer)
+        deadline = time.monotonic() + 30
+        while not answer.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert answer.exists() and spiller.is_writing("acme/stuck")
+    finally:
+        _StuckWrites.go.set()
         spiller.close()
 
 

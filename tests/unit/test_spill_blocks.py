@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,33 @@ def test_a_session_ending_on_a_block_boundary_has_an_empty_tail(store: SpillStor
     back = read(store, "acme/even")
     assert len(written.blocks) == 2 and back.token_ids == SYSTEM[:32]
     assert np.array_equal(back.k, kv32.k) and np.array_equal(back.v, kv32.v)
+
+
+def test_two_threads_writing_the_same_blocks_leave_them_whole(store: SpillStore) -> None:
+    """A spill and a share of one prefix run on two threads of the worker (worker/spiller.py):
+    each writes its own temporary file, so neither can rename the other's half-written one
+    into place."""
+    kv, start, failed = session_kv([1, 2, 3]), threading.Barrier(2), []
+
+    def write_blocks() -> None:
+        try:
+            for _ in range(20):
+                start.wait(timeout=30)
+                for path in store.blocks.glob("*.wfkb"):
+                    path.unlink(missing_ok=True)  # so that both write, not only touch
+                start.wait(timeout=30)
+                store.write_blocks(kv)
+        except Exception as e:  # reported by the test's thread below
+            failed.append(e)
+            start.abort()
+
+    threads = [threading.Thread(target=write_blocks) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not failed, failed
+    store.write("acme/a", kv)  # its blocks there already: only the session's own file
+    got = read(store, "acme/a")
+    assert np.array_equal(got.k, kv.k) and np.array_equal(got.v, kv.v)
+    assert not list(store.blocks.glob(".*.tmp"))
