@@ -166,6 +166,26 @@ INLINE __m256 tree8(const __m256 t[8]) {
     return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* keep_scores on the 16 scores at sc, by 8-lane halves: the same masks, maxima and stores
+   (its 16-lane form went through the stack piece by piece here). */
+INLINE void keep_scores8(const float *sc, int64_t j, int64_t b, int64_t nb, int64_t n,
+                         int64_t lo, v16f *top, float *p, int64_t padded) {
+    float *t = (float *)(top + j), *to = p + j * padded + b * BLOCK;
+    for (int h = 0; h < 2; h++) {
+        __m256 s = _mm256_loadu_ps(sc + 8 * h);
+        __m256i key = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(b * BLOCK) + 8 * h),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        if (b == nb - 1) /* keys past the row's length */
+            s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(key, _mm256_set1_epi32((int32_t)n - 1))));
+        if (b * BLOCK < lo) /* keys the window has left behind */
+            s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)lo), key)));
+        _mm256_storeu_ps(t + 8 * h, _mm256_max_ps(s, _mm256_loadu_ps(t + 8 * h)));
+        _mm256_storeu_ps(to + 8 * h, s);
+    }
+}
+
 /* One head's scores of the 16 keys at kb (its scaled query at qj, D = 16 nv floats) into
    sc: 4 keys at a time, their accumulators' halves in 8 registers, each part of the query
    loaded once for the 4; the first part a product, the rest multiply-adds, as score_block.
@@ -288,7 +308,11 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
     for (int64_t j = 0; j < g; j++) {
         float sc[16];
         head_scores((const float *)qv[j], kb, nv, sc);
+#if WF_AVX2
+        keep_scores8(sc, j, b, nb, n, lo, top, p, padded);
+#else
         keep_scores(load16(sc), j, b, nb, n, lo, top, p, padded);
+#endif
     }
 }
 
@@ -356,17 +380,39 @@ INLINE void softmax_rows(float *p, int64_t padded, int64_t b0, int64_t nb, int64
         float m = top[j][0];
         for (int i = 1; i < 16; i++) m = top[j][i] > m ? top[j][i] : m;
         if (sinks && sinks[j] > m) m = sinks[j];
+        float *row = p + j * padded, sum;
+#if WF_AVX2 /* by 8-lane halves, lane for lane the same (16-lane forms went through the stack) */
+        __m256 lo = _mm256_setzero_ps(), hi = lo, mv = _mm256_set1_ps(m);
+        for (int64_t i = b0 * BLOCK; i < nb * BLOCK; i += BLOCK) {
+            __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), mv));
+            __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i + 8), mv));
+            lo = _mm256_add_ps(lo, e0);
+            hi = _mm256_add_ps(hi, e1);
+            _mm256_storeu_ps(row + i, e0);
+            _mm256_storeu_ps(row + i + 8, e1);
+        }
+        float t[16];
+        _mm256_storeu_ps(t, lo);
+        _mm256_storeu_ps(t + 8, hi);
+        sum = hsum(load16(t));
+#else
         v16f total = {};
         for (int64_t b = b0; b < nb; b++) {
-            v16f e = exp16(load16(p + j * padded + b * BLOCK) - splat(m));
+            v16f e = exp16(load16(row + b * BLOCK) - splat(m));
             total += e;
-            store16(p + j * padded + b * BLOCK, e);
+            store16(row + b * BLOCK, e);
         }
-        float sum = hsum(total);
+        sum = hsum(total);
+#endif
         if (sinks) sum += exp16(splat(sinks[j] - m))[0];
         float inv = 1.0f / sum;
+#if WF_AVX2
+        for (int64_t i = b0 * BLOCK; i < nb * BLOCK; i += 8)
+            _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), _mm256_set1_ps(inv)));
+#else
         for (int64_t b = b0; b < nb; b++)
-            store16(p + j * padded + b * BLOCK, load16(p + j * padded + b * BLOCK) * splat(inv));
+            store16(row + b * BLOCK, load16(row + b * BLOCK) * splat(inv));
+#endif
     }
 }
 
@@ -385,6 +431,24 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
     }
 }
 #endif
+
+/* weigh_block on G heads' accumulators held in memory (held[j * nv + c]): on AVX2 and NEON
+   weigh_head works on them where they are; the 16-lane form takes them into registers
+   and back. The same multiply-adds either way. */
+INLINE void weigh_held(v16f *held, const kv_t *vb, int64_t s0, int64_t keys, const float *p,
+                       int64_t padded, int64_t b, int64_t g, int64_t nv) {
+#if WF_AVX2 || WF_NEON
+    for (int64_t j = 0; j < g; j++) /* copies of 16-lane vectors went piece by piece there */
+        weigh_head((float *)(held + j * nv), vb, s0, keys, p + j * padded + b * BLOCK, nv);
+#else
+    v16f acc_v[MAX_G][MAX_D / 16];
+    for (int64_t j = 0; j < g; j++)
+        for (int64_t c = 0; c < nv; c++) acc_v[j][c] = held[j * nv + c];
+    weigh_block(acc_v, vb, s0, keys, p, padded, b, g, nv);
+    for (int64_t j = 0; j < g; j++)
+        for (int64_t c = 0; c < nv; c++) held[j * nv + c] = acc_v[j][c];
+#endif
+}
 
 /* A table walk defeats the hardware prefetcher: ask for `bytes` of the next block (blocks
    `stride` kv_t apart from base). */
@@ -456,15 +520,9 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
     for (int64_t b = b0; b < nb; b++) {
         prefetch_block(v, table, b, nb, stride, stride * KV_BYTES);
         int64_t keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
-        for (int64_t kh = 0; kh < hkv; kh++) {
-            v16f acc_v[MAX_G][MAX_D / 16];
-            for (int64_t j = 0; j < g; j++)
-                for (int64_t c = 0; c < nv; c++) acc_v[j][c] = acc[(kh * g + j) * nv + c];
-            weigh_block(acc_v, v + table[b] * stride + kh * BLOCK * ROW(dim), 0, keys,
-                        p + kh * g * padded, padded, b, g, nv);
-            for (int64_t j = 0; j < g; j++)
-                for (int64_t c = 0; c < nv; c++) acc[(kh * g + j) * nv + c] = acc_v[j][c];
-        }
+        for (int64_t kh = 0; kh < hkv; kh++)
+            weigh_held(acc + kh * g * nv, v + table[b] * stride + kh * BLOCK * ROW(dim), 0, keys,
+                       p + kh * g * padded, padded, b, g, nv);
     }
     for (int64_t i = 0; i < num_heads * nv; i++)
         store16(out + row * num_heads * dim + 16 * i, acc[i]);
@@ -554,12 +612,7 @@ INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32
             if (b >= nbs[r] || b < b0s[r]) continue;
             int64_t n = lengths[row0 + r], keys = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
             if (keys <= common) continue;
-            v16f acc_v[MAX_G][MAX_D / 16], *held = acc + r * g * nv;
-            for (int64_t j = 0; j < g; j++)
-                for (int64_t c = 0; c < nv; c++) acc_v[j][c] = held[j * nv + c];
-            weigh_block(acc_v, vb, common, keys, p + r * g * padded, padded, b, g, nv);
-            for (int64_t j = 0; j < g; j++)
-                for (int64_t c = 0; c < nv; c++) held[j * nv + c] = acc_v[j][c];
+            weigh_held(acc + r * g * nv, vb, common, keys, p + r * g * padded, padded, b, g, nv);
         }
     }
     for (int64_t r = 0; r < rows; r++)
