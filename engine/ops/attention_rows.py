@@ -19,7 +19,7 @@ from numba import get_num_threads, njit, prange
 
 from engine.kv_files.kv_dtypes import Q8_0, widened
 from engine.ops import native
-from engine.ops.chunks import SMALL_ROWS, kernel_chunk_rows
+from engine.ops.chunks import SMALL_ROWS, kernel_attention_rows
 from engine.ops.native import address
 
 Array = Any
@@ -133,14 +133,13 @@ def kernel_row_limit(
     """The longest chunk the compiled kernel takes where the C kernel serves these heads:
     every one for a model whose matrices are all read in place (`in_place`: an MoE model's,
     whose products take every row, so that a row's bits are its own whatever chunk it came
-    in), else as long as the kernels' build takes (engine/ops/chunks.py: every one on
-    AVX-512, 128 rows on AVX2). Longer chunks, and those beyond SMALL_ROWS with the Numba
-    fallback's per-key scalar loops, gather their keys and use BLAS, as their products do
-    (AVX2, a 2,048-token prompt in chunks of 512: 1.25x faster than the kernel, one of 512
-    tokens 1.07x)."""
+    in), else as long as the build's attention takes (engine/ops/chunks.py: every one on
+    AVX-512 and AVX2, the products' bound on NEON and plain C). Longer chunks, and those
+    beyond SMALL_ROWS with the Numba fallback's per-key scalar loops, gather their keys and
+    use BLAS."""
     if native.library() is None or not c_kernel_fits(num_heads, num_kv_heads, dim):
         return SMALL_ROWS
-    return None if in_place else kernel_chunk_rows()
+    return None if in_place else kernel_attention_rows()
 
 
 def _bound(lib: ctypes.CDLL, name: str) -> Any:

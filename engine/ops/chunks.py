@@ -1,6 +1,7 @@
 """Which prefill chunks the compiled kernels take beside the decode rows, by the kernels'
-build; longer chunks go to BLAS (their products against weights expanded to float32, their
-attention over gathered keys), each chunk in calls of its own. A row's path, and so its
+build; longer chunks go to BLAS (their products against weights expanded to float32), each
+chunk in calls of its own, their attention in the compiled kernel on x86
+(kernel_attention_rows) and over gathered keys elsewhere. A row's path, and so its
 bits, depends on its own chunk's length only, never on what else runs in the step (batch
 invariance).
 
@@ -12,7 +13,8 @@ for expanding the weights once a step, whatever its rows: two long chunks in one
 it, which is why the bound is 128 rows and not 256. NEON and plain C builds keep SMALL_ROWS
 until measured. WARMFLEET_CHUNK_ROWS sets the bound on any build (at least SMALL_ROWS; `all`:
 every chunk), to measure it on another CPU (bench.chunk_paths); set it before the process
-starts.
+starts. On x86 it bounds the products only: the attention kernel takes every chunk there
+(kernel_attention_rows).
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def kernel_chunk_rows() -> int | None:
     if native.wide_vectors():
         return None
     return AVX2_CHUNK_ROWS if native.builds_for("avx2") else SMALL_ROWS
+
+
+def kernel_attention_rows() -> int | None:
+    """The longest chunk the compiled attention kernel takes (engine/ops/attention_rows.py):
+    every one on x86 builds, AVX-512 and AVX2 (there, in 8-lane halves, it took 0.5-0.8x the
+    time of gathering the keys for BLAS at 128-512 rows: bench/RESULTS.md, so a chunk past
+    the products' bound attends in the kernel all the same); elsewhere the products' bound,
+    kernel_chunk_rows, until measured."""
+    if native.wide_vectors() or native.builds_for("avx2"):
+        return None
+    return kernel_chunk_rows()
 
 
 def _asked_rows(asked: str) -> int | None:

@@ -11,7 +11,7 @@ import pytest
 from engine.ops import native
 from engine.ops.attention import AttentionPlan, paged_attention
 from engine.ops.attention_rows import RowsKernel, kernel_row_limit, paged_rows, rows_kernel
-from engine.ops.chunks import SMALL_ROWS, kernel_chunk_rows
+from engine.ops.chunks import SMALL_ROWS, kernel_attention_rows
 
 H, HKV, D, BLOCK = 9, 3, 64, 16
 NUM_BLOCKS = 300
@@ -87,8 +87,9 @@ def test_long_chunks_through_the_kernel_equal_the_gather_path(
 def test_with_avx512_kernels_every_chunk_goes_to_the_kernel_unless_its_heads_do_not_fit() -> None:
     if native.library() is not None and native.wide_vectors():
         assert kernel_row_limit(H, HKV, D) is None
-    elif native.library() is not None:  # AVX2 128 rows, NEON SMALL_ROWS: BLAS beyond
-        assert kernel_row_limit(H, HKV, D) == kernel_chunk_rows()
+    elif native.library() is not None:  # AVX2 every chunk, NEON its products' bound
+        assert kernel_row_limit(H, HKV, D) == kernel_attention_rows()
+        assert (kernel_attention_rows() is None) == native.builds_for("avx2")
     else:  # the Numba fallback: BLAS beyond SMALL_ROWS, as for the products
         assert kernel_row_limit(H, HKV, D) == SMALL_ROWS
     assert kernel_row_limit(H, HKV, 40) == SMALL_ROWS  # D not a multiple of 16

@@ -17,7 +17,7 @@ import pytest
 from engine.kv_files.kv_dtypes import Q8_0, kv_name, quantize
 from engine.ops import native
 from engine.ops.attention_rows import KERNEL_KV_DTYPES, NO_SINKS, kernel_row_limit, rows_kernel
-from engine.ops.chunks import AVX2_CHUNK_ROWS, SMALL_ROWS
+from engine.ops.chunks import AVX2_CHUNK_ROWS, SMALL_ROWS, kernel_chunk_rows
 from engine.ops.quant.native import NativeKernels
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
@@ -161,19 +161,19 @@ def test_warmfleet_march_sets_the_build_target_and_what_it_is_called(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """WARMFLEET_MARCH=haswell: the kernels' flags name it, doctor's ISA reads AVX2, and
-    chunks of up to 128 rows stay in the kernels, their products and their attention
-    (longer ones go to BLAS: the 16-lane vectors are not single registers there; an MoE
-    model's, whose products stay in the kernels, attend in them too), on this AVX-512 CPU;
-    x86-64 alone is plain C, which keeps SMALL_ROWS."""
-    for target, isa, limit in (
-        ("haswell", "AVX2", AVX2_CHUNK_ROWS),
-        ("x86-64", "no vector", SMALL_ROWS),
+    chunks of up to 128 rows stay in the kernels' products (longer ones go to BLAS: the
+    16-lane vectors are not single registers there) while every chunk attends in the kernel,
+    on this AVX-512 CPU; x86-64 alone is plain C, which keeps SMALL_ROWS for both."""
+    for target, isa, rows, limit in (
+        ("haswell", "AVX2", AVX2_CHUNK_ROWS, None),
+        ("x86-64", "no vector", SMALL_ROWS, SMALL_ROWS),
     ):
         monkeypatch.setenv("WARMFLEET_MARCH", target)
         native._target_flags.cache_clear()
         assert f"-march={target}" in native.flags() and "-march=native" not in native.flags()
         assert native.isa().startswith(isa)
         assert not native.wide_vectors()
+        assert kernel_chunk_rows() == rows
         assert kernel_row_limit(9, 3, 64) == limit
         assert kernel_row_limit(9, 3, 64, in_place=True) is None  # an MoE model's chunks
     monkeypatch.delenv("WARMFLEET_MARCH")
