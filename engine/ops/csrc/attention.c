@@ -302,6 +302,58 @@ static __attribute__((noinline)) void weigh_head(float *acc, const kv_t *vb, int
     }
 }
 
+#if WF_AVX2
+/* H heads x P 8-float pieces (from piece u0) of accumulators in registers (a head's
+   acc_stride floats after the last's, its weights w_stride after), += values s0 .. keys - 1
+   weighted: each value piece loaded, and widened, once for the H heads, where weigh_head
+   loads it once per head. Per lane the same multiply-adds in key order. */
+INLINE void weigh_tile(int H, int P, float *acc, int64_t acc_stride, const float *w,
+                       int64_t w_stride, const kv_t *v, int64_t u0, int64_t stride, int64_t s0,
+                       int64_t keys) {
+    __m256 a[12];
+    for (int h = 0; h < H; h++)
+        for (int q = 0; q < P; q++) a[h * P + q] = _mm256_loadu_ps(acc + h * acc_stride + 8 * (u0 + q));
+    for (int64_t s = s0; s < keys; s++)
+        for (int q = 0; q < P; q++) {
+            __m256 value = KV8(v + s * stride, u0 + q);
+            for (int h = 0; h < H; h++)
+                a[h * P + q] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + h * w_stride + s), value,
+                                               a[h * P + q]);
+        }
+    for (int h = 0; h < H; h++)
+        for (int q = 0; q < P; q++) _mm256_storeu_ps(acc + h * acc_stride + 8 * (u0 + q), a[h * P + q]);
+}
+
+/* weigh_head for m heads (as weigh_tile lays them out), up to 12 accumulators at once: 12
+   heads x 1 piece, 6 x 2, 3 x 4 or 2 x 4; a head left alone, or pieces that do not divide,
+   by weigh_head. */
+static __attribute__((noinline)) void weigh_heads(int64_t m, float *acc, int64_t acc_stride,
+                                                  const float *w, int64_t w_stride,
+                                                  const kv_t *vb, int64_t s0, int64_t keys,
+                                                  int64_t nv) {
+    int64_t pieces = 2 * nv, stride = ROW(16 * nv);
+    for (int64_t h = 0; h < m;) {
+        int64_t left = m - h;
+        int H = left >= 12 ? 12 : left >= 6 ? 6 : left >= 3 ? 3 : left >= 2 ? 2 : 1;
+        int P = H == 12 ? 1 : H == 6 ? 2 : 4;
+        float *at = acc + h * acc_stride;
+        const float *wt = w + h * w_stride;
+        if (H == 1 || pieces % P) {
+            for (int i = 0; i < H; i++)
+                weigh_head(at + i * acc_stride, vb, s0, keys, wt + i * w_stride, nv);
+        } else {
+            for (int64_t u = 0; u < pieces; u += P) switch (H) {
+                case 12: weigh_tile(12, 1, at, acc_stride, wt, w_stride, vb, u, stride, s0, keys); break;
+                case 6: weigh_tile(6, 2, at, acc_stride, wt, w_stride, vb, u, stride, s0, keys); break;
+                case 3: weigh_tile(3, 4, at, acc_stride, wt, w_stride, vb, u, stride, s0, keys); break;
+                default: weigh_tile(2, 4, at, acc_stride, wt, w_stride, vb, u, stride, s0, keys);
+                }
+        }
+        h += H;
+    }
+}
+#endif
+
 INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
                         int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
                         int64_t padded) {
@@ -319,8 +371,12 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
 INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s0,
                         int64_t keys, const float *p, int64_t padded, int64_t b, int64_t g,
                         int64_t nv) {
+#if WF_AVX2
+    weigh_heads(g, (float *)acc_v[0], MAX_D, p + b * BLOCK, padded, vb, s0, keys, nv);
+#else
     for (int64_t j = 0; j < g; j++)
         weigh_head((float *)acc_v[j], vb, s0, keys, p + j * padded + b * BLOCK, nv);
+#endif
 }
 #else
 /* Scores of block b (16 keys at kb) for the G query heads into p (row stride padded), with
@@ -437,8 +493,10 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
    and back. The same multiply-adds either way. */
 INLINE void weigh_held(v16f *held, const kv_t *vb, int64_t s0, int64_t keys, const float *p,
                        int64_t padded, int64_t b, int64_t g, int64_t nv) {
-#if WF_AVX2 || WF_NEON
-    for (int64_t j = 0; j < g; j++) /* copies of 16-lane vectors went piece by piece there */
+#if WF_AVX2 /* copies of 16-lane vectors went piece by piece there */
+    weigh_heads(g, (float *)held, 16 * nv, p + b * BLOCK, padded, vb, s0, keys, nv);
+#elif WF_NEON
+    for (int64_t j = 0; j < g; j++)
         weigh_head((float *)(held + j * nv), vb, s0, keys, p + j * padded + b * BLOCK, nv);
 #else
     v16f acc_v[MAX_G][MAX_D / 16];
@@ -536,7 +594,9 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
 #define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
 INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, int64_t padded,
                       int64_t b, int64_t g, int64_t nv) {
-#if WF_AVX2 || WF_NEON
+#if WF_AVX2
+    weigh_heads(GROUP * g, (float *)acc, 16 * nv, p + b * BLOCK, padded, vb, 0, keys, nv);
+#elif WF_NEON
     for (int64_t r = 0; r < GROUP * g; r++) /* each row's heads in turn (weigh_head) */
         weigh_head((float *)(acc + r * nv), vb, 0, keys, p + r * padded + b * BLOCK, nv);
 #else
