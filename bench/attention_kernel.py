@@ -7,6 +7,7 @@ sequence through the compiled kernel (what runs with the C kernels) against the 
 (keys gathered per layer, BLAS and NumPy's softmax: the Numba fallback's and CuPy's).
 
     .venv/bin/python -m bench.attention_kernel [--rows R] [--context C] [--rounds N]
+        [--kv-dtype float32|float16]
 
 Prints two tables: time per step (all layers), bytes read and rate; time per chunk.
 """
@@ -32,13 +33,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--context", type=int, default=850)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--kv-dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="the pool's keys and values (the engine's default is float16)",
+    )
     args = parser.parse_args()
+    kv = np.dtype(args.kv_dtype)
     rows, ctx = args.rows, args.context
     nb = -(-ctx // BLOCK)
     rng = np.random.default_rng(0)
     shape = (LAYERS, rows * nb, KV_HEADS, BLOCK, DIM)
-    k = rng.standard_normal(shape, dtype=np.float32)
-    v = rng.standard_normal(shape, dtype=np.float32)
+    k = rng.standard_normal(shape, dtype=np.float32).astype(kv)
+    v = rng.standard_normal(shape, dtype=np.float32).astype(kv)
     q = rng.standard_normal((rows, HEADS, DIM), dtype=np.float32)
     out = np.empty_like(q)
     lengths = np.full(rows, ctx, np.int32)
@@ -59,24 +67,24 @@ def main() -> None:
                 kernel(q, k[layer], v[layer], tables, lengths, DIM**-0.5, out)
             best = min(best, time.perf_counter() - t)
         sequences = 1 if name.startswith("one") else rows
-        read = sequences * LAYERS * KV_HEADS * ctx * DIM * 4 * 2
+        read = sequences * LAYERS * KV_HEADS * ctx * DIM * kv.itemsize * 2
         flops = rows * LAYERS * HEADS * ctx * DIM * 4
         table.append((name, f"{best * 1e3:.2f}", f"{read / 1e6:.0f}", f"{read / best / 1e9:.1f}",
                       f"{flops / best / 1e9:.1f}"))  # fmt: skip
-    print(f"{rows} rows x {ctx} positions, {LAYERS} layers, best of {args.rounds}")
+    print(f"{rows} rows x {ctx} positions, {LAYERS} layers, {kv.name} KV, best of {args.rounds}")
     print_table(("blocks", "ms per step", "MB of K/V", "GB/s", "GFLOP/s"), table)
     print()
     print(f"one prefill chunk's attention, {LAYERS} layers, best of {args.rounds}")
-    print_table(("start", "rows", "kernel (ms)", "gather (ms)"), chunk_rows(rng, args.rounds))
+    print_table(("start", "rows", "kernel (ms)", "gather (ms)"), chunk_rows(rng, args.rounds, kv))
 
 
-def chunk_rows(rng: np.random.Generator, rounds: int) -> list[tuple[str, ...]]:
+def chunk_rows(rng: np.random.Generator, rounds: int, kv: np.dtype) -> list[tuple[str, ...]]:
     table = []
     for start, n in CHUNKS:
         blocks = list(range(-(-(start + n) // BLOCK)))
         shape = (len(blocks), KV_HEADS, BLOCK, DIM)
-        k = rng.standard_normal(shape, dtype=np.float32)
-        v = rng.standard_normal(shape, dtype=np.float32)
+        k = rng.standard_normal(shape, dtype=np.float32).astype(kv)
+        v = rng.standard_normal(shape, dtype=np.float32).astype(kv)
         q = rng.standard_normal((n, HEADS, DIM), dtype=np.float32)
         times = []
         for limit in (None, SMALL_ROWS):
