@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from engine.model import Model
-from engine.ops.chunks import kernel_chunk_rows
+from engine.ops.chunks import kernel_attention_rows, kernel_chunk_rows
 from tests.tiny_gguf import write_tiny_llama
 from warmfleet.cli import main
 from warmfleet.commands import doctor
@@ -219,6 +219,7 @@ def test_every_engine_row_on_a_tiny_model(
     assert reads["gbs"] > 0 and reads["machine_gbs"] > 0
     assert checks["C kernels"]["values"]["isa"]
     assert checks["C kernels"]["values"]["chunk_rows"] == kernel_chunk_rows()
+    assert checks["C kernels"]["values"]["attention_rows"] == kernel_attention_rows()
     assert checks["C kernels"]["values"]["threads"] == "OpenMP's threads"  # GCC has OpenMP
 
 

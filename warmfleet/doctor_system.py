@@ -17,7 +17,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from engine.ops import native
-from engine.ops.chunks import kernel_chunk_rows
+from engine.ops.chunks import kernel_attention_rows, kernel_chunk_rows
 from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.sizes import format_size
 
@@ -63,10 +63,13 @@ def kernels_row() -> Check:
         logger.removeHandler(collect)
     if lib is not None:
         target = "this CPU" if native.march() == "native" else f"-march={native.march()}"
-        threads, rows = native.threads(lib), kernel_chunk_rows()
+        threads, rows, attends = native.threads(lib), kernel_chunk_rows(), kernel_attention_rows()
         chunks = "every prefill chunk" if rows is None else f"prefill chunks up to {rows} rows"
+        if attends is None and rows is not None:  # AVX2: past `rows`, BLAS products only
+            chunks += ", attention every chunk"
         what = f"built for {target} ({native.isa()}, {threads}; {chunks}): {lib._name}"
         values = {"isa": native.isa(), "threads": threads, "chunk_rows": rows}
+        values["attention_rows"] = attends
         return ok("C kernels", what, library=str(lib._name), **values)
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"
