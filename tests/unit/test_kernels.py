@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from common.errors import InvalidRequestError
-from engine.ops import kernels
-from engine.ops.chunks import CHUNK_ROWS_ENV, kernel_chunk_rows
+from engine.ops import kernels, native
+from engine.ops.chunks import CHUNK_ROWS_ENV, kernel_attention_rows, kernel_chunk_rows
 from engine.ops.kernels import SMALL_ROWS, matmul_t, plan_rows
 
 
@@ -70,6 +70,18 @@ def test_quantized_kernels_take_the_long_chunks_their_build_allows(
     with the kernel rows beside them."""
     monkeypatch.setattr(kernels, "quant_kernels", lambda: SimpleNamespace(chunk_rows=limit))
     assert kernels.kernel_runs(plan_rows([1, 40, 3, 200, 1])) == want
+
+
+def test_on_x86_the_attention_kernel_takes_every_chunk_whatever_the_products_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WARMFLEET_CHUNK_ROWS bounds the products; the attention kernel takes every chunk on
+    AVX-512 and AVX2 builds (faster than gathering there at every length) and follows the
+    products' bound elsewhere."""
+    monkeypatch.setenv(CHUNK_ROWS_ENV, "64")
+    x86 = native.wide_vectors() or native.builds_for("avx2")
+    assert kernel_chunk_rows() == 64
+    assert kernel_attention_rows() == (None if x86 else 64)
 
 
 def test_warmfleet_chunk_rows_sets_the_bound_on_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
