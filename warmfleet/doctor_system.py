@@ -68,9 +68,15 @@ def kernels_row() -> Check:
         if attends is None and rows is not None:  # AVX2: past `rows`, BLAS products only
             chunks += ", attention every chunk"
         what = f"built for {target} ({native.isa()}, {threads}; {chunks}): {lib._name}"
-        values = {"isa": native.isa(), "threads": threads, "chunk_rows": rows}
-        values["attention_rows"] = attends
-        return ok("C kernels", what, library=str(lib._name), **values)
+        return ok(
+            "C kernels",
+            what,
+            library=str(lib._name),
+            isa=native.isa(),
+            threads=threads,
+            chunk_rows=rows,
+            attention_rows=attends,
+        )
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"
     else:  # native.py logs why, once per process

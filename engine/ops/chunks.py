@@ -6,15 +6,13 @@ bits, depends on its own chunk's length only, never on what else runs in the ste
 invariance).
 
 Where the kernels' 16-lane vectors are pairs of 8-lane registers (AVX2), one chunk after 600
-cached positions took, in the kernels against BLAS (2 Zen 4 cores built for AVX2,
-the default model, bench/RESULTS.md), 0.72x the time at 64 rows, 0.78x at 128, 0.92x at 160,
-1.0x at 256 and 1.13x at 512; after 3,000 positions 0.75x at 64 and 0.95x at 128. BLAS pays
-for expanding the weights once a step, whatever its rows: two long chunks in one step share
-it, which is why the bound is 128 rows and not 256. NEON and plain C builds keep SMALL_ROWS
-until measured. WARMFLEET_CHUNK_ROWS sets the bound on any build (at least SMALL_ROWS; `all`:
-every chunk), to measure it on another CPU (bench.chunk_paths); set it before the process
-starts. On x86 it bounds the products only: the attention kernel takes every chunk there
-(kernel_attention_rows).
+cached positions took, in the kernels against BLAS products with the attention in the kernel
+both ways (2 Zen 4 cores built for AVX2, the default model, bench/RESULTS.md), 0.87x the time
+at 64 rows, 0.98x at 96 and 128, 1.05x at 192 and 1.11x at 256: the bound is 128 rows. NEON
+and plain C builds keep SMALL_ROWS until measured. WARMFLEET_CHUNK_ROWS sets the bound on any
+build (at least SMALL_ROWS; `all`: every chunk), to measure it on another CPU
+(bench.chunk_paths); set it before the process starts. On x86 it bounds the products only:
+the attention kernel takes every chunk there (kernel_attention_rows).
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ def kernel_chunk_rows() -> int | None:
 
 def kernel_attention_rows() -> int | None:
     """The longest chunk the compiled attention kernel takes (engine/ops/attention_rows.py):
-    every one on x86 builds, AVX-512 and AVX2 (there, in 8-lane halves, it took 0.5-0.8x the
-    time of gathering the keys for BLAS at 128-512 rows: bench/RESULTS.md, so a chunk past
+    every one on x86 builds, AVX-512 and AVX2 (there, in 8-lane halves, it took 0.22-0.42x
+    the time of gathering the keys for BLAS at 64-512 rows: bench/RESULTS.md, so a chunk past
     the products' bound attends in the kernel all the same); elsewhere the products' bound,
     kernel_chunk_rows, until measured."""
     if native.wide_vectors() or native.builds_for("avx2"):

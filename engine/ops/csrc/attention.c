@@ -387,11 +387,8 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
 #define ROW_ACCS 24 /* accumulators held at once: vector registers left for the values */
 INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, int64_t padded,
                       int64_t b, int64_t g, int64_t nv) {
-#if WF_AVX2
-    weigh_heads(GROUP * g, (float *)acc, 16 * nv, p + b * BLOCK, padded, vb, 0, keys, nv);
-#elif WF_NEON
-    for (int64_t r = 0; r < GROUP * g; r++) /* each row's heads in turn (weigh_head) */
-        weigh_head((float *)(acc + r * nv), vb, 0, keys, p + r * padded + b * BLOCK, nv);
+#if WF_AVX2 || WF_NEON /* the run's rows' heads, one after the other in acc and in p */
+    weigh_held(acc, vb, 0, keys, p, padded, b, GROUP * g, nv);
 #else
     int64_t w = ROW_ACCS / (GROUP * g) < nv ? ROW_ACCS / (GROUP * g) : nv;
     while (nv % w) w--; /* a constant where g and nv are: the parts go w at a time */
