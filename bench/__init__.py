@@ -1,6 +1,6 @@
 """The benchmarks, each run as its own process (`python -m bench.NAME`): their processes
-compute, so the thread pools are set before anything loads NumPy (engine/thread_env.py)."""
+compute, so the thread pools and heap are set before anything loads NumPy (engine/thread_env.py)."""
 
-from engine.thread_env import quiet_idle_threads
+from engine.thread_env import prepare_process
 
-quiet_idle_threads()
+prepare_process()

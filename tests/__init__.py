@@ -1,6 +1,6 @@
-"""The tests compute in their own process (the engine's tests, the reference runs): the
-thread pools are set before anything loads NumPy (engine/thread_env.py)."""
+"""The tests compute in their own process (the engine's tests, the reference runs): their
+thread pools and heap are set before anything loads NumPy (engine/thread_env.py)."""
 
-from engine.thread_env import quiet_idle_threads
+from engine.thread_env import prepare_process
 
-quiet_idle_threads()
+prepare_process()

@@ -40,9 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     if command in COMPUTING:  # before its module loads NumPy and Numba; the others never do
-        from engine.thread_env import quiet_idle_threads
+        from engine.thread_env import prepare_process
 
-        quiet_idle_threads()
+        prepare_process()
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.run(args))
