@@ -27,6 +27,7 @@ NAMES: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
     "q8_0": Q8_0,
 }
+KINDS = tuple(NAMES.values())  # the C kernels' kv_kind is a dtype's index here (0, 1, 2)
 
 
 def kv_name(dtype: Any) -> str:

@@ -1,8 +1,8 @@
 """A layer's elementwise steps: RMS norm (of rows, or of each head's q and k), rope,
-SiLU(gate) * up. On NumPy float32 each is one C call (engine/ops/csrc/elementwise.c) where
-the C kernels build, on CuPy float32 one launch (engine/ops/gpu_ops.py; rope there is
-forward.py's, with the pool's writes); otherwise NumPy (and CuPy) expressions. Shapes: N
-rows, D head_dim."""
+SiLU(gate) * up; and a step's keys or values into the KV pool. On NumPy float32 each is one C
+call (engine/ops/csrc/elementwise.c) where the C kernels build, on CuPy float32 one launch
+(engine/ops/gpu_ops.py; rope there is forward.py's, with the pool's writes); otherwise NumPy
+(and CuPy) expressions. Shapes: N rows, D head_dim."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.kv_files.kv_dtypes import KINDS
 from engine.ops import gpu_ops, native
 from engine.ops.native import address
 
@@ -29,7 +30,9 @@ def _lib() -> ctypes.CDLL | None:
     lib.wf_head_rms_norm.argtypes = [p, i64, i64, i64, i64, i64, p, f]
     lib.wf_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p]
     lib.wf_silu_mul.argtypes = [p, i64, i64, p]
-    for fn in (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul):
+    lib.wf_put_kv_rows.argtypes = [p, ctypes.c_int, p, p, i64, i64, i64, i64]
+    fns = (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul, lib.wf_put_kv_rows)
+    for fn in fns:
         fn.restype = None
     return lib
 
@@ -115,3 +118,24 @@ def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
     out = np.empty((gate_up.shape[0], ffn_dim), dtype=np.float32)
     lib.wf_silu_mul(address(gate_up), gate_up.shape[0], ffn_dim, address(out))
     return out
+
+
+def put_kv_rows(pool: Array, rows: Array, src: Array) -> bool:
+    """src [N, heads, D] (float32, each head's D values contiguous) into the flat rows `rows`
+    [N * heads] (int64) of a NumPy pool of float32, float16 or q8_0 blocks, rounded or
+    quantized as NumPy does it, in one C call: whether it was (not where the C kernels did
+    not build, or the arrays do not suit)."""
+    n, heads, d = src.shape
+    if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in (pool, rows)):
+        return False
+    if pool.dtype not in KINDS or rows.dtype != np.int64:
+        return False
+    if not isinstance(src, np.ndarray) or src.dtype != np.float32:
+        return False
+    lib = _lib()
+    if lib is None or src.strides[1:] != (4 * d, 4) or d % 32:
+        return False
+    stride = src.strides[0] // 4
+    kind = KINDS.index(pool.dtype)
+    lib.wf_put_kv_rows(address(pool), kind, address(rows), address(src), n, heads, stride, d)
+    return True

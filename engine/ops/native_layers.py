@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.kv_files.kv_dtypes import KINDS
 from engine.ops import native
 from engine.ops.attention_rows import KERNEL_KV_DTYPES, c_kernel_fits
 from engine.ops.kernels import kernel_runs
@@ -174,7 +175,7 @@ class NativeLayers:
             c.rms_eps,
             c.head_dim**-0.5,
             self.moe_stats,
-            list(KERNEL_KV_DTYPES).index(pool.dtype),  # the order of layers.c's kv_kind
+            KINDS.index(pool.dtype),  # layers.c's kv_kind
         )
 
     def run(self, x: np.ndarray, positions: np.ndarray, rope: RopeTables, pool: KVPool,

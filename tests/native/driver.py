@@ -126,6 +126,17 @@ def silu_case() -> Case:
     return Case("silu_mul", "silu", data, rows * ffn)
 
 
+def rms_norm_case() -> Case:
+    """RMS norm of rows from tiny to large values (its sum of squares: hsum's tree)."""
+    rng = np.random.default_rng(47)
+    rows, dim = 5, 576
+    scale = np.array([1e-3, 1.0, 30.0, 1e4], np.float32)[rng.integers(0, 4, (rows, 1))]
+    x = (rng.standard_normal((rows, dim)) * scale).astype(np.float32)
+    w = rng.standard_normal(dim).astype(np.float32)
+    data = np.array([rows, dim], np.int64).tobytes() + x.tobytes() + w.tobytes()
+    return Case("rms_norm", "rms_norm", data, rows * dim)
+
+
 LAYOUTS = ("3 rows", "5 rows", "a chunk of 5")  # the kernel's task kinds at two threads
 
 

@@ -7,6 +7,7 @@
      kernel_driver attention IN OUT   wf_paged_rows_windowed (float32), _f16 or _q8 by the
                                       pool's kind, with a window and sinks where asked
      kernel_driver silu IN OUT        wf_silu_mul (its e^x: exp16's 4-lane form on NEON)
+     kernel_driver rms_norm IN OUT    wf_rms_norm
 
    IN, little-endian: an int64 header, then the arrays in the order below; OUT: the float32
    outputs. Exit status 0, or 1 with a message on stderr. Prints the threads the kernels'
@@ -47,6 +48,8 @@ int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
                   float *out, int64_t ldo, int num_threads);
 
 void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
+void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
+                 float *out);
 
 typedef struct {
     const uint8_t *at, *end;
@@ -138,9 +141,18 @@ static int silu(Reader *r, const char *out_path) {
     return write_out(out_path, out, h[0] * h[1]);
 }
 
+/* header: rows, dim; then x [rows, dim] and w [dim] float32 (eps 1e-5) */
+static int rms_norm(Reader *r, const char *out_path) {
+    const int64_t *h = take(r, 2 * 8);
+    const float *x = take(r, 4 * h[0] * h[1]), *w = take(r, 4 * h[1]);
+    float *out = calloc(h[0] * h[1] + 1, sizeof(float));
+    wf_rms_norm(x, w, 1e-5f, h[0], h[1], out);
+    return write_out(out_path, out, h[0] * h[1]);
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: kernel_driver matmul|expert|attention|silu IN OUT\n");
+        fprintf(stderr, "usage: kernel_driver matmul|expert|attention|silu|rms_norm IN OUT\n");
         return 1;
     }
     FILE *f = fopen(argv[2], "rb");
@@ -159,6 +171,7 @@ int main(int argc, char **argv) {
                  : !strcmp(argv[1], "expert")    ? expert(&r, argv[3])
                  : !strcmp(argv[1], "attention") ? attention(&r, argv[3])
                  : !strcmp(argv[1], "silu")      ? silu(&r, argv[3])
+                 : !strcmp(argv[1], "rms_norm")  ? rms_norm(&r, argv[3])
                                                  : -1;
     if (status < 0) {
         fprintf(stderr, "kernel_driver: unknown kernel %s\n", argv[1]);

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
+from engine.kv_files.kv_dtypes import NAMES, Q8_0, quantize, row_items
 from engine.ops import native
-from engine.ops.elementwise import _compiled, rms_norm, rope, silu_mul
+from engine.ops.elementwise import _compiled, put_kv_rows, rms_norm, rope, silu_mul
 
 RNG = np.random.default_rng(11)
 
@@ -88,3 +90,22 @@ def test_address_is_the_arrays_first_element() -> None:
     frozen.flags.writeable = False
     for arr in (a, a[1:], a[2], frozen, np.zeros(0, dtype=np.float32)):
         assert native.address(arr) == arr.ctypes.data
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "q8_0"])
+def test_keys_into_the_pool_as_numpy_writes_them(name: str) -> None:
+    """KVPool.write_layer's C call writes the bytes of its NumPy assignment, from a strided
+    source as the values are (columns of qkv); rounding ties, overflow and tiny values too."""
+    dtype, heads, d, tokens = NAMES[name], 3, 64, 9
+    qkv = RNG.standard_normal((tokens, 5 * heads * d)).astype(np.float32)
+    qkv[0, :8] = [65520.0, 65519.0, 1e5, -1e5, 1e-8, -3e-8, 2049.0, 2051.0]  # float16 edges
+    src = qkv[:, 2 * heads * d : 3 * heads * d].reshape(tokens, heads, d)  # strided rows
+    rows = RNG.permutation(40)[: tokens * heads].astype(np.int64)
+    items = row_items(d, dtype)
+    want = np.zeros((40, items), dtype)
+    want[rows] = (quantize(src) if dtype == Q8_0 else src).reshape(-1, items)
+    got = np.zeros((40, items), dtype)
+    assert put_kv_rows(got, rows, src) == (native.library() is not None)
+    if native.library() is not None:
+        assert got.tobytes() == want.tobytes()
+    assert not put_kv_rows(got, rows.astype(np.int32), src)  # NumPy's assignment then

@@ -5,8 +5,8 @@ two threads, built once against the native library and once with Debian's aarch6
 compiler (statically), the latter under qemu-aarch64, on the same inputs; the ARM build's
 parallel kernels run on its own pool of threads. Speed cannot be measured here; correctness
 can. The decoded matrices' products and the expert products (every type the kernels read;
-integer and float), the paged attention over float32, float16 and q8_0 pools, and
-SiLU(gate) * up."""
+integer and float), the paged attention over float32, float16 and q8_0 pools,
+SiLU(gate) * up and RMS norm."""
 
 from __future__ import annotations
 
@@ -88,3 +88,10 @@ def test_silu_mul_is_the_same_bits_on_arm(
 ) -> None:
     """Its e^x runs in 4-lane NEON vectors there (vec.h's exp4)."""
     assert same_bits(drivers, driver.silu_case(), tmp_path) == 0  # one thread: no region
+
+
+def test_rms_norm_is_the_same_bits_on_arm(
+    drivers: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """Its sum of squares in 4-lane multiply-adds there, and hsum's tree."""
+    assert same_bits(drivers, driver.rms_norm_case(), tmp_path) == 0

@@ -1,4 +1,7 @@
-/* The KV pool's q8_0 blocks (engine/kv/kv_dtypes.py): llama.cpp's block_q8_0, a float16
+/* The KV pool's items (engine/kv_files/kv_dtypes.py): float32, float16 or q8_0 blocks, and
+   how values are put into them.
+
+   The q8_0 blocks: llama.cpp's block_q8_0, a float16
    scale d and 32 int8 codes, 34 bytes; a value is d * q. Quantized here as NumPy's
    kv_dtypes.quantize does, in float32: amax / 127, codes rint(x * (1 / d)) (ties to even;
    0 where d is 0), d rounded to float16 to nearest even: the same bytes either way. */
@@ -34,6 +37,19 @@ static inline void wf_q8_put(wf_q8 *to, const float *src, int64_t n) {
         _Float16 d16 = (_Float16)d;
         memcpy(&to[i].d, &d16, sizeof d16);
         memcpy(to[i].q, q, sizeof q);
+    }
+}
+
+/* d values of src into a pool of `kind` (0: float32; 1: float16, rounded to nearest even;
+   2: q8_0, d a multiple of 32) at item `at` */
+static inline void wf_kv_put(int kind, void *kv, int64_t at, const float *src, int64_t d) {
+    if (kind == 0) {
+        memcpy((float *)kv + at, src, sizeof(float) * d);
+    } else if (kind == 1) {
+        _Float16 *to = (_Float16 *)kv + at;
+        for (int64_t i = 0; i < d; i++) to[i] = (_Float16)src[i];
+    } else {
+        wf_q8_put((wf_q8 *)kv + at, src, d);
     }
 }
 

@@ -85,18 +85,6 @@ static int64_t row_items(const WfShape *s, int64_t d) {
     return s->kv_kind == 2 ? d / WF_Q8_VALUES : d;
 }
 
-/* d values of src into the pool at item `at` of kv (the kind s says) */
-static void put_kv(const WfShape *s, void *kv, int64_t at, const float *src, int64_t d) {
-    if (s->kv_kind == 0) {
-        memcpy((float *)kv + at, src, sizeof(float) * d);
-    } else if (s->kv_kind == 1) {
-        _Float16 *to = (_Float16 *)kv + at;
-        for (int64_t i = 0; i < d; i++) to[i] = (_Float16)src[i];
-    } else {
-        wf_q8_put((wf_q8 *)kv + at, src, d);
-    }
-}
-
 /* A layer's attention over its keys and values, `shift` items into its group's arrays (the
    kind s says), with its window and sinks */
 static void attend(const WfShape *s, const WfLayer *l, const float *q, const void *k_pool,
@@ -217,8 +205,9 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         for (int64_t r = 0; r < rows; r++) /* this step's keys and values first */
             for (int64_t j = 0; j < s->kv_heads; j++) {
                 int64_t at = shift + at_rows[r * s->kv_heads + j] * row_items(s, d);
-                put_kv(s, k_pool, at, k + (r * s->kv_heads + j) * d, d);
-                put_kv(s, v_pool, at, qkv + r * qkv_cols + q_dim + kv_dim + j * d, d);
+                wf_kv_put(s->kv_kind, k_pool, at, k + (r * s->kv_heads + j) * d, d);
+                const float *v = qkv + r * qkv_cols + q_dim + kv_dim + j * d;
+                wf_kv_put(s->kv_kind, v_pool, at, v, d);
             }
         attend(s, l, q, k_pool, v_pool, shift, tables + g * rows * max_blocks, max_blocks,
                lengths, rows, att, threads, scratch);

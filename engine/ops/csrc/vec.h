@@ -112,6 +112,15 @@ static inline void hsum_halves8(const __m256 *lo, const __m256 *hi, float *out) 
     }
 }
 
+/* hsum of the 16-lane vector whose lanes 0-7 are lo and 8-15 hi, bit for bit: its tree's
+   levels as adds of 8, 4, 2 and 1 lanes */
+static inline float hsum_halves(__m256 lo, __m256 hi) {
+    __m256 x = _mm256_add_ps(lo, hi);
+    __m128 y = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    y = _mm_add_ps(y, _mm_movehl_ps(y, y));
+    return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+}
+
 /* IN_REGISTER for an 8-lane vector */
 #define IN_REGISTER8(v) __asm__("" : "+x"(v))
 #endif
