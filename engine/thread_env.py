@@ -16,9 +16,9 @@ prefill off BLAS altogether.
 A prefill step allocates a few arrays of megabytes a layer (each product's output). glibc's
 malloc hands such sizes out as fresh mappings, or gives freed heap back to the system, so
 every step paid for the pages again, a fault and a zeroed page each: 7% of a 512-token
-prefill's time on AVX2 (bench/RESULTS.md). Below
-MMAP_THRESHOLD arrays come from the heap, and up to TRIM_THRESHOLD of freed heap is kept
-for the next step's.
+prefill's time on AVX2 (bench/RESULTS.md). Below MMAP_THRESHOLD arrays come from the heap,
+and up to TRIM_THRESHOLD of freed heap is kept for the next step's (resident memory a
+process may hold beyond its arrays).
 """
 
 import ctypes
