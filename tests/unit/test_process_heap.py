@@ -5,6 +5,7 @@ interpreter, as a worker starts)."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -39,7 +40,7 @@ def faults(mode: str, env: dict[str, str] | None = None) -> tuple[bool, int]:
     return kept == "True", int(count)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
 def test_freed_arrays_are_reused_not_faulted_again() -> None:
     kept, reused = faults("kept")
     assert kept
