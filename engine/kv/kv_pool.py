@@ -135,7 +135,7 @@ class KVPool:
         kernels, one call of theirs for each (NumPy took 3-4x as long, rounding to float16)."""
         at, d = rows + self.row_shift(layer), row_items(self.config.head_dim, self.dtype)
         g = self.group_of[layer]
-        if put_kv_rows(self.k_groups[g], at, k) and put_kv_rows(self.v_groups[g], at, v):
+        if put_kv_rows((self.k_groups[g], self.v_groups[g]), at, (k, v)):
             return
         if self.dtype == Q8_0:
             k, v = quantize(k), quantize(v)

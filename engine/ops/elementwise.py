@@ -120,22 +120,33 @@ def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
     return out
 
 
-def put_kv_rows(pool: Array, rows: Array, src: Array) -> bool:
-    """src [N, heads, D] (float32, each head's D values contiguous) into the flat rows `rows`
-    [N * heads] (int64) of a NumPy pool of float32, float16 or q8_0 blocks, rounded or
-    quantized as NumPy does it, in one C call: whether it was (not where the C kernels did
-    not build, or the arrays do not suit)."""
-    n, heads, d = src.shape
-    if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in (pool, rows)):
-        return False
-    if pool.dtype not in KINDS or rows.dtype != np.int64:
-        return False
-    if not isinstance(src, np.ndarray) or src.dtype != np.float32:
-        return False
+def put_kv_rows(pools: tuple[Array, Array], rows: Array, srcs: tuple[Array, Array]) -> bool:
+    """Keys and values, srcs [N, heads, D] (float32, each head's D values contiguous), into
+    the flat rows `rows` [N * heads] (int64) of NumPy pools of float32, float16 or q8_0
+    blocks, rounded or quantized as NumPy does it, in one C call each: whether they were
+    (neither is where the C kernels did not build, or an array does not suit)."""
     lib = _lib()
-    if lib is None or src.strides[1:] != (4 * d, 4) or d % 32:
+    if lib is None or not (isinstance(rows, np.ndarray) and _row_ids(rows)):
         return False
-    stride = src.strides[0] // 4
-    kind = KINDS.index(pool.dtype)
-    lib.wf_put_kv_rows(address(pool), kind, address(rows), address(src), n, heads, stride, d)
+    if not all(_suits(pool, src) for pool, src in zip(pools, srcs, strict=True)):
+        return False
+    for pool, src in zip(pools, srcs, strict=True):
+        n, heads, d = src.shape
+        kind, stride = KINDS.index(pool.dtype), src.strides[0] // 4
+        lib.wf_put_kv_rows(address(pool), kind, address(rows), address(src), n, heads, stride, d)
     return True
+
+
+def _row_ids(rows: np.ndarray) -> bool:
+    return rows.dtype == np.int64 and rows.flags.c_contiguous
+
+
+def _suits(pool: Array, src: Array) -> bool:
+    """A contiguous NumPy pool of a kind the C put takes, and float32 rows of D values (a
+    multiple of 32) each contiguous."""
+    if not (isinstance(pool, np.ndarray) and pool.flags.c_contiguous and pool.dtype in KINDS):
+        return False
+    if not (isinstance(src, np.ndarray) and src.dtype == np.float32 and src.ndim == 3):
+        return False
+    d = src.shape[2]
+    return src.strides[1:] == (4 * d, 4) and d % 32 == 0

@@ -94,18 +94,27 @@ def test_address_is_the_arrays_first_element() -> None:
 
 @pytest.mark.parametrize("name", ["float32", "float16", "q8_0"])
 def test_keys_into_the_pool_as_numpy_writes_them(name: str) -> None:
-    """KVPool.write_layer's C call writes the bytes of its NumPy assignment, from a strided
-    source as the values are (columns of qkv); rounding ties, overflow and tiny values too."""
+    """KVPool.write_layer's C calls write the bytes of its NumPy assignment, the keys from a
+    contiguous array (rope's output), the values strided (columns of qkv); rounding ties,
+    overflow and tiny values too."""
     dtype, heads, d, tokens = NAMES[name], 3, 64, 9
     qkv = RNG.standard_normal((tokens, 5 * heads * d)).astype(np.float32)
     qkv[0, :8] = [65520.0, 65519.0, 1e5, -1e5, 1e-8, -3e-8, 2049.0, 2051.0]  # float16 edges
-    src = qkv[:, 2 * heads * d : 3 * heads * d].reshape(tokens, heads, d)  # strided rows
+    keys = np.ascontiguousarray(qkv[:, : heads * d].reshape(tokens, heads, d))
+    values = qkv[:, 2 * heads * d : 3 * heads * d].reshape(tokens, heads, d)  # strided rows
     rows = RNG.permutation(40)[: tokens * heads].astype(np.int64)
     items = row_items(d, dtype)
-    want = np.zeros((40, items), dtype)
-    want[rows] = (quantize(src) if dtype == Q8_0 else src).reshape(-1, items)
-    got = np.zeros((40, items), dtype)
-    assert put_kv_rows(got, rows, src) == (native.library() is not None)
+    wants = []
+    for src in (keys, values):
+        want = np.zeros((40, items), dtype)
+        with np.errstate(over="ignore"):  # 1e5 rounds to float16's inf, as intended
+            want[rows] = (quantize(src) if dtype == Q8_0 else src).reshape(-1, items)
+        wants.append(want)
+    got = (np.zeros((40, items), dtype), np.zeros((40, items), dtype))
+    assert put_kv_rows(got, rows, (keys, values)) == (native.library() is not None)
     if native.library() is not None:
-        assert got.tobytes() == want.tobytes()
-    assert not put_kv_rows(got, rows.astype(np.int32), src)  # NumPy's assignment then
+        assert [g.tobytes() for g in got] == [w.tobytes() for w in wants]
+    untouched = (np.zeros((40, items), dtype), np.zeros((40, items), dtype))
+    assert not put_kv_rows(untouched, rows.astype(np.int32), (keys, values))  # NumPy's then
+    assert not put_kv_rows(untouched, rows, (keys, values.astype(np.float64)))
+    assert not untouched[0].tobytes().strip(b"\0")  # neither written when one does not suit

@@ -88,7 +88,7 @@ void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out) {
    q8_0 blocks) */
 void wf_put_kv_rows(void *kv, int kind, const int64_t *rows, const float *src, int64_t tokens,
                     int64_t heads, int64_t stride, int64_t d) {
-    int64_t items = kind == 2 ? d / WF_Q8_VALUES : d;
+    int64_t items = wf_kv_row_items(kind, d);
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t h = 0; h < heads; h++)
             wf_kv_put(kind, kv, rows[t * heads + h] * items, src + t * stride + h * d, d);

@@ -40,6 +40,11 @@ static inline void wf_q8_put(wf_q8 *to, const float *src, int64_t n) {
     }
 }
 
+/* Items a row of d values takes in a pool of `kind` (below): d, or d / 32 q8_0 blocks */
+static inline int64_t wf_kv_row_items(int kind, int64_t d) {
+    return kind == 2 ? d / WF_Q8_VALUES : d;
+}
+
 /* d values of src into a pool of `kind` (0: float32; 1: float16, rounded to nearest even;
    2: q8_0, d a multiple of 32) at item `at` */
 static inline void wf_kv_put(int kind, void *kv, int64_t at, const float *src, int64_t d) {

@@ -82,7 +82,7 @@ void wf_paged_rows_with_q8(const float *q, const wf_q8 *k, const wf_q8 *v,
 
 /* Items of the pool one head's d values take. */
 static int64_t row_items(const WfShape *s, int64_t d) {
-    return s->kv_kind == 2 ? d / WF_Q8_VALUES : d;
+    return wf_kv_row_items(s->kv_kind, d);
 }
 
 /* A layer's attention over its keys and values, `shift` items into its group's arrays (the
