@@ -121,12 +121,13 @@ INLINE float32x4_t KV4(const kv_t *row, int64_t i) { return vld1q_f32(row + 4 * 
 #endif
 #define KV_BYTES ((int64_t)sizeof(kv_t))
 
-/* The G query heads of a row from q (pointing at the KV head's first), scaled, into qv. */
+/* The G query heads of a row from q (pointing at the KV head's first), scaled, into qv:
+   head j's part c at qv[j * nv + c]. */
 INLINE void load_queries(const float *q, int64_t row, int64_t num_heads, int64_t g, int64_t nv,
-                         float scale, v16f qv[MAX_G][MAX_D / 16]) {
+                         float scale, v16f *qv) {
     for (int64_t j = 0; j < g; j++)
         for (int64_t c = 0; c < nv; c++)
-            qv[j][c] = load16(q + (row * num_heads + j) * 16 * nv + 16 * c) * splat(scale);
+            qv[j * nv + c] = load16(q + (row * num_heads + j) * 16 * nv + 16 * c) * splat(scale);
 }
 
 /* The first key a row of n keys sees: n - window with a sliding window (window > 0)
@@ -147,12 +148,11 @@ INLINE void keep_scores(v16f sc, int64_t j, int64_t b, int64_t nb, int64_t n, in
 
 #include "attention_lanes.h"
 #if WF_AVX2 || WF_NEON /* scores and values head by head, in the ISA's forms above */
-INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
-                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
-                        int64_t padded) {
+INLINE void score_block(const v16f *qv, const kv_t *kb, int64_t b, int64_t nb, int64_t n,
+                        int64_t lo, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
     for (int64_t j = 0; j < g; j++) {
         float sc[16];
-        head_scores((const float *)qv[j], kb, nv, sc);
+        head_scores((const float *)(qv + j * nv), kb, nv, sc);
 #if WF_AVX2
         keep_scores8(sc, j, b, nb, n, lo, top, p, padded);
 #else
@@ -177,9 +177,8 @@ INLINE void weigh_block(v16f acc_v[MAX_G][MAX_D / 16], const kv_t *vb, int64_t s
    each vector of a key loaded once for every head (reduce4 sums each quarter's lanes as
    far as it can alone): 25% less time than head by head. The two forms do the same
    operations per score, and a model (its G) always takes the same one. */
-INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, int64_t nb,
-                        int64_t n, int64_t lo, int64_t g, int64_t nv, v16f *top, float *p,
-                        int64_t padded) {
+INLINE void score_block(const v16f *qv, const kv_t *kb, int64_t b, int64_t nb, int64_t n,
+                        int64_t lo, int64_t g, int64_t nv, v16f *top, float *p, int64_t padded) {
     int64_t row = ROW(16 * nv);
     v16f quarters[MAX_G][4]; /* [head][keys 4 q4 .. 4 q4 + 3] */
     if (g > 4) { /* too many accumulators for the G heads at once: one head at a time, on
@@ -191,8 +190,8 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
             for (int64_t j = 0; j < g; j++) {
                 v16f acc[4];
                 for (int s = 0; s < 4; s++) {
-                    acc[s] = qv[j][0] * keys4[s][0];
-                    for (int64_t c = 1; c < nv; c++) acc[s] = fma16(qv[j][c], keys4[s][c], acc[s]);
+                    acc[s] = qv[j * nv] * keys4[s][0];
+                    for (int64_t c = 1; c < nv; c++) acc[s] = fma16(qv[j * nv + c], keys4[s][c], acc[s]);
                 }
                 quarters[j][q4] = reduce4(acc);
             }
@@ -203,13 +202,13 @@ INLINE void score_block(v16f qv[MAX_G][MAX_D / 16], const kv_t *kb, int64_t b, i
             for (int s = 0; s < 4; s++) {
                 v16f kv = KV16(kb + (4 * q4 + s) * row, 0);
                 IN_REGISTER(kv);
-                for (int64_t j = 0; j < g; j++) acc[j][s] = qv[j][0] * kv;
+                for (int64_t j = 0; j < g; j++) acc[j][s] = qv[j * nv] * kv;
             }
             for (int64_t c = 1; c < nv; c++)
                 for (int s = 0; s < 4; s++) {
                     v16f kv = KV16(kb + (4 * q4 + s) * row, c);
                     IN_REGISTER(kv);
-                    for (int64_t j = 0; j < g; j++) acc[j][s] = fma16(qv[j][c], kv, acc[j][s]);
+                    for (int64_t j = 0; j < g; j++) acc[j][s] = fma16(qv[j * nv + c], kv, acc[j][s]);
                 }
             for (int64_t j = 0; j < g; j++) quarters[j][q4] = reduce4(acc[j]);
         }
@@ -321,7 +320,7 @@ INLINE void row_task(const float *q, const kv_t *k, const kv_t *v, const int32_t
     int64_t lo = first_key(n, window), b0 = lo / BLOCK;
     const int32_t *table = tables + row * max_blocks;
     const kv_t *kh_k = k + kh * BLOCK * ROW(dim), *kh_v = v + kh * BLOCK * ROW(dim);
-    v16f qv[MAX_G][MAX_D / 16], top[MAX_G], acc_v[MAX_G][MAX_D / 16];
+    v16f qv[MAX_G * MAX_D / 16], top[MAX_G], acc_v[MAX_G][MAX_D / 16];
     load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
     for (int64_t j = 0; j < g; j++) top[j] = splat(-INFINITY);
     for (int64_t b = b0; b < nb; b++) { /* scores, 16 keys at a time */
@@ -344,7 +343,8 @@ INLINE void row_task(const float *q, const kv_t *k, const kv_t *v, const int32_t
 /* All KV heads of one row, block by block (a block's heads are adjacent in the pool: one
    contiguous run where row_task reads one per head; 15% faster from memory). Per (KV head,
    query head) the same operations in the same order as row_task: the same bits. acc: room
-   for the row's H * D / 16 value accumulators (they do not fit registers). */
+   for the row's H * D / 16 value accumulators (they do not fit registers), then as many
+   for its scaled queries, loaded once for every block. */
 INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
                           const int32_t *tables, int64_t max_blocks, int64_t n, int64_t row,
                           int64_t num_heads, int64_t hkv, int64_t g, int64_t nv, float scale,
@@ -353,17 +353,15 @@ INLINE void row_all_heads(const float *q, const kv_t *k, const kv_t *v,
     int64_t dim = 16 * nv, nb = (n + BLOCK - 1) / BLOCK, stride = hkv * BLOCK * ROW(dim);
     int64_t lo = first_key(n, window), b0 = lo / BLOCK;
     const int32_t *table = tables + row * max_blocks;
-    v16f top[MAX_KV][MAX_G];
+    v16f top[MAX_KV][MAX_G], *qv = acc + num_heads * nv;
     for (int64_t kh = 0; kh < hkv; kh++)
         for (int64_t j = 0; j < g; j++) top[kh][j] = splat(-INFINITY);
+    load_queries(q, row, num_heads, num_heads, nv, scale, qv);
     for (int64_t b = b0; b < nb; b++) {
         prefetch_block(k, table, b, nb, stride, stride * KV_BYTES);
-        for (int64_t kh = 0; kh < hkv; kh++) {
-            v16f qv[MAX_G][MAX_D / 16];
-            load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
-            score_block(qv, k + table[b] * stride + kh * BLOCK * ROW(dim), b, nb, n, lo, g, nv,
-                        top[kh], p + kh * g * padded, padded);
-        }
+        for (int64_t kh = 0; kh < hkv; kh++)
+            score_block(qv + kh * g * nv, k + table[b] * stride + kh * BLOCK * ROW(dim), b, nb,
+                        n, lo, g, nv, top[kh], p + kh * g * padded, padded);
     }
     for (int64_t kh = 0; kh < hkv; kh++)
         softmax_rows(p + kh * g * padded, padded, b0, nb, g, top[kh], sinks ? sinks + kh * g : NULL);
@@ -419,7 +417,8 @@ INLINE void weigh_run(v16f *acc, const kv_t *vb, int64_t keys, const float *p, i
 /* A run of up to GROUP rows of one chunk (one table, consecutive positions) for KV head
    kh: block by block, each row in turn, so a block read from memory serves every row of
    the run from cache. Per row the same calls, in the same order, as row_task: the same
-   bits (its value accumulators wait in acc between blocks). */
+   bits (its value accumulators wait in acc between blocks, its scaled queries after them:
+   room for GROUP * G * D / 16 each). */
 INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32_t *tables,
                        int64_t max_blocks, const int32_t *lengths, int64_t row0, int64_t rows,
                        int64_t kh, int64_t num_heads, int64_t hkv, int64_t g, int64_t nv,
@@ -429,20 +428,19 @@ INLINE void group_task(const float *q, const kv_t *k, const kv_t *v, const int32
     int64_t nb_last = (lengths[row0 + rows - 1] + BLOCK - 1) / BLOCK;
     const int32_t *table = tables + row0 * max_blocks;
     const kv_t *kh_k = k + kh * BLOCK * ROW(dim), *kh_v = v + kh * BLOCK * ROW(dim);
-    v16f top[GROUP][MAX_G];
+    v16f top[GROUP][MAX_G], *qv = acc + GROUP * g * nv;
     for (int64_t r = 0; r < rows; r++) {
         nbs[r] = (lengths[row0 + r] + BLOCK - 1) / BLOCK;
         los[r] = first_key(lengths[row0 + r], window);
         b0s[r] = los[r] / BLOCK; /* rising with r, as the lengths do */
         for (int64_t j = 0; j < g; j++) top[r][j] = splat(-INFINITY);
+        load_queries(q + kh * g * dim, row0 + r, num_heads, g, nv, scale, qv + r * g * nv);
     }
     for (int64_t b = b0s[0]; b < nb_last; b++) {
         prefetch_block(kh_k, table, b, nb_last, stride, BLOCK * ROW(dim) * KV_BYTES);
         for (int64_t r = 0; r < rows; r++) {
             if (b >= nbs[r] || b < b0s[r]) continue;
-            v16f qv[MAX_G][MAX_D / 16];
-            load_queries(q + kh * g * dim, row0 + r, num_heads, g, nv, scale, qv);
-            score_block(qv, kh_k + table[b] * stride, b, nbs[r], lengths[row0 + r], los[r], g,
+            score_block(qv + r * g * nv, kh_k + table[b] * stride, b, nbs[r], lengths[row0 + r], los[r], g,
                         nv, top[r], p + r * g * padded, padded);
         }
     }
@@ -499,7 +497,7 @@ INLINE void row_split(const float *q, const kv_t *k, const kv_t *v, const int32_
     for (int64_t b = b0; b < b1; b++) {
         prefetch_block(k, table, b, b1, stride, stride * KV_BYTES);
         for (int64_t kh = 0; kh < hkv; kh++) {
-            v16f qv[MAX_G][MAX_D / 16];
+            v16f qv[MAX_G * MAX_D / 16];
             load_queries(q + kh * g * dim, row, num_heads, g, nv, scale, qv);
             score_block(qv, k + table[b] * stride + kh * BLOCK * row_len, b, nb, n, lo, g, nv,
                         top + kh * g, p + kh * g * padded, padded);
@@ -586,10 +584,11 @@ static int64_t find_runs(const int32_t *tables, int64_t max_blocks, const int32_
     }
 
 /* Room one thread of wf_paged_rows_with takes, in floats: the scores of its task's rows'
-   heads (rows padded to whole blocks, plus one), then their value accumulators. */
+   heads (rows padded to whole blocks, plus one), then their value accumulators, then their
+   scaled queries. */
 static int64_t thread_floats(int64_t num_heads, int64_t g, int64_t nv, int64_t padded) {
     int64_t heads_room = num_heads > GROUP * g ? num_heads : GROUP * g;
-    return heads_room * (padded + BLOCK) + heads_room * nv * 16;
+    return heads_room * (padded + BLOCK) + 2 * heads_room * nv * 16;
 }
 
 static int64_t padded_length(const int32_t *lengths, int64_t num_rows) {
