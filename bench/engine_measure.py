@@ -16,10 +16,13 @@ from bench.llamacpp import llamacpp_available, measure_llamacpp
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.kv.kv_pool import BLOCK_TOKENS
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
 from warmfleet.doctor_bench import read_bandwidth_gbs
+
+POOL_PROMPTS = 2  # prompts bench_prefill's pool holds
 
 TEXT = (
     "The history of computing is a story of layers: each generation of engineers builds on "
@@ -81,16 +84,24 @@ def warm_up(model: Model, ids: list[int]) -> None:
 
 def bench_prefill(model: Model, ids: list[int], repeats: int) -> float:
     """Tokens/s of prefilling `ids` with nothing cached (one chunk, first token included),
-    the best of `repeats`, in one engine as a worker that has served a while runs it: after
-    an untimed prefill, each prompt starts with a token of its own, so no block of an
-    earlier one is cached and the work is that of `ids`, and its blocks lie in pool pages
-    an earlier prefill faulted in (a fresh pool's first prefill also pays for the kernel
-    zeroing them, 2 MiB at a time: 5% more on AVX2; llama-batched-bench clears its cache
-    when it creates it, and warms up)."""
-    config = EngineConfig(prefill_chunk_tokens=len(ids), step_prefill_tokens=len(ids))
+    the best of `repeats`, in one engine as a worker that has served a while runs it: each
+    prompt starts with a token of its own, so no block of an earlier one is cached and the
+    work is that of `ids`, and its blocks lie in pool pages written before. The pool holds
+    POOL_PROMPTS such prompts and the untimed prefills write all of it; each later prompt
+    takes the blocks of the oldest one cached. (A worker's pool is written once over as it
+    fills, 6 MiB of pages a 512-token prefill of the default model: a 2 MiB page the
+    process never had costs ~5 ms in this VM, 1-2 of them a layer, 4% more on AVX2; with a
+    pool of the default size, which no prefill here fills, every prompt paid it.
+    llama-batched-bench clears its cache when it creates it, which writes it all, and
+    warms up.)"""
+    config = EngineConfig(
+        prefill_chunk_tokens=len(ids),
+        step_prefill_tokens=len(ids),
+        kv_pool_bytes=POOL_PROMPTS * (len(ids) + BLOCK_TOKENS) * model.bytes_per_token,
+    )
     engine, vocab = Engine(model, config), model.config.vocab_size
     best = float("inf")
-    for r in range(-1, repeats):
+    for r in range(-POOL_PROMPTS, repeats):
         own = [(ids[0] + 2 + r) % vocab, *ids[1:]]
         engine.add(Request(f"p{r}", own, SamplingParams(max_tokens=1)))
         t = time.perf_counter()
