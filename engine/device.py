@@ -10,11 +10,11 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from threadpoolctl import ThreadpoolController, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 from common.enums import DEVICES
 from common.errors import InvalidRequestError
-from engine.ops import kernels
+from engine.ops import blas, kernels
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -89,26 +89,8 @@ def set_threads(num_threads: int | None) -> int:
         raise InvalidRequestError("threads", f"must be >= 1, got {n}")
     threadpool_limits(n, user_api="blas")
     kernels.set_num_threads(min(n, kernels.MAX_THREADS))
-    _blas.configured = n
+    blas.POOL.configure(n)
     return n
-
-
-class _BlasPool:
-    """The process's BLAS thread count, switched per step at the cost of one C call."""
-
-    def __init__(self) -> None:
-        controllers = ThreadpoolController().select(user_api="blas").lib_controllers
-        self._lib = controllers[0] if controllers else None
-        self.configured = self._lib.num_threads if self._lib else 1
-        self._current = self.configured
-
-    def use(self, n: int) -> None:
-        if self._lib is not None and n != self._current:
-            self._lib.set_num_threads(n)
-            self._current = n
-
-
-_blas = _BlasPool()  # process-wide, like the thread pool it controls
 
 
 def threads_for_step(longest_chunk: int) -> None:
@@ -117,7 +99,7 @@ def threads_for_step(longest_chunk: int) -> None:
     idle threads otherwise spin after each attention call and take the cores from the
     kernel (a 17-token step over 2,000 cached positions took 350-460 ms instead of ~107 ms
     here)."""
-    _blas.use(1 if longest_chunk <= kernels.SMALL_ROWS else _blas.configured)
+    blas.POOL.use(1 if longest_chunk <= kernels.SMALL_ROWS else blas.POOL.configured)
 
 
 def to_host(a: Any) -> np.ndarray:

@@ -117,11 +117,16 @@ def matmul_t(
         runs = ((0, x.shape[0], True),)
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     w = np.ascontiguousarray(w)
+    kernels, chunks = quant_kernels(), [(start, stop) for start, stop, k in runs if not k]
     for start, stop, kernel in runs:
         if kernel:
             _rows_kernel(np.ascontiguousarray(x[start:stop]), w, out[start:stop])
-        else:
+        elif kernels.sgemm is None:
             np.matmul(x[start:stop], w.T, out=out[start:stop])
+    if chunks and kernels.sgemm is not None:  # from the kernels' threads (blas_chunks.c)
+        rows = np.arange(w.shape[0], dtype=np.int64)
+        x = np.ascontiguousarray(x)
+        kernels.blas_chunks(w, rows, x, _chunk_array(chunks), out, 0, None, get_num_threads())
     return out
 
 
@@ -155,6 +160,9 @@ def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.nda
     for n0 in range(0, n if chunks else 0, slab_rows):
         rows = np.arange(n0, min(n, n0 + slab_rows), dtype=np.int64)
         slab = _scratch.take(len(rows), w.k)
+        if kernels.sgemm is not None:  # expanded and multiplied on the kernels' threads
+            kernels.blas_chunks(w, rows, x, _chunk_array(chunks), out, n0, slab, threads)
+            continue
         kernels.dequant(w, rows, slab, threads)
         for start, stop in chunks:  # each chunk a BLAS call of its own (batch invariance)
             if len(rows) == n:
@@ -176,6 +184,10 @@ def _in_place_matmul(x: np.ndarray, w: ExpertMatrix | InPlaceRows) -> np.ndarray
         expert_matmul(part, x, rows, starts, out[:, col : col + part.n], get_num_threads())
         col += part.n
     return out
+
+
+def _chunk_array(chunks: list[tuple[int, int]]) -> np.ndarray:
+    return np.array(chunks, dtype=np.int64).reshape(-1, 2)
 
 
 class _Scratch:

@@ -562,6 +562,18 @@ int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
     return 0;
 }
 
+/* Weight row n as float32 into dst (blas_chunks.c's expansion; scratch: half_room floats
+   for the float16-scale kinds, else unused). */
+void wf_dequant_row(int kind, int gshift, const uint8_t *codes, const void *scale,
+                    const void *offset, int64_t k, int64_t n, float *dst, float *scratch) {
+    dequant_row(kind, gshift, codes, scale, offset, k, n, dst, scratch);
+}
+
+/* Floats of scratch wf_dequant_row takes for rows of k weights. */
+int64_t wf_dequant_room(int kind, int gshift, int64_t k) {
+    return half_groups(kind) ? (2 * (k >> gshift) + 15) / 16 * 16 : 0;
+}
+
 typedef struct {
     int kind, gshift;
     const uint8_t *codes;
@@ -587,7 +599,7 @@ static void dequant_share(void *ctx, int t, int threads) {
 int64_t wf_dequant(int kind, int gshift, const uint8_t *codes, const void *scale,
                    const void *offset, int64_t k, const int64_t *rows, int64_t num, float *out,
                    int num_threads) {
-    int64_t room = half_groups(kind) ? (2 * (k >> gshift) + 15) / 16 * 16 : 0;
+    int64_t room = wf_dequant_room(kind, gshift, k);
     int64_t bytes = sizeof(float) * room * num_threads;
     float *scratch = NULL;
     if (bytes && !(scratch = malloc(bytes))) return bytes;

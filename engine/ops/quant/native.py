@@ -6,14 +6,16 @@ import ctypes
 
 import numpy as np
 
-from engine.ops import native
+from engine.ops import blas, native
 from engine.ops.chunks import kernel_chunk_rows
 from engine.ops.native import address
 from engine.ops.quant.matrix import QuantMatrix
 
+NO_DEQUANT = -1  # blas_chunks.c's kind for float32 weight rows
+
 
 class NativeKernels:
-    """wf_matmul and wf_dequant."""
+    """wf_matmul, wf_dequant and wf_blas_chunks."""
 
     name = "c"
 
@@ -32,6 +34,12 @@ class NativeKernels:
         self._dequant = lib.wf_dequant
         self._dequant.argtypes = [i, i, p, p, p, i64, p, i64, p, i]
         self._dequant.restype = i64
+        # long chunks through BLAS from these kernels' threads (blas_chunks.c), where the
+        # process's BLAS is an OpenBLAS whose sgemm they can call
+        self.sgemm = blas.POOL.sgemm_for_kernels()
+        self._blas_chunks = lib.wf_blas_chunks
+        self._blas_chunks.argtypes = [i, i, p, p, p, i64, p, i64, p, p, i64, p, i64, p, p, i, i]
+        self._blas_chunks.restype = i64
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32. MemoryError (nothing
@@ -76,6 +84,52 @@ class NativeKernels:
         if refused:
             raise native.scratch_refused(
                 "wf_dequant", refused, f"{len(rows)} rows of [{w.shape[0]}, {w.k}] weights"
+            )
+
+    def blas_chunks(
+        self,
+        w: QuantMatrix | np.ndarray,
+        rows: np.ndarray,
+        x: np.ndarray,
+        chunks: np.ndarray,
+        out: np.ndarray,
+        col: int,
+        slab: np.ndarray | None,
+        threads: int,
+    ) -> None:
+        """out[start:stop, col + i] = x[start:stop] . row rows[i] of w, for each (start, stop)
+        in chunks (int64 [C, 2]), each chunk an sgemm call of its own on every thread: a
+        QuantMatrix's rows expanded into slab [len(rows), K] first, a float32 w's
+        (C-contiguous, rows[0] on) used in place. x and out C-contiguous float32. Only where
+        `sgemm` was found."""
+        assert self.sgemm is not None
+        if isinstance(w, QuantMatrix):
+            kind, gshift, (codes, scale, offset), k = w.c_kind, w.gshift, w.pointers, w.k
+        else:
+            kind, gshift, k = NO_DEQUANT, 0, w.shape[1]
+            codes, scale, offset = address(w) + 4 * k * int(rows[0]), 0, 0
+        refused = self._blas_chunks(
+            kind,
+            gshift,
+            codes,
+            scale,
+            offset,
+            k,
+            address(rows),
+            len(rows),
+            address(x),
+            address(chunks),
+            len(chunks),
+            address(out) + 4 * col,
+            out.shape[1],
+            address(slab) if slab is not None else 0,
+            self.sgemm.address,
+            int(self.sgemm.ilp64),
+            threads,
+        )
+        if refused:
+            raise native.scratch_refused(
+                "wf_blas_chunks", refused, f"{len(rows)} rows of [{w.shape[0]}, {k}] weights"
             )
 
 
