@@ -98,7 +98,8 @@ def threads_for_step(longest_chunk: int) -> None:
     chunk goes to BLAS, the Numba kernel does every matmul, so BLAS gets one thread. Its
     idle threads otherwise spin after each attention call and take the cores from the
     kernel (a 17-token step over 2,000 cached positions took 350-460 ms instead of ~107 ms
-    here)."""
+    here). Where the C kernels call BLAS from their own threads, it keeps one thread
+    (engine/ops/blas.py)."""
     blas.POOL.use(1 if longest_chunk <= kernels.SMALL_ROWS else blas.POOL.configured)
 
 
