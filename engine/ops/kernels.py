@@ -121,12 +121,12 @@ def matmul_t(
     for start, stop, kernel in runs:
         if kernel:
             _rows_kernel(np.ascontiguousarray(x[start:stop]), w, out[start:stop])
-        elif kernels.sgemm is None:
+        elif kernels.blas is None:
             np.matmul(x[start:stop], w.T, out=out[start:stop])
-    if chunks and kernels.sgemm is not None:  # from the kernels' threads (blas_chunks.c)
+    if chunks and kernels.blas is not None:  # from the kernels' threads (blas_chunks.c)
         rows = np.arange(w.shape[0], dtype=np.int64)
         x = np.ascontiguousarray(x)
-        kernels.blas_chunks(w, rows, x, _chunk_array(chunks), out, 0, None, get_num_threads())
+        kernels.blas(w, rows, x, _chunk_array(chunks), out, 0, None, get_num_threads())
     return out
 
 
@@ -160,8 +160,8 @@ def _quant_matmul(x: np.ndarray, w: QuantMatrix, runs: RowRuns | None) -> np.nda
     for n0 in range(0, n if chunks else 0, slab_rows):
         rows = np.arange(n0, min(n, n0 + slab_rows), dtype=np.int64)
         slab = _scratch.take(len(rows), w.k)
-        if kernels.sgemm is not None:  # expanded and multiplied on the kernels' threads
-            kernels.blas_chunks(w, rows, x, _chunk_array(chunks), out, n0, slab, threads)
+        if kernels.blas is not None:  # expanded and multiplied on the kernels' threads
+            kernels.blas(w, rows, x, _chunk_array(chunks), out, n0, slab, threads)
             continue
         kernels.dequant(w, rows, slab, threads)
         for start, stop in chunks:  # each chunk a BLAS call of its own (batch invariance)

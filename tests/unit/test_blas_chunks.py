@@ -18,7 +18,7 @@ from tests.unit.quant_cases import TYPES, K, N, Stored, summation_bound, write_a
 
 COMPILED = native.load()
 pytestmark = pytest.mark.skipif(
-    COMPILED is None or COMPILED.sgemm is None,
+    COMPILED is None or COMPILED.blas is None,
     reason="needs the C kernels and NumPy on OpenBLAS (the path does not exist without them)",
 )
 CHUNKS = ((0, 150), (150, 151), (151, 300))  # a long chunk, a single row, another long one
@@ -32,12 +32,12 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 def blas_chunks(
     w: object, x: np.ndarray, chunks: tuple[tuple[int, int], ...], threads: int
 ) -> np.ndarray:
-    assert COMPILED is not None
+    assert COMPILED is not None and COMPILED.blas is not None
     n = w.shape[0]  # type: ignore[attr-defined]
     out = np.full((x.shape[0], n), np.nan, dtype=np.float32)
     slab = np.empty((n, K), dtype=np.float32)
     rows = np.arange(n, dtype=np.int64)
-    COMPILED.blas_chunks(w, rows, x, np.array(chunks, np.int64), out, 0, slab, threads)  # type: ignore[arg-type]
+    COMPILED.blas(w, rows, x, np.array(chunks, np.int64), out, 0, slab, threads)  # type: ignore[arg-type]
     return out
 
 

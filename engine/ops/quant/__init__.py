@@ -13,9 +13,9 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.ops.blas import Sgemm
 from engine.ops.quant import fallback, native
 from engine.ops.quant.matrix import QuantMatrix
+from engine.ops.quant.native import BlasChunks
 
 
 class Kernels(Protocol):
@@ -23,25 +23,12 @@ class Kernels(Protocol):
     # the longest prefill chunk the kernels take (None: every one); longer ones go to BLAS
     # on expanded weights
     chunk_rows: int | None
-    # BLAS's sgemm where the kernels call it from their own threads for those (None: NumPy
-    # calls BLAS)
-    sgemm: Sgemm | None
+    # long chunks multiplied by BLAS from the kernels' threads (None: NumPy calls BLAS)
+    blas: BlasChunks | None
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None: ...
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None: ...
-
-    def blas_chunks(
-        self,
-        w: QuantMatrix | np.ndarray,
-        rows: np.ndarray,
-        x: np.ndarray,
-        chunks: np.ndarray,
-        out: np.ndarray,
-        col: int,
-        slab: np.ndarray | None,
-        threads: int,
-    ) -> None: ...
 
 
 @functools.cache

@@ -5,13 +5,17 @@ through one and the same loop."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numba import njit, prange
 
-from engine.ops.blas import Sgemm
 from engine.ops.chunks import SMALL_ROWS
 from engine.ops.quant.formats import KIND_BF16, KIND_F16, KIND_Q4
 from engine.ops.quant.matrix import QuantMatrix
+
+if TYPE_CHECKING:
+    from engine.ops.quant.native import BlasChunks
 
 ROWS = 4  # weight rows per task, as in qmatmul.c
 
@@ -80,7 +84,7 @@ class NumbaKernels:
     name = "numba"
     # per-row scalar loops: BLAS on expanded weights is faster for longer chunks
     chunk_rows: int | None = SMALL_ROWS
-    sgemm: Sgemm | None = None  # long chunks: NumPy calls BLAS
+    blas: BlasChunks | None = None  # long chunks: NumPy calls BLAS
 
     # Numba reads no float16 on the CPU: float16 groups are widened for each call (exact)
 
@@ -89,16 +93,3 @@ class NumbaKernels:
 
     def dequant(self, w: QuantMatrix, rows: np.ndarray, out: np.ndarray, threads: int) -> None:
         _dequant(w.kind, w.gshift, w.codes, *w.float32_groups(), w.k, rows, out)
-
-    def blas_chunks(
-        self,
-        w: QuantMatrix | np.ndarray,
-        rows: np.ndarray,
-        x: np.ndarray,
-        chunks: np.ndarray,
-        out: np.ndarray,
-        col: int,
-        slab: np.ndarray | None,
-        threads: int,
-    ) -> None:
-        raise NotImplementedError("the C kernels call BLAS from their threads; Numba does not")

@@ -7,6 +7,7 @@ import ctypes
 import numpy as np
 
 from engine.ops import blas, native
+from engine.ops.blas import Sgemm
 from engine.ops.chunks import kernel_chunk_rows
 from engine.ops.native import address
 from engine.ops.quant.matrix import QuantMatrix
@@ -15,7 +16,7 @@ NO_DEQUANT = -1  # blas_chunks.c's kind for float32 weight rows
 
 
 class NativeKernels:
-    """wf_matmul, wf_dequant and wf_blas_chunks."""
+    """wf_matmul and wf_dequant, and BlasChunks where it runs."""
 
     name = "c"
 
@@ -34,12 +35,10 @@ class NativeKernels:
         self._dequant = lib.wf_dequant
         self._dequant.argtypes = [i, i, p, p, p, i64, p, i64, p, i]
         self._dequant.restype = i64
-        # long chunks through BLAS from these kernels' threads (blas_chunks.c), where the
-        # process's BLAS is an OpenBLAS whose sgemm they can call
-        self.sgemm = blas.POOL.sgemm_for_kernels()
-        self._blas_chunks = lib.wf_blas_chunks
-        self._blas_chunks.argtypes = [i, i, p, p, p, i64, p, i64, p, p, i64, p, i64, p, p, i, i]
-        self._blas_chunks.restype = i64
+        # long chunks through BLAS from these kernels' threads, where the process's BLAS is
+        # an OpenBLAS whose sgemm they can call
+        sgemm = blas.POOL.sgemm_for_kernels()
+        self.blas = BlasChunks(lib, sgemm) if sgemm is not None else None
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray, threads: int) -> None:
         """out[M, N] = x[M, K] @ w.T; x and out C-contiguous float32. MemoryError (nothing
@@ -86,7 +85,19 @@ class NativeKernels:
                 "wf_dequant", refused, f"{len(rows)} rows of [{w.shape[0]}, {w.k}] weights"
             )
 
-    def blas_chunks(
+
+class BlasChunks:
+    """wf_blas_chunks (engine/ops/csrc/blas_chunks.c): long chunks multiplied by BLAS's sgemm
+    from the kernels' own threads."""
+
+    def __init__(self, lib: ctypes.CDLL, sgemm: Sgemm) -> None:
+        self.sgemm = sgemm
+        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        self._fn = lib.wf_blas_chunks
+        self._fn.argtypes = [i, i, p, p, p, i64, p, i64, p, p, i64, p, i64, p, p, i, i]
+        self._fn.restype = i64  # 0, or the scratch bytes refused
+
+    def __call__(
         self,
         w: QuantMatrix | np.ndarray,
         rows: np.ndarray,
@@ -100,15 +111,13 @@ class NativeKernels:
         """out[start:stop, col + i] = x[start:stop] . row rows[i] of w, for each (start, stop)
         in chunks (int64 [C, 2]), each chunk an sgemm call of its own on every thread: a
         QuantMatrix's rows expanded into slab [len(rows), K] first, a float32 w's
-        (C-contiguous, rows[0] on) used in place. x and out C-contiguous float32. Only where
-        `sgemm` was found."""
-        assert self.sgemm is not None
+        (C-contiguous, rows[0] on) used in place. x and out C-contiguous float32."""
         if isinstance(w, QuantMatrix):
             kind, gshift, (codes, scale, offset), k = w.c_kind, w.gshift, w.pointers, w.k
         else:
             kind, gshift, k = NO_DEQUANT, 0, w.shape[1]
             codes, scale, offset = address(w) + 4 * k * int(rows[0]), 0, 0
-        refused = self._blas_chunks(
+        refused = self._fn(
             kind,
             gshift,
             codes,
