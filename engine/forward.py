@@ -17,7 +17,7 @@ from engine.loader.weights import Weights
 from engine.models.family import Family
 from engine.ops import gpu_ops
 from engine.ops.attention import paged_attention
-from engine.ops.elementwise import head_rms_norm, rms_norm, silu_mul
+from engine.ops.elementwise import add, head_rms_norm, rms_norm, silu_mul
 from engine.ops.elementwise import rope as apply_rope
 from engine.ops.kernels import get_num_threads, matmul_t
 from engine.ops.moe import moe_ffn
@@ -91,6 +91,9 @@ class StepOps:
 
     def silu_mul(self, gate_up: Array) -> Array:
         return silu_mul(gate_up, self.config.ffn_dim, self.xp)
+
+    def residual(self, x: Array, y: Array) -> Array:
+        return add(x, y, self.xp)
 
     def experts(self, x: Array, moe: MoEWeights) -> Array:
         return moe_ffn(x, moe)

@@ -189,6 +189,9 @@ class MLXOps:
         gate, up = gate_up[:, : self.config.ffn_dim], gate_up[:, self.config.ffn_dim :]
         return gate * mx.sigmoid(gate) * up
 
+    def residual(self, x: Any, y: Any) -> Any:
+        return x + y
+
     def experts(self, x: Any, moe: MLXExperts) -> Any:
         return moe_ffn(x, moe)
 

@@ -55,6 +55,10 @@ class LayerOps(Protocol):
         """SiLU(gate) * up of gate_up [N, 2 * ffn]: [N, ffn]."""
         ...
 
+    def residual(self, x: Array, y: Array) -> Array:
+        """x + y: the residual stream x [N, dim] plus a block's output."""
+        ...
+
     def experts(self, x: Array, moe: Experts) -> Array:
         """The mixture-of-experts FFN of x [N, dim] (normed), without the residual: each
         row through its top-k experts, their outputs weighted and added in the row's own

@@ -15,9 +15,9 @@ from engine.models.family import Array, Family, LayerOps
 def layer(x: Array, lw: LayerWeights, i: int, ops: LayerOps) -> Array:
     qkv = ops.add_bias(ops.matmul(ops.norm(x, lw.attn_norm), lw.wqkv), lw.bqkv)
     attended = ops.attend(qkv, i, lw.window, lw.sinks)  # [N, q_dim]
-    x = x + ops.add_bias(ops.matmul(attended, lw.wo), lw.bo)
+    x = ops.residual(x, ops.add_bias(ops.matmul(attended, lw.wo), lw.bo))
     assert lw.moe is not None  # the loader reads the experts of a family that has them
-    return x + ops.experts(ops.norm(x, lw.ffn_norm), lw.moe)
+    return ops.residual(x, ops.experts(ops.norm(x, lw.ffn_norm), lw.moe))
 
 
 FAMILY = Family(

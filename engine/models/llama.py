@@ -17,8 +17,8 @@ def swiglu(x: Array, lw: LayerWeights, ops: LayerOps) -> Array:
 
 def layer(x: Array, lw: LayerWeights, i: int, ops: LayerOps) -> Array:
     qkv = ops.matmul(ops.norm(x, lw.attn_norm), lw.wqkv)  # [N, q_dim + 2 * kv_dim]
-    x = x + ops.matmul(ops.attend(qkv, i), lw.wo)
-    return x + swiglu(x, lw, ops)
+    x = ops.residual(x, ops.matmul(ops.attend(qkv, i), lw.wo))
+    return ops.residual(x, swiglu(x, lw, ops))
 
 
 FAMILY = Family(

@@ -13,8 +13,8 @@ from engine.models.llama import swiglu
 def layer(x: Array, lw: LayerWeights, i: int, ops: LayerOps) -> Array:
     qkv = ops.matmul(ops.norm(x, lw.attn_norm), lw.wqkv)  # [N, q_dim + 2 * kv_dim]
     qkv = ops.head_norms(qkv, lw.q_norm, lw.k_norm)
-    x = x + ops.matmul(ops.attend(qkv, i), lw.wo)
-    return x + swiglu(x, lw, ops)
+    x = ops.residual(x, ops.matmul(ops.attend(qkv, i), lw.wo))
+    return ops.residual(x, swiglu(x, lw, ops))
 
 
 FAMILY = Family(

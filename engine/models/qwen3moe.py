@@ -13,9 +13,9 @@ from engine.models.family import Array, Family, LayerOps
 def layer(x: Array, lw: LayerWeights, i: int, ops: LayerOps) -> Array:
     qkv = ops.matmul(ops.norm(x, lw.attn_norm), lw.wqkv)  # [N, q_dim + 2 * kv_dim]
     qkv = ops.head_norms(qkv, lw.q_norm, lw.k_norm)
-    x = x + ops.matmul(ops.attend(qkv, i), lw.wo)
+    x = ops.residual(x, ops.matmul(ops.attend(qkv, i), lw.wo))
     assert lw.moe is not None  # the loader reads the experts of a family that has them
-    return x + ops.experts(ops.norm(x, lw.ffn_norm), lw.moe)
+    return ops.residual(x, ops.experts(ops.norm(x, lw.ffn_norm), lw.moe))
 
 
 FAMILY = Family(

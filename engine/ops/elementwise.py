@@ -1,6 +1,7 @@
 """A layer's elementwise steps: RMS norm (of rows, or of each head's q and k), rope,
-SiLU(gate) * up; and a step's keys or values into the KV pool. On NumPy float32 each is one C
-call (engine/ops/csrc/elementwise.c) where the C kernels build, on CuPy float32 one launch
+SiLU(gate) * up, the residual adds; and a step's keys or values into the KV pool. On NumPy
+float32 each is one C call (engine/ops/csrc/elementwise.c, a long chunk's rows split over
+the kernels' threads) where the C kernels build, on CuPy float32 one launch
 (engine/ops/gpu_ops.py; rope there is forward.py's, with the pool's writes); otherwise NumPy
 (and CuPy) expressions. Shapes: N rows, D head_dim."""
 
@@ -12,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from numba import get_num_threads
 
 from engine.kv_files.kv_dtypes import KINDS
 from engine.ops import gpu_ops, native
@@ -25,13 +27,15 @@ def _lib() -> ctypes.CDLL | None:
     lib = native.library()
     if lib is None:
         return None
-    p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.wf_rms_norm.argtypes = [p, p, f, i64, i64, p]
-    lib.wf_head_rms_norm.argtypes = [p, i64, i64, i64, i64, i64, p, f]
-    lib.wf_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p]
-    lib.wf_silu_mul.argtypes = [p, i64, i64, p]
-    lib.wf_put_kv_rows.argtypes = [p, ctypes.c_int, p, p, i64, i64, i64, i64]
-    fns = (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul, lib.wf_put_kv_rows)
+    p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.wf_rms_norm.argtypes = [p, p, f, i64, i64, p, i]
+    lib.wf_head_rms_norm.argtypes = [p, i64, i64, i64, i64, i64, p, f, i]
+    lib.wf_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, i]
+    lib.wf_silu_mul.argtypes = [p, i64, i64, p, i]
+    lib.wf_add.argtypes = [p, p, i64, i64, p, i]
+    lib.wf_put_kv_rows.argtypes = [p, i, p, p, i64, i64, i64, i64, i]
+    fns = (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul, lib.wf_add,
+           lib.wf_put_kv_rows)  # fmt: skip
     for fn in fns:
         fn.restype = None
     return lib
@@ -57,8 +61,8 @@ def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
         scale = 1.0 / xp.sqrt(xp.mean(wide * wide, axis=-1, keepdims=True) + eps)
         return (x * scale.astype(x.dtype)) * weight
     out = np.empty_like(x)
-    lib.wf_rms_norm(address(x), address(weight), eps, x.shape[0], x.shape[1],
-                    address(out))  # fmt: skip
+    lib.wf_rms_norm(address(x), address(weight), eps, x.shape[0], x.shape[1], address(out),
+                    get_num_threads())  # fmt: skip
     return out
 
 
@@ -76,9 +80,8 @@ def head_rms_norm(
         runs = qkv[:, cols].reshape(n * heads, head_dim)
         qkv[:, cols] = rms_norm(runs, weight, eps, xp).reshape(n, heads * head_dim)
         return
-    lib.wf_head_rms_norm(
-        address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim, address(weight), eps
-    )
+    lib.wf_head_rms_norm(address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim,
+                         address(weight), eps, get_num_threads())  # fmt: skip
 
 
 def rope(
@@ -99,7 +102,7 @@ def rope(
     pos = np.ascontiguousarray(positions)
     out = np.empty((n, heads, head_dim), dtype=np.float32)
     lib.wf_rope(address(qkv), qkv.shape[1], col0, n, heads, head_dim, address(cos_t),
-                address(sin_t), address(pos), address(out))  # fmt: skip
+                address(sin_t), address(pos), address(out), get_num_threads())  # fmt: skip
     return out
 
 
@@ -116,7 +119,18 @@ def silu_mul(gate_up: Array, ffn_dim: int, xp: ModuleType) -> Array:
         act *= up
         return act
     out = np.empty((gate_up.shape[0], ffn_dim), dtype=np.float32)
-    lib.wf_silu_mul(address(gate_up), gate_up.shape[0], ffn_dim, address(out))
+    lib.wf_silu_mul(address(gate_up), gate_up.shape[0], ffn_dim, address(out), get_num_threads())
+    return out
+
+
+def add(x: Array, y: Array, xp: ModuleType) -> Array:
+    """x + y (the residual stream's adds), in one C call on NumPy float32 where it builds:
+    its rows split over the kernels' threads for a long chunk."""
+    lib = _compiled(x, y, multiple_of=16)
+    if lib is None or x.shape != y.shape or x.ndim != 2:
+        return x + y
+    out = np.empty_like(x)
+    lib.wf_add(address(x), address(y), x.shape[0], x.shape[1], address(out), get_num_threads())
     return out
 
 
@@ -133,7 +147,8 @@ def put_kv_rows(pools: tuple[Array, Array], rows: Array, srcs: tuple[Array, Arra
     for pool, src in zip(pools, srcs, strict=True):
         n, heads, d = src.shape
         kind, stride = KINDS.index(pool.dtype), src.strides[0] // 4
-        lib.wf_put_kv_rows(address(pool), kind, address(rows), address(src), n, heads, stride, d)
+        lib.wf_put_kv_rows(address(pool), kind, address(rows), address(src), n, heads, stride, d,
+                           get_num_threads())  # fmt: skip
     return True
 
 

@@ -116,9 +116,10 @@ def expert_cases(products: Products) -> Iterator[Case]:
 
 
 def silu_case() -> Case:
-    """SiLU(gate) * up over values from tiny to past e^x's clamps (-87, 88)."""
+    """SiLU(gate) * up over values from tiny to past e^x's clamps (-87, 88), rows enough for
+    the driver's 2 threads to split them (elementwise.c's SPLIT_FLOATS)."""
     rng = np.random.default_rng(43)
-    rows, ffn = 5, 64
+    rows, ffn = 520, 64
     scale = np.array([1e-3, 1.0, 30.0, 100.0], np.float32)[rng.integers(0, 4, (rows, 2 * ffn))]
     gate_up = (rng.standard_normal((rows, 2 * ffn)) * scale).astype(np.float32)
     gate_up[0, :8] = [-88, -87, -86.9, 87.9, 88, 89, -1e30, 1e30]
@@ -127,9 +128,10 @@ def silu_case() -> Case:
 
 
 def rms_norm_case() -> Case:
-    """RMS norm of rows from tiny to large values (its sum of squares: hsum's tree)."""
+    """RMS norm of rows from tiny to large values (its sum of squares: hsum's tree), rows
+    enough to be split over the driver's 2 threads."""
     rng = np.random.default_rng(47)
-    rows, dim = 5, 576
+    rows, dim = 60, 576
     scale = np.array([1e-3, 1.0, 30.0, 1e4], np.float32)[rng.integers(0, 4, (rows, 1))]
     x = (rng.standard_normal((rows, dim)) * scale).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)

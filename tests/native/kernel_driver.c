@@ -47,9 +47,9 @@ int64_t wf_matmul(int kind, int gshift, const uint8_t *codes, const void *scale,
                   const void *offset, int64_t n_rows, int64_t k, const float *x, int64_t m_rows,
                   float *out, int64_t ldo, int num_threads);
 
-void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
+void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out, int threads);
 void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
-                 float *out);
+                 float *out, int threads);
 
 typedef struct {
     const uint8_t *at, *end;
@@ -137,7 +137,7 @@ static int silu(Reader *r, const char *out_path) {
     const int64_t *h = take(r, 2 * 8);
     const float *gate_up = take(r, 4 * 2 * h[0] * h[1]);
     float *out = calloc(h[0] * h[1] + 1, sizeof(float));
-    wf_silu_mul(gate_up, h[0], h[1], out);
+    wf_silu_mul(gate_up, h[0], h[1], out, 2); /* a long chunk's rows split */
     return write_out(out_path, out, h[0] * h[1]);
 }
 
@@ -146,7 +146,7 @@ static int rms_norm(Reader *r, const char *out_path) {
     const int64_t *h = take(r, 2 * 8);
     const float *x = take(r, 4 * h[0] * h[1]), *w = take(r, 4 * h[1]);
     float *out = calloc(h[0] * h[1] + 1, sizeof(float));
-    wf_rms_norm(x, w, 1e-5f, h[0], h[1], out);
+    wf_rms_norm(x, w, 1e-5f, h[0], h[1], out, 2);
     return write_out(out_path, out, h[0] * h[1]);
 }
 

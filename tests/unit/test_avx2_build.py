@@ -121,8 +121,9 @@ def test_attention_built_for_avx2_equals_the_avx512_builds_bit_for_bit(
         assert np.array_equal(got, want), f"{heads} {lengths}"
 
 
-def elementwise_steps(built: ctypes.CDLL, gate_up: np.ndarray) -> list[np.ndarray]:
-    """`built`'s SiLU(gate) * up, RMS norm and rope (9 heads of 64) over gate_up's rows."""
+def elementwise_steps(built: ctypes.CDLL, gate_up: np.ndarray, threads: int) -> list[np.ndarray]:
+    """`built`'s SiLU(gate) * up, RMS norm and rope (9 heads of 64) over gate_up's rows, on
+    `threads` (rows enough that each call splits them)."""
     rows, ffn, d, heads = gate_up.shape[0], gate_up.shape[1] // 2, 64, 9
     rng = np.random.default_rng(6)
     w = rng.standard_normal(heads * d).astype(np.float32)
@@ -132,10 +133,11 @@ def elementwise_steps(built: ctypes.CDLL, gate_up: np.ndarray) -> list[np.ndarra
     silu, norm = np.full((rows, ffn), np.nan, np.float32), np.full_like(x, np.nan)
     rope = np.full((rows, heads, d), np.nan, np.float32)
     ptr, f32, i64 = (lambda a: ctypes.c_void_p(a.ctypes.data)), ctypes.c_float, ctypes.c_int64
-    built.wf_silu_mul(ptr(gate_up), i64(rows), i64(ffn), ptr(silu))
-    built.wf_rms_norm(ptr(x), ptr(w), f32(1e-5), i64(rows), i64(heads * d), ptr(norm))
+    t = ctypes.c_int(threads)
+    built.wf_silu_mul(ptr(gate_up), i64(rows), i64(ffn), ptr(silu), t)
+    built.wf_rms_norm(ptr(x), ptr(w), f32(1e-5), i64(rows), i64(heads * d), ptr(norm), t)
     sizes = (i64(2 * ffn), i64(0), i64(rows), i64(heads), i64(d))
-    built.wf_rope(ptr(gate_up), *sizes, ptr(cos_t), ptr(sin_t), ptr(pos), ptr(rope))
+    built.wf_rope(ptr(gate_up), *sizes, ptr(cos_t), ptr(sin_t), ptr(pos), ptr(rope), t)
     return [silu, norm, rope]
 
 
@@ -143,15 +145,16 @@ def test_elementwise_steps_built_for_avx2_equal_the_avx512_builds_bit_for_bit(
     haswell: ctypes.CDLL,
 ) -> None:
     """SiLU(gate) * up (its e^x has an 8-lane form on AVX2, where GCC scalarized the 16-lane
-    comparisons), RMS norm and rope, over values from tiny to past e^x's clamps (-87, 88)."""
+    comparisons), RMS norm and rope, over values from tiny to past e^x's clamps (-87, 88);
+    the AVX2 build's rows split over 2 threads, the native one's on one."""
     lib = native.library()
     assert lib is not None
     rng = np.random.default_rng(5)
-    rows, ffn = 33, 1536
+    rows, ffn = 65, 1536
     scale = np.array([1e-3, 1.0, 30.0, 100.0], np.float32)[rng.integers(0, 4, (rows, 2 * ffn))]
     gate_up = (rng.standard_normal((rows, 2 * ffn)) * scale).astype(np.float32)
     gate_up[0, :8] = [-88, -87, -86.9, 87.9, 88, 89, -1e30, 1e30]
-    mine, theirs = elementwise_steps(haswell, gate_up), elementwise_steps(lib, gate_up)
+    mine, theirs = elementwise_steps(haswell, gate_up, 2), elementwise_steps(lib, gate_up, 1)
     for name, a, b in zip(("silu_mul", "rms_norm", "rope"), mine, theirs, strict=True):
         assert not np.isnan(a).any(), name
         assert np.array_equal(a, b), f"{name}: the AVX2 build's bits differ"

@@ -52,12 +52,15 @@ typedef struct {
 } WfShape;
 
 void wf_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t dim,
-                 float *out);
+                 float *out, int threads);
 void wf_head_rms_norm(float *x, int64_t stride, int64_t col0, int64_t rows, int64_t heads,
-                      int64_t d, const float *w, float eps);
+                      int64_t d, const float *w, float eps, int threads);
 void wf_rope(const float *src, int64_t src_stride, int64_t col0, int64_t rows, int64_t heads,
-             int64_t d, const float *cos_t, const float *sin_t, const int64_t *pos, float *dst);
-void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out);
+             int64_t d, const float *cos_t, const float *sin_t, const int64_t *pos, float *dst,
+             int threads);
+void wf_silu_mul(const float *gate_up, int64_t rows, int64_t ffn, float *out, int threads);
+void wf_add(const float *x, const float *y, int64_t rows, int64_t cols, float *out,
+            int threads);
 int64_t wf_matmul_scratch(int kind, int gshift, int64_t k, int64_t m_rows, int num_threads);
 void wf_matmul_with(int kind, int gshift, const uint8_t *codes, const void *scale,
                     const void *offset, int64_t n_rows, int64_t k, const float *x,
@@ -188,17 +191,18 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
     for (int64_t r = 0; r < rows; r++) ids[r] = r;
     for (int64_t i = 0; i < num_layers; i++) {
         const WfLayer *l = layers + i;
-        wf_rms_norm(x, l->attn_norm, s->eps, rows, s->dim, h);
+        wf_rms_norm(x, l->attn_norm, s->eps, rows, s->dim, h, threads);
         attn_product(l, 0, h, rows, ids, qkv, qkv_cols, threads, scratch);
         if (l->qkv_bias) /* one add per value, as forward.py's qkv += bqkv */
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < qkv_cols; j++) qkv[r * qkv_cols + j] += l->qkv_bias[j];
         if (l->q_norm) { /* the calls forward.py makes, in its order */
-            wf_head_rms_norm(qkv, qkv_cols, 0, rows, s->heads, d, l->q_norm, s->eps);
-            wf_head_rms_norm(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, l->k_norm, s->eps);
+            wf_head_rms_norm(qkv, qkv_cols, 0, rows, s->heads, d, l->q_norm, s->eps, threads);
+            wf_head_rms_norm(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, l->k_norm, s->eps,
+                             threads);
         }
-        wf_rope(qkv, qkv_cols, 0, rows, s->heads, d, cos_t, sin_t, pos, q);
-        wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k);
+        wf_rope(qkv, qkv_cols, 0, rows, s->heads, d, cos_t, sin_t, pos, q, threads);
+        wf_rope(qkv, qkv_cols, q_dim, rows, s->kv_heads, d, cos_t, sin_t, pos, k, threads);
         int64_t g = kv_layout[2 * i], shift = kv_layout[2 * i + 1];
         void *k_pool = k_groups[g], *v_pool = v_groups[g];
         const int64_t *at_rows = kv_rows + g * rows * s->kv_heads;
@@ -214,16 +218,16 @@ int64_t wf_layers(const WfLayer *layers, int64_t num_layers, const WfShape *s, f
         attn_product(l, 1, att, rows, ids, o, s->dim, threads, scratch);
         if (l->o_bias) /* as forward.py's o += bo */
             for (int64_t r = 0; r < rows; r++) add_into(o + r * s->dim, l->o_bias, s->dim);
-        add_into(x, o, rows * s->dim);
-        wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h);
+        wf_add(x, o, rows, s->dim, x, threads);
+        wf_rms_norm(x, l->ffn_norm, s->eps, rows, s->dim, h, threads);
         if (l->moe) {
             wf_moe_ffn_with(l->moe, h, rows, o, s->moe_stats, threads, scratch);
         } else {
             product(&l->gate_up, h, rows, gate_up, threads, scratch);
-            wf_silu_mul(gate_up, rows, s->ffn_dim, act);
+            wf_silu_mul(gate_up, rows, s->ffn_dim, act, threads);
             product(&l->down, act, rows, o, threads, scratch);
         }
-        add_into(x, o, rows * s->dim);
+        wf_add(x, o, rows, s->dim, x, threads);
     }
     free(h);
     return 0;
