@@ -9,12 +9,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from common.sampling import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv.kv_pool import BLOCK_TOKENS
 from engine.model import Model
+from engine.ops import blas
 from engine.sequence import Request
 
 PREFILL_TOKENS = 256
@@ -32,14 +34,16 @@ def read_bandwidth_gbs(nbytes: int = 512 << 20, repeats: int = 5) -> float:
     """Best rate of streaming a weights-sized buffer through the cores (bytes read/s): a
     BLAS matrix-vector product over it, vectorized and on every thread. (A Numba sum loop
     measured 10 GB/s here, bound by its scalar additions: 30 GB/s on a buffer in cache.
-    BLAS reads 52 GB/s; a hand-written C loop of 512-bit adds, 80.)"""
+    BLAS reads 52 GB/s; a hand-written C loop of 512-bit adds, 80.) BLAS gets the configured
+    threads for it, where the C kernels hold it to one (engine/ops/blas.py)."""
     src = np.ones((nbytes // 4 // 4096, 4096), dtype=np.float32)
     ones = np.ones(4096, dtype=np.float32)
     best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        src @ ones
-        best = min(best, time.perf_counter() - t)
+    with threadpool_limits(blas.POOL.configured, user_api="blas"):
+        for _ in range(repeats):
+            t = time.perf_counter()
+            src @ ones
+            best = min(best, time.perf_counter() - t)
     return src.nbytes / best / 1e9
 
 
