@@ -221,6 +221,8 @@ def test_every_engine_row_on_a_tiny_model(
     assert checks["C kernels"]["values"]["chunk_rows"] == kernel_chunk_rows()
     assert checks["C kernels"]["values"]["attention_rows"] == kernel_attention_rows()
     assert checks["C kernels"]["values"]["threads"] == "OpenMP's threads"  # GCC has OpenMP
+    # NumPy's wheels ship OpenBLAS: the kernels call it from their own threads
+    assert checks["C kernels"]["values"]["blas_on_kernel_threads"] is True
 
 
 def test_a_missing_model_file_fails_its_row(

@@ -18,6 +18,7 @@ from threadpoolctl import threadpool_info
 
 from engine.ops import native
 from engine.ops.chunks import kernel_attention_rows, kernel_chunk_rows
+from engine.ops.quant import kernels as quant_kernels
 from warmfleet.doctor_report import Check, fail, info, ok, skipped
 from warmfleet.sizes import format_size
 
@@ -67,6 +68,9 @@ def kernels_row() -> Check:
         chunks = "every prefill chunk" if rows is None else f"prefill chunks up to {rows} rows"
         if attends is None and rows is not None:  # AVX2: past `rows`, BLAS products only
             chunks += ", attention every chunk"
+        blas_on_kernels = quant_kernels().blas is not None  # BLAS called from their threads
+        if rows is not None:
+            chunks += ", BLAS on their threads" if blas_on_kernels else ", BLAS on NumPy's"
         what = f"built for {target} ({native.isa()}, {threads}; {chunks}): {lib._name}"
         return ok(
             "C kernels",
@@ -76,6 +80,7 @@ def kernels_row() -> Check:
             threads=threads,
             chunk_rows=rows,
             attention_rows=attends,
+            blas_on_kernel_threads=blas_on_kernels,
         )
     if os.environ.get("WARMFLEET_KERNELS", "").lower() == "numba":
         why = "off (WARMFLEET_KERNELS=numba)"
