@@ -11,7 +11,8 @@ OpenBLAS's by default for about 2^28 cycles, which took a core from the kernels 
 call and made a mixed step up to three times slower (bench/RESULTS.md). Both are told to
 sleep almost at once; a value set in the environment wins. Waking a sleeping thread costs
 ~0.3-0.5 ms on a VM, which is why quantized weights with the C kernels on AVX-512 keep
-prefill off BLAS altogether.
+prefill off BLAS altogether, and why elsewhere the C kernels call OpenBLAS from their own
+threads, its pool held to one thread (engine/ops/blas.py).
 
 A prefill step allocates a few arrays of megabytes a layer (each product's output). glibc's
 malloc hands such sizes out as fresh mappings, or gives freed heap back to the system, so
