@@ -34,10 +34,9 @@ def _lib() -> ctypes.CDLL | None:
     lib.wf_silu_mul.argtypes = [p, i64, i64, p, i]
     lib.wf_add.argtypes = [p, p, i64, i64, p, i]
     lib.wf_put_kv_rows.argtypes = [p, i, p, p, i64, i64, i64, i64, i]
-    fns = (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul, lib.wf_add,
-           lib.wf_put_kv_rows)  # fmt: skip
-    for fn in fns:
+    for fn in (lib.wf_rms_norm, lib.wf_head_rms_norm, lib.wf_rope, lib.wf_silu_mul):
         fn.restype = None
+    lib.wf_add.restype = lib.wf_put_kv_rows.restype = None
     return lib
 
 
@@ -60,9 +59,8 @@ def rms_norm(x: Array, weight: Array, eps: float, xp: ModuleType) -> Array:
         wide = x.astype(xp.float32) if x.dtype == xp.float16 else x
         scale = 1.0 / xp.sqrt(xp.mean(wide * wide, axis=-1, keepdims=True) + eps)
         return (x * scale.astype(x.dtype)) * weight
-    out = np.empty_like(x)
-    lib.wf_rms_norm(address(x), address(weight), eps, x.shape[0], x.shape[1], address(out),
-                    get_num_threads())  # fmt: skip
+    out, (n, dim) = np.empty_like(x), x.shape
+    lib.wf_rms_norm(address(x), address(weight), eps, n, dim, address(out), get_num_threads())
     return out
 
 
@@ -80,8 +78,10 @@ def head_rms_norm(
         runs = qkv[:, cols].reshape(n * heads, head_dim)
         qkv[:, cols] = rms_norm(runs, weight, eps, xp).reshape(n, heads * head_dim)
         return
-    lib.wf_head_rms_norm(address(qkv), qkv.shape[1], col0, qkv.shape[0], heads, head_dim,
-                         address(weight), eps, get_num_threads())  # fmt: skip
+    n, cols = qkv.shape
+    lib.wf_head_rms_norm(
+        address(qkv), cols, col0, n, heads, head_dim, address(weight), eps, get_num_threads()
+    )
 
 
 def rope(
@@ -101,8 +101,19 @@ def rope(
         return xp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
     pos = np.ascontiguousarray(positions)
     out = np.empty((n, heads, head_dim), dtype=np.float32)
-    lib.wf_rope(address(qkv), qkv.shape[1], col0, n, heads, head_dim, address(cos_t),
-                address(sin_t), address(pos), address(out), get_num_threads())  # fmt: skip
+    lib.wf_rope(
+        address(qkv),
+        qkv.shape[1],
+        col0,
+        n,
+        heads,
+        head_dim,
+        address(cos_t),
+        address(sin_t),
+        address(pos),
+        address(out),
+        get_num_threads(),
+    )
     return out
 
 
@@ -147,8 +158,10 @@ def put_kv_rows(pools: tuple[Array, Array], rows: Array, srcs: tuple[Array, Arra
     for pool, src in zip(pools, srcs, strict=True):
         n, heads, d = src.shape
         kind, stride = KINDS.index(pool.dtype), src.strides[0] // 4
-        lib.wf_put_kv_rows(address(pool), kind, address(rows), address(src), n, heads, stride, d,
-                           get_num_threads())  # fmt: skip
+        threads = get_num_threads()
+        lib.wf_put_kv_rows(
+            address(pool), kind, address(rows), address(src), n, heads, stride, d, threads
+        )
     return True
 
 

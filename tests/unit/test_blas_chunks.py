@@ -7,6 +7,7 @@ thread count (engine/ops/blas.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,8 +65,23 @@ def test_a_chunks_bits_are_its_own_whatever_chunks_come_with_it(
         assert np.array_equal(together[start:stop], alone)
 
 
-def test_float32_weights_are_used_in_place() -> None:
+def calls_to_blas(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The process's kernels' BlasChunks calls from now on: whether each had a slab."""
+    quant, calls = kernels.quant_kernels(), []
+    real = quant.blas
+    assert real is not None
+
+    def counted(*args: Any) -> None:
+        calls.append(args[6] is not None)
+        real(*args)
+
+    monkeypatch.setattr(quant, "blas", counted)
+    return calls
+
+
+def test_float32_weights_are_used_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """matmul_t's long chunks on float32 weights: no expansion, each chunk on its own."""
+    calls = calls_to_blas(monkeypatch)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1 + 200 + 150, 64)).astype(np.float32)
     w = rng.standard_normal((N, 64)).astype(np.float32)
@@ -74,12 +90,16 @@ def test_float32_weights_are_used_in_place() -> None:
     assert np.array_equal(got[:1], matmul_t(x[:1], w))  # the kernel row
     np.testing.assert_allclose(got[1:], x[1:] @ w.T, rtol=1e-4, atol=1e-4)
     assert np.array_equal(got[1:201], matmul_t(x[1:201], w, plan_rows([200])))
+    assert calls == [False, False]  # both chunks in one call, then the chunk alone; no slab
 
 
 def test_quantized_slabs_land_in_their_columns(
     stored: Stored, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     matrix, w = stored[TYPES[4]]
+    calls = calls_to_blas(monkeypatch)
+    # chunks past 128 rows to BLAS, as built for AVX2 (on AVX-512 the kernels take them all)
+    monkeypatch.setattr(kernels.quant_kernels(), "chunk_rows", 128)
     x = np.random.default_rng(9).standard_normal((2 * 140, K)).astype(np.float32)
     runs = ((0, 140, False), (140, 280, False))
     exact, bound = x.astype(np.float64) @ w.T.astype(np.float64), summation_bound(x, w)
@@ -90,12 +110,16 @@ def test_quantized_slabs_land_in_their_columns(
     # treats the last columns of a call apart, and a slab's last are others)
     assert (np.abs(slabs - exact) <= bound).all()
     assert np.array_equal(kernels._quant_matmul(x, matrix, runs), slabs)
+    assert calls == [True] * (1 + 5 + 5)  # the whole matrix, then 5 slabs twice
 
 
 def test_blas_is_held_to_one_thread_once_the_kernels_call_it() -> None:
-    pool = blas.POOL
+    pool, configured = blas.POOL, blas.POOL.configured
     assert pool.sgemm_for_kernels() is not None
-    for n in (1, 2, 4):
-        pool.configure(n)
-        pool.use(pool.configured)
-        assert pool._lib is not None and pool._lib.num_threads == 1
+    try:
+        for n in (1, 2, 4):
+            pool.configure(n)
+            pool.use(pool.configured)
+            assert pool._lib is not None and pool._lib.num_threads == 1
+    finally:
+        pool.configure(configured)
