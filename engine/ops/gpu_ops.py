@@ -21,6 +21,7 @@ CSRC = Path(__file__).parent / "csrc"
 THREADS = 256
 NORM_THREADS = 256  # as in elementwise.cu
 ATTENTION_SPLIT = 8  # as in attention.cu: warps per (row, head), each on its share of keys
+OPTIONS = ("--std=c++17",)  # NVRTC's, beside the device's -arch that CuPy adds
 Array = Any  # cupy.ndarray
 
 
@@ -28,7 +29,7 @@ Array = Any  # cupy.ndarray
 def compiled(source: str) -> Any:
     """The CuPy RawModule of engine/ops/csrc/`source`."""
     cupy = importlib.import_module("cupy")
-    return cupy.RawModule(code=(CSRC / source).read_text(), options=("--std=c++17",))
+    return cupy.RawModule(code=(CSRC / source).read_text(), options=OPTIONS)
 
 
 def gpu_float32(*arrays: Array) -> bool:
