@@ -109,10 +109,11 @@ fi
 export DEVICE PY OUT HTTP_PORT
 export -f agents_on_up
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
-step "GPU tests" 90 "${PYTEST[@]}" tests/unit/test_cuda_forward.py tests/unit/test_cuda_kernels.py \
+step "GPU tests" 110 "${PYTEST[@]}" tests/unit/test_cuda_forward.py tests/unit/test_cuda_kernels.py \
     tests/unit/test_gpu_ops.py tests/unit/test_head_rms_norm.py tests/unit/test_families_tiny.py \
-    tests/unit/test_decode_graphs.py
-step "doctor --device $DEVICE" 60 "$PY" -m warmfleet.cli doctor --device "$DEVICE"
+    tests/unit/test_decode_graphs.py tests/unit/test_cuda_experts.py \
+    "tests/unit/test_gpt_oss_tiny.py::test_float_products_match_llama_cpp_at_every_position[cuda]"
+step "doctor --device $DEVICE" 40 "$PY" -m warmfleet.cli doctor --device "$DEVICE"
 step "engine decode steps" 80 "$PY" -m bench.engine_context --device "$DEVICE" --batches 1 8 32 \
     --contexts 128 --steps 16
 step "up --workers 1, 8 agents" 100 bash -c agents_on_up

@@ -21,6 +21,7 @@ from engine.ops.elementwise import add, head_rms_norm, rms_norm, silu_mul
 from engine.ops.elementwise import rope as apply_rope
 from engine.ops.kernels import get_num_threads, matmul_t
 from engine.ops.moe import moe_ffn
+from engine.ops.moe_cuda import CudaExperts, moe_ffn_cuda
 from engine.ops.native_layers import native_layers
 from engine.ops.quant.experts import MoEWeights
 from engine.step import RopeTables, Segment, StepLayout
@@ -95,7 +96,9 @@ class StepOps:
     def residual(self, x: Array, y: Array) -> Array:
         return add(x, y, self.xp)
 
-    def experts(self, x: Array, moe: MoEWeights) -> Array:
+    def experts(self, x: Array, moe: MoEWeights | CudaExperts) -> Array:
+        if isinstance(moe, CudaExperts):
+            return moe_ffn_cuda(x, moe, self.xp)
         return moe_ffn(x, moe)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from common.errors import InvalidRequestError, UnsupportedModelError
 from engine.loader.experts import pack_experts_asked, packed_from_file
 from engine.loader.tensors import LayerTensors, Tensors
+from engine.ops.moe_cuda import CudaExperts
 from engine.ops.quant import kernels as quant_kernels
 from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
 from engine.ops.quant.experts import ExpertMatrix, InPlaceRows
@@ -23,7 +24,7 @@ from engine.text.model_config import ModelConfig
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 Matrix = Any  # an Array, or a QuantMatrix (CPU) / GpuQuantMatrix (CuPy), --weights quantized
-Experts = Any  # a layer's experts: MoEWeights (CPU), or the MLX backend's form of them
+Experts = Any  # a layer's experts: MoEWeights (CPU), CudaExperts, or MLX's form of them
 WEIGHT_MODES = ("auto", "quantized", "float32")
 EMBED = "token_embd.weight"
 
@@ -215,15 +216,15 @@ def load_weights(
     """Every matrix kept quantized (see use_quantized) or dequantized to `dtype` on `xp`'s
     device; norms in `dtype`; the layers' tensors beyond Llama's as `spec` (its family) says."""
     tensors = Tensors(reader, config)
-    if spec.experts and (xp is not np or dtype != np.float32):
+    if spec.experts and dtype != np.float32:
         raise UnsupportedModelError(
-            f"{config.architecture}: the experts run on the CPU in float32 and on MLX; "
-            "not on CUDA or in another dtype yet"
+            f"{config.architecture}: the experts compute in float32, not {dtype}; "
+            "use --dtype float32"
         )
     quantized = use_quantized(mode, tensors, dtype)
     put = _Placer(tensors, quantized, dtype, xp)
     moe_stats = np.zeros(3, dtype=np.int64)  # one for the model's layers
-    pack = bool(spec.experts) and pack_experts_asked()
+    pack = bool(spec.experts) and xp is np and pack_experts_asked()
     layers = [_layer(put, config, spec, i, moe_stats, pack) for i in range(config.num_layers)]
     # an MoE model's: its experts keep the file mapped anyway, and its vocabulary matrices
     # are a large share of a step's reads at one row
@@ -248,9 +249,10 @@ def _layer(
     q_order, k_order = qk_orders(config, spec)
     qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
     bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
-    moe = None
+    moe: Experts = None
     if spec.experts:
         moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases, pack)
+        moe = moe if put.xp is np else CudaExperts.upload(moe, put.xp)
     dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
     # an MoE model's attention matrices too are read in the file's blocks: its products
     # quantize activations anyway (the expert kernels), and the blocks are narrower
@@ -267,7 +269,7 @@ def _layer(
         k_norm=put.maybe(k_norm),
         moe=moe,
         bo=put.vector(p + "attn_output.bias") if spec.out_bias else None,
-        sinks=tensors.host(p + "attn_sinks.weight") if spec.sinks else None,
+        sinks=put.vector(p + "attn_sinks.weight") if spec.sinks else None,
         window=layer_window(config, spec, i),
     )
 

@@ -178,9 +178,8 @@ def paged_attention(
     n_tok, num_heads, d = q.shape
     rows = plan.kernel_rows
     if len(rows) == n_tok > 0 and xp is not np:  # CuPy: every row in one launch
-        if window or sinks is not None:
-            raise NotImplementedError("windows and sinks on CuPy")
-        got = gpu_ops.paged_attention(q, k_layer, v_layer, plan.tables, plan.lengths, d**-0.5)
+        tables, lengths = plan.tables, plan.lengths
+        got = gpu_ops.paged_attention(q, k_layer, v_layer, tables, lengths, d**-0.5, window, sinks)
         return got.reshape(n_tok, num_heads * d)
     out = xp.empty((n_tok, num_heads, d), dtype=q.dtype)
     host_sinks = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)

@@ -132,16 +132,28 @@ def attention_fits(head_dim: int) -> bool:
     return head_dim % 32 == 0 and head_dim <= 128
 
 
-def paged_attention(q: Array, k_layer: Array, v_layer: Array, tables: Array, lengths: Array,
-                    scale: float) -> Array:  # fmt: skip
+def paged_attention(
+    q: Array,
+    k_layer: Array,
+    v_layer: Array,
+    tables: Array,
+    lengths: Array,
+    scale: float,
+    window: int = 0,
+    sinks: Array | None = None,
+) -> Array:
     """Every row's attention over its keys: q [N, H, D]; k_layer, v_layer [num_blocks, Hkv,
-    B, D]; tables [N, width] int32 block ids; lengths [N] int32 keys seen. -> [N, H, D]."""
+    B, D]; tables [N, width] int32 block ids; lengths [N] int32 keys seen. With a window,
+    each row sees its last `window` keys only; with sinks [H], each head's logit joins its
+    softmax's denominator (gpt-oss). -> [N, H, D]."""
     cupy = importlib.import_module("cupy")
     q = cupy.ascontiguousarray(q)
     n, heads, d = q.shape
     _, hkv, bs, _ = k_layer.shape
     out = cupy.empty_like(q)
     tasks = n * heads
+    # without sinks the kernel never reads its pointer: any device array will do
+    head_sinks = q if sinks is None else cupy.asarray(sinks, dtype=cupy.float32)  # [H]
     if tasks:
         compiled("attention.cu").get_function("wf_paged_attention")(
             (tasks,),
@@ -159,6 +171,9 @@ def paged_attention(q: Array, k_layer: Array, v_layer: Array, tables: Array, len
                 np.int32(hkv),
                 np.int32(d),
                 np.int32(bs),
+                np.int32(window),
+                head_sinks,
+                np.int32(sinks is not None),
             ),
         )
     return out

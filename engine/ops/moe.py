@@ -15,6 +15,9 @@ Shapes: N rows, E experts, k experts a row, P = N * k pairs.
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
 from engine.ops.kernels import get_num_threads, matmul_t
@@ -68,11 +71,11 @@ def grouped(w: ExpertMatrix, x: np.ndarray, rows: np.ndarray, starts: np.ndarray
     return out
 
 
-def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gpt-oss's clamped SwiGLU of gate and up [P, ffn]."""
-    x = np.minimum(gate, SWIGLU_LIMIT)
-    y = np.clip(up, -SWIGLU_LIMIT, SWIGLU_LIMIT)
-    return x / (np.float32(1) + np.exp(-SWIGLU_ALPHA * x)) * (y + np.float32(1))
+def swiglu_oai(gate: Any, up: Any, xp: ModuleType = np) -> Any:
+    """gpt-oss's clamped SwiGLU of gate and up [P, ffn] (NumPy or CuPy arrays)."""
+    x = xp.minimum(gate, SWIGLU_LIMIT)
+    y = xp.clip(up, -SWIGLU_LIMIT, SWIGLU_LIMIT)
+    return x / (np.float32(1) + xp.exp(-SWIGLU_ALPHA * x)) * (y + np.float32(1))
 
 
 def moe_ffn_gpt_oss(x: np.ndarray, moe: MoEWeights, extra: GptOssExperts) -> np.ndarray:
@@ -93,11 +96,11 @@ def moe_ffn_gpt_oss(x: np.ndarray, moe: MoEWeights, extra: GptOssExperts) -> np.
     return weigh(down, order, weights)
 
 
-def weigh(down: np.ndarray, order: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def weigh(down: Any, order: Any, weights: Any, xp: ModuleType = np) -> Any:
     """Each row's k outputs (down [P, dim] in bucket order) weighted and added in the row's
-    own ranking order: [N, dim]."""
+    own ranking order: [N, dim] (NumPy or CuPy arrays)."""
     n, k = weights.shape
-    by_pair = np.empty_like(down)
+    by_pair = xp.empty_like(down)
     by_pair[order] = down  # [P, dim] back in (row, rank) order
     by_pair = by_pair.reshape(n, k, -1)
     acc = weights[:, 0:1] * by_pair[:, 0]

@@ -1,8 +1,8 @@
 """gpt-oss end to end against llama.cpp: the tiny random model of tests/tiny_gpt_oss.py
 (sliding windows and full layers alternating, sinks, biases, YaRN, MXFP4 experts, GPT-4o's
 pre-split) and the float32 logits llama.cpp computed for it
-(tests/reference/make_family_fixtures.py), on the CPU and MLX; its tokenizer against
-llama.cpp's; a batch of 16 prompts giving each its bits alone."""
+(tests/reference/make_family_fixtures.py), on the CPU, MLX and CUDA (where a GPU is); its
+tokenizer against llama.cpp's; a batch of 16 prompts giving each its bits alone."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
+from engine.device import cupy_with_gpu
 from engine.engine import Engine
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
@@ -25,6 +26,7 @@ from tests.paged import new_kv, run_segments
 from tests.tiny_gpt_oss import TEXTS, TOKENIZER_TEXTS, WINDOW, write_tiny_gpt_oss
 from tests.unit.engine_driver import drive, run_alone
 
+NEEDS_GPU = pytest.mark.skipif(cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy")
 LOGIT_TOL = 2e-3  # as for the other families (measured: 6e-06)
 # The default products multiply MXFP4 experts in integers, each activation row quantized
 # to 8 bits (as llama.cpp's MXFP4 products do): measured within 0.08 of the float32
@@ -88,12 +90,12 @@ def test_tokens_and_the_gpt4o_split_match_llama_cpp(model_file: Path, reference:
         assert model.tokenizer.encode(text) == reference[f"tok_{n}"].tolist(), text
 
 
-@pytest.mark.parametrize("device", ["cpu", "mlx"])
+@pytest.mark.parametrize("device", ["cpu", "mlx", pytest.param("cuda", marks=NEEDS_GPU)])
 def test_float_products_match_llama_cpp_at_every_position(
     model_file: Path, reference: Reference, float_products: None, device: str
 ) -> None:
-    """The CPU's expert products in float32 (MLX's always are: its gathered products
-    dequantize the MXFP4 blocks, kept as 5-bit codes, exactly)."""
+    """The CPU's expert products in float32 (MLX's and CUDA's always are: they dequantize
+    the MXFP4 blocks, kept as 5- or 8-bit codes, exactly)."""
     model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
     assert [lw.window for lw in model.weights.layers] == [WINDOW, 0, WINDOW, 0]
     compare(model, reference, LOGIT_TOL)

@@ -74,21 +74,32 @@ def test_silu_mul() -> None:
     np.testing.assert_allclose(got, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
 
 
-def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
-                        lengths: np.ndarray) -> np.ndarray:  # fmt: skip
-    """float64 attention of each row [H, D] over its first lengths[r] keys."""
+def attention_reference(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    tables: np.ndarray,
+    lengths: np.ndarray,
+    window: int = 0,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    """float64 attention of each row [H, D] over its first lengths[r] keys (the last
+    `window` of them where window > 0; sinks[h] joining each softmax as a score with no
+    value where given)."""
     n, heads, d = q.shape
     hkv = k.shape[1]
     out = np.empty((n, heads, d))
     for r in range(n):
-        t = np.arange(lengths[r])
+        t = np.arange(max(0, lengths[r] - window) if window else 0, lengths[r])
         blocks, slots = tables[r, t // BLOCK], t % BLOCK
         for h in range(heads):
             keys = k[blocks, h // (heads // hkv), slots].astype(np.float64)  # [T, D]
             values = v[blocks, h // (heads // hkv), slots].astype(np.float64)
             s = keys @ q[r, h] / np.sqrt(d)
-            p = np.exp(s - s.max())
-            out[r, h] = p @ values / p.sum()
+            top = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - top)
+            total = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
+            out[r, h] = p @ values / total
     return out
 
 
@@ -113,4 +124,32 @@ def test_paged_attention_every_row_in_one_launch(heads: int, hkv: int, d: int) -
     for r in range(len(q)):  # each row has the bits it has alone
         assert np.array_equal(run(slice(r, r + 1))[0], got[r]), f"row {r}"
     want = attention_reference(q, k, v, tables, lengths)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize(("window", "with_sinks"), [(0, True), (7, False), (16, True), (128, True)])
+def test_paged_attention_with_a_window_and_sinks(window: int, with_sinks: bool) -> None:
+    """gpt-oss's limits in the same launch: only the last `window` keys read, each head's
+    sink in its denominator; the bits of a row still its own."""
+    rng = np.random.default_rng(window)
+    heads, hkv, d, num_blocks = 8, 2, 64, 40
+    k = rng.standard_normal((num_blocks, hkv, BLOCK, d)).astype(np.float32)
+    v = rng.standard_normal((num_blocks, hkv, BLOCK, d)).astype(np.float32)
+    lengths = np.array([1, 6, 7, 8, 16, 17, 100, 129, 333], dtype=np.int32)
+    width = -(-int(lengths.max()) // BLOCK)
+    tables = np.stack([rng.permutation(num_blocks)[:width] for _ in lengths]).astype(np.int32)
+    q = rng.standard_normal((len(lengths), heads, d)).astype(np.float32)
+    sinks = (3 * rng.standard_normal(heads)).astype(np.float32) if with_sinks else None
+    kg, vg = cp.asarray(k), cp.asarray(v)
+    head_sinks = None if sinks is None else cp.asarray(sinks)
+
+    def run(rows: slice) -> np.ndarray:
+        tr, lr = cp.asarray(tables[rows]), cp.asarray(lengths[rows])
+        qr = cp.asarray(q[rows])
+        return cp.asnumpy(gpu_ops.paged_attention(qr, kg, vg, tr, lr, d**-0.5, window, head_sinks))
+
+    got = run(slice(None))
+    for r in range(len(q)):
+        assert np.array_equal(run(slice(r, r + 1))[0], got[r]), f"row {r}"
+    want = attention_reference(q, k, v, tables, lengths, window, sinks)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)

@@ -67,6 +67,12 @@ def test_experts_of_a_type_without_a_kernel_are_refused(tmp_path: Path) -> None:
         Model.load(path, device="cpu")
 
 
+def test_experts_in_float16_compute_are_refused(tmp_path: Path) -> None:
+    path = write_tiny(tmp_path / "moe.gguf", "qwen3moe")
+    with pytest.raises(UnsupportedModelError, match=r"qwen3moe: the experts compute in float32"):
+        Model.load(path, device="cpu", dtype="float16")
+
+
 def test_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
     path = write_tiny(tmp_path / "moe.gguf", "qwen3moe", extras={"expert_gating_func": 2})
     argv = [

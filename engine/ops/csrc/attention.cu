@@ -9,6 +9,11 @@
 // then merged by warp 0 in warp order. What a row gets depends on its query, its keys and
 // its key count alone, not on the rows launched with it (batch invariant).
 //
+// gpt-oss's limits: with window > 0 a row sees its last `window` keys only (the keys before
+// are skipped, never read); with has_sinks each head's logit sinks[h] joins the softmax as
+// one more score with no value (its maximum, and the denominator's first term). Without
+// them (window 0, has_sinks 0) every operation is the one of the kernel without them.
+//
 // Shapes: R rows, H heads, Hkv KV heads, D head_dim (a multiple of 32, at most 128), B block
 // size; k, v: one layer [num_blocks, Hkv, B, D]; tables [R, width] int32; lengths [R] int32.
 
@@ -28,7 +33,9 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
                                               const int* __restrict__ tables, int width,
                                               const int* __restrict__ lengths, float scale,
                                               float* __restrict__ out,  // [R, H, D]
-                                              int heads, int hkv, int d, int bs) {
+                                              int heads, int hkv, int d, int bs, int window,
+                                              const float* __restrict__ sinks,  // [H]
+                                              int has_sinks) {
     __shared__ float part_top[SPLIT], part_total[SPLIT];
     __shared__ float part_acc[SPLIT][32 * MAX_DIMS_PER_LANE];
     int task = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -43,9 +50,10 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
     }
     const int* table = tables + (long long)r * width;
     int n = lengths[r];
+    int lo = window > 0 && window < n ? n - window : 0;  // the first key the row sees
     const float neg_inf = -__int_as_float(0x7f800000);
     float top = neg_inf, total = 0.0f;
-    for (int t0 = warp * KEYS; t0 < n; t0 += SPLIT * KEYS) {
+    for (int t0 = lo + warp * KEYS; t0 < n; t0 += SPLIT * KEYS) {
         const float* kt[KEYS];
         const float* vt[KEYS];
         float p[KEYS];
@@ -96,6 +104,10 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
     float m = part_top[0];
     for (int w = 1; w < SPLIT; ++w) m = fmaxf(m, part_top[w]);
     float sum = 0.0f, merged[MAX_DIMS_PER_LANE] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (has_sinks) {  // the sink first: a score with no value
+        m = fmaxf(m, sinks[h]);
+        sum = expf(sinks[h] - m);
+    }
     for (int w = 0; w < SPLIT; ++w) {  // in warp order; a warp that saw no key weighs 0
         float f = part_top[w] == neg_inf ? 0.0f : expf(part_top[w] - m);
         sum = fmaf(part_total[w], f, sum);

@@ -10,11 +10,18 @@
 // registers and multiplied into a float32 accumulator per row; the lanes' sums are then
 // added by a fixed butterfly. A row's sum takes the same operations in the same order
 // whatever rows come with it, and in whichever tile slot: bit for bit batch invariant.
+//
+// wf_qmatmul_grouped: a mixture of experts' products, every (row, expert) pair of a step in
+// one launch. The experts' matrices lie one after another ([E * N, K]); the pairs come
+// grouped by expert, and each tile (grid.y) is up to TILE_ROWS pairs of one expert, its
+// rows gathered from x by index. A pair's sum is the one wf_qmatmul gives that row with
+// that expert's matrix (the same device function), whatever else is in the step.
 
 #define KIND_Q4 0
 #define KIND_Q8 1
 #define KIND_F16 2
 #define KIND_BF16 3
+#define KIND_F32 8  // float32 weights as they are (an MoE file's F32 experts; GPU only)
 #define TILE_ROWS 8
 #define WARPS 8  // per block: 8 output columns
 
@@ -66,6 +73,17 @@ __device__ __forceinline__ void unit_weights(int kind, int gshift,
                w);
         codes8(*(const uint2*)(row + lo + 16), 0, 0xffu, scale[(lo + 16) >> gshift],
                offset[(lo + 16) >> gshift], w + 8);
+    } else if (kind == KIND_F32) {
+        const float4* a = (const float4*)((const float*)row + lo);
+        const float4* b = (const float4*)((const float*)row + lo + 16);
+        float4 parts[4] = {a[0], a[1], b[0], b[1]};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[4 * i] = parts[i].x;
+            w[4 * i + 1] = parts[i].y;
+            w[4 * i + 2] = parts[i].z;
+            w[4 * i + 3] = parts[i].w;
+        }
     } else {
         bool bf16 = kind == KIND_BF16;
         halves8(*(const uint4*)(row + 2 * lo), bf16, w);
@@ -73,23 +91,14 @@ __device__ __forceinline__ void unit_weights(int kind, int gshift,
     }
 }
 
-extern "C" __global__ void wf_qmatmul(const unsigned char* __restrict__ codes,
-                                      const float* __restrict__ scale,
-                                      const float* __restrict__ offset, int kind,
-                                      int gshift, int num_groups,
-                                      const float* __restrict__ x,  // [M, K]
-                                      float* __restrict__ out,      // [M, N]
-                                      int n_out, int k, long long row_bytes, int m_rows) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * WARPS + warp;
-    if (n >= n_out) return;  // the whole warp: n is the same for its lanes
-    int m0 = blockIdx.y * TILE_ROWS;
-    int rows = min(TILE_ROWS, m_rows - m0);
-    const unsigned char* row = codes + (long long)n * row_bytes;
-    const float* s_row = scale + (long long)n * num_groups;
-    const float* o_row = offset + (long long)n * num_groups;
-    const float* xs = x + (long long)m0 * k;
-    float acc[TILE_ROWS];
+// One warp's output column n for up to TILE_ROWS activation rows xs[j] (rows of them):
+// the sums, reduced across the warp (every lane holds them), in acc.
+__device__ __forceinline__ void column_sums(int kind, int gshift,
+                                            const unsigned char* __restrict__ row,
+                                            const float* __restrict__ s_row,
+                                            const float* __restrict__ o_row,
+                                            const float* const* xs, int rows, int k, int lane,
+                                            float* acc) {
 #pragma unroll
     for (int j = 0; j < TILE_ROWS; ++j) acc[j] = 0.0f;
     for (int u = lane; u < k / 16; u += 32) {
@@ -99,7 +108,7 @@ extern "C" __global__ void wf_qmatmul(const unsigned char* __restrict__ codes,
 #pragma unroll
         for (int j = 0; j < TILE_ROWS; ++j) {
             if (j < rows) {
-                const float* xr = xs + (long long)j * k;
+                const float* xr = xs[j];
                 float4 a = *(const float4*)(xr + lo), b = *(const float4*)(xr + lo + 4);
                 float4 c = *(const float4*)(xr + lo + 16), d = *(const float4*)(xr + lo + 20);
                 float t = acc[j];
@@ -122,9 +131,58 @@ extern "C" __global__ void wf_qmatmul(const unsigned char* __restrict__ codes,
             acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], step);  // a + b == b + a: lanes agree
         }
     }
+}
+
+extern "C" __global__ void wf_qmatmul(const unsigned char* __restrict__ codes,
+                                      const float* __restrict__ scale,
+                                      const float* __restrict__ offset, int kind,
+                                      int gshift, int num_groups,
+                                      const float* __restrict__ x,  // [M, K]
+                                      float* __restrict__ out,      // [M, N]
+                                      int n_out, int k, long long row_bytes, int m_rows) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * WARPS + warp;
+    if (n >= n_out) return;  // the whole warp: n is the same for its lanes
+    int m0 = blockIdx.y * TILE_ROWS;
+    int rows = min(TILE_ROWS, m_rows - m0);
+    const float* xs[TILE_ROWS];
+#pragma unroll
+    for (int j = 0; j < TILE_ROWS; ++j) xs[j] = x + (long long)(m0 + min(j, rows - 1)) * k;
+    float acc[TILE_ROWS];
+    column_sums(kind, gshift, codes + (long long)n * row_bytes,
+                scale + (long long)n * num_groups, offset + (long long)n * num_groups, xs, rows,
+                k, lane, acc);
 #pragma unroll
     for (int j = 0; j < TILE_ROWS; ++j) {
         if (lane == j && j < rows) out[(long long)(m0 + j) * n_out + n] = acc[j];
+    }
+}
+
+extern "C" __global__ void wf_qmatmul_grouped(const unsigned char* __restrict__ codes,
+                                              const float* __restrict__ scale,
+                                              const float* __restrict__ offset, int kind,
+                                              int gshift, int num_groups,
+                                              const float* __restrict__ x,  // [R, K]
+                                              const long long* __restrict__ pair_rows,  // [P]
+                                              const int* __restrict__ tiles,  // [3, T]
+                                              int num_tiles,
+                                              float* __restrict__ out,  // [P, N]
+                                              int n_out, int k, long long row_bytes) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * WARPS + warp;
+    if (n >= n_out) return;
+    int t = blockIdx.y;  // tiles: each one's expert, first pair and pairs
+    int expert = tiles[t], p0 = tiles[num_tiles + t], rows = tiles[2 * num_tiles + t];
+    const float* xs[TILE_ROWS];
+#pragma unroll
+    for (int j = 0; j < TILE_ROWS; ++j) xs[j] = x + pair_rows[p0 + min(j, rows - 1)] * k;
+    long long w_row = (long long)expert * n_out + n;  // the expert's row n
+    float acc[TILE_ROWS];
+    column_sums(kind, gshift, codes + w_row * row_bytes, scale + w_row * num_groups,
+                offset + w_row * num_groups, xs, rows, k, lane, acc);
+#pragma unroll
+    for (int j = 0; j < TILE_ROWS; ++j) {
+        if (lane == j && j < rows) out[(long long)(p0 + j) * n_out + n] = acc[j];
     }
 }
 

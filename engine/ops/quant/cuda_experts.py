@@ -1,0 +1,92 @@
+"""A layer's experts on the GPU, and the products of a step's (row, expert) pairs in one
+launch each (engine/ops/csrc/qmatmul.cu's wf_qmatmul_grouped).
+
+The E experts' [N, K] matrices of a tensor are one GpuQuantMatrix of E * N rows in the
+kernels' form (formats.py: MXFP4 as 8-bit codes with its power-of-two scales, exact and
+twice the file's bytes; the K-quants' codes and scales as decoded), or, for F32 experts,
+their float32 bytes as they are (KIND_F32). A step's pairs come grouped by expert
+(engine/ops/moe.py's buckets); `tile_plan` cuts each expert's run into tiles of up to
+TILE_ROWS pairs, one grid row each.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import gguf
+import numpy as np
+
+from engine.ops.gpu_ops import compiled
+from engine.ops.quant.cuda import TILE_ROWS, WARPS, GpuQuantMatrix
+from engine.ops.quant.experts import ExpertMatrix
+from engine.ops.quant.formats import decode
+from engine.ops.quant.matrix import QuantMatrix
+
+KIND_F32 = 8  # as in qmatmul.cu: float32 weights as they are (GPU only)
+MAX_GRID_Y = 65535  # CUDA's bound on a grid's second dimension: tiles a launch
+Array = Any  # cupy.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class GpuExperts:
+    """E experts' [N, K] matrices, one after another in `matrix` ([E * N, K])."""
+
+    matrix: GpuQuantMatrix
+    num_experts: int
+
+    @classmethod
+    def upload(cls, m: ExpertMatrix, xp: ModuleType) -> GpuExperts:
+        if m.packed:
+            raise ValueError("a packed matrix is read by the CPU's kernels alone")
+        rows = m.data.reshape(m.num_experts * m.n, -1)  # a view of the file's blocks
+        if m.qtype == gguf.GGMLQuantizationType.F32:
+            empty = xp.zeros((len(rows), 0), dtype=np.float32)
+            matrix = GpuQuantMatrix(KIND_F32, 32, xp.asarray(rows), empty, empty, m.k, "F32")
+        else:
+            decoded = QuantMatrix.from_decoded(decode(rows, m.qtype), m.qtype.name)
+            matrix = GpuQuantMatrix.upload(decoded, xp)
+        return cls(matrix, m.num_experts)
+
+    @property
+    def n(self) -> int:
+        return self.matrix.shape[0] // self.num_experts
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.matrix.nbytes // self.num_experts
+
+
+def tile_plan(starts: np.ndarray) -> np.ndarray:
+    """[3, T] int32: each tile's expert, first pair and pair count (1 to TILE_ROWS), for
+    pairs grouped by expert with expert e's from starts[e] to starts[e + 1] ([E + 1])."""
+    counts = np.diff(starts)
+    per = -(-counts // TILE_ROWS)  # tiles of each expert
+    experts = np.repeat(np.arange(len(counts)), per)
+    within = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
+    first = np.repeat(starts[:-1], per) + within * TILE_ROWS
+    rows = np.minimum(TILE_ROWS, np.repeat(starts[1:], per) - first)
+    return np.stack([experts, first, rows]).astype(np.int32)
+
+
+def grouped_matmul_t(x: Array, w: GpuExperts, pair_rows: Array, tiles: Array) -> Array:
+    """[P, w.n]: pair p is row x[pair_rows[p]] times its tile's expert's matrix,
+    transposed; x [R, K] float32, pair_rows [P] int64, tiles [3, T] int32 (tile_plan's)."""
+    cupy = importlib.import_module("cupy")
+    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+    pair_rows = cupy.ascontiguousarray(pair_rows, dtype=cupy.int64)
+    out = cupy.empty((len(pair_rows), w.n), dtype=cupy.float32)
+    m = w.matrix
+    sizes = (np.int32(w.n), np.int32(m.k), np.int64(m.codes.shape[1]))
+    for a in range(0, tiles.shape[1], MAX_GRID_Y):
+        part = cupy.ascontiguousarray(tiles[:, a : a + MAX_GRID_Y], dtype=cupy.int32)
+        args = (*m._args(), x, pair_rows, part, np.int32(part.shape[1]), out, *sizes)
+        grid = (-(-w.n // WARPS), part.shape[1])
+        compiled("qmatmul.cu").get_function("wf_qmatmul_grouped")(grid, (32 * WARPS,), args)
+    return out

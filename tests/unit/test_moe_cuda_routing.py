@@ -1,0 +1,77 @@
+"""What the CUDA path of a mixture of experts (engine/ops/moe_cuda.py) does around its
+grouped kernel, on NumPy: the tiles cut each expert's run of pairs into launches' rows
+that cover every pair once; and with the kernel replaced by a plain product of each tile,
+the FFN is the CPU's (routing, the gpt-oss biases and clamp, the weighing in rank order).
+The kernel itself runs in tests/unit/test_cuda_experts.py, where a GPU is found."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from engine.ops.moe import moe_ffn_gpt_oss, moe_ffn_numpy
+from engine.ops.moe_cuda import CudaExperts, moe_ffn_cuda
+from engine.ops.quant.cuda import TILE_ROWS
+from engine.ops.quant.cuda_experts import tile_plan
+from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
+from tests.unit.expert_cases import T, random_experts, starts_of
+
+
+@pytest.mark.parametrize("counts", [(0,), (1,), (8, 0, 9, 17), (0, 0, 3), (16, 1, 0, 40, 7)])
+def test_the_tiles_cover_every_pair_once_each_within_one_expert(counts: tuple[int, ...]) -> None:
+    starts = starts_of(counts)
+    experts, first, rows = tile_plan(starts)
+    assert tile_plan(starts).dtype == np.int32
+    assert ((rows >= 1) & (rows <= TILE_ROWS)).all()
+    covered = np.concatenate([np.zeros(0, int), *map(np.arange, first, first + rows)])
+    assert covered.tolist() == list(range(int(starts[-1])))  # in order, each once
+    for e, f, r in zip(experts, first, rows, strict=True):
+        assert starts[e] <= f and f + r <= starts[e + 1]
+    assert len(experts) == sum(-(-c // TILE_ROWS) for c in counts)
+
+
+def tile_products(x: np.ndarray, w: Any, pair_rows: np.ndarray, tiles: np.ndarray) -> np.ndarray:
+    """What the grouped kernel computes, tile by tile in NumPy (NaN where no tile wrote)."""
+    m = cast(ExpertMatrix, w)
+    out = np.full((len(pair_rows), m.n), np.nan, dtype=np.float32)
+    for e, first, rows in tiles.T:
+        part = slice(int(first), int(first + rows))
+        out[part] = x[pair_rows[part]] @ m.dense(int(e)).T
+    return out
+
+
+def host_experts(moe: MoEWeights) -> CudaExperts:
+    """The layer's experts as CudaExperts holds them, in host memory: the matrices as
+    ExpertMatrix for tile_products."""
+    gate, up, down = (cast(Any, m) for m in (moe.gate, moe.up, moe.down))
+    return CudaExperts(moe.router, gate, up, down, moe.top_k, moe.stats, moe.gpt_oss)
+
+
+def random_layer(gpt_oss: bool, seed: int) -> MoEWeights:
+    rng = np.random.default_rng(seed)
+    e, dim, ffn, top_k = 8, 64, 96, 3
+    gate, up = (random_experts(rng, T.Q8_0, e, ffn, dim) for _ in "gu")
+    down = random_experts(rng, T.BF16, e, dim, ffn)
+    router = rng.standard_normal((e, dim)).astype(np.float32)
+    extra = None
+    if gpt_oss:
+        sizes = ((e,), (e, ffn), (e, ffn), (e, dim))
+        extra = GptOssExperts(*(rng.standard_normal(s).astype(np.float32) for s in sizes))
+    return MoEWeights(router, gate, up, down, top_k, gpt_oss=extra)
+
+
+@pytest.mark.parametrize("gpt_oss", [False, True], ids=["qwen3moe", "gpt-oss"])
+def test_with_the_kernel_as_a_plain_product_the_ffn_is_the_cpus(gpt_oss: bool) -> None:
+    moe = random_layer(gpt_oss, seed=3)
+    x = np.random.default_rng(4).standard_normal((21, 64)).astype(np.float32)
+    want = moe_ffn_gpt_oss(x, moe, moe.gpt_oss) if moe.gpt_oss else moe_ffn_numpy(x, moe)
+    experts = host_experts(moe)
+    before = experts.stats.copy()
+    got = moe_ffn_cuda(x, experts, np, tile_products)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+    calls, touched, read = (experts.stats - before).tolist()
+    assert calls == 1 and 1 <= touched <= 8
+    assert read == touched * sum(m.expert_bytes for m in (moe.gate, moe.up, moe.down))
