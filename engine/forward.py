@@ -70,7 +70,8 @@ class StepOps:
         hd, qd, kvd = c.head_dim, c.q_dim, c.kv_dim
         tables, positions = (self.rope.cos, self.rope.sin), self.positions
         kv_rows, plan = self.step.for_layer(layer)
-        if gpu_ops.gpu_float32(qkv, pool.k) and len(pool.groups) == 1:  # CuPy: one launch
+        one_launch = gpu_ops.gpu_float32(qkv) and gpu_ops.pool_kernels(pool.k)
+        if one_launch and len(pool.groups) == 1:  # CuPy: one launch
             q = gpu_ops.rope_into_pool(
                 qkv,
                 c.num_heads,

@@ -159,8 +159,10 @@ def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[
     """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute and on
     MLX with either, float32, float16 or q8_0 (the CPU's C kernels read each, widening each
     value as they load it; MLX widens the rows attention reads), and auto is float16; on
-    CUDA and the CPU with float16 compute the pool holds the compute dtype only, and auto
-    is that."""
+    CUDA with float32 compute, float32 or float16 (its kernels widen each value as they
+    load it), and auto is float32 until a GPU has checked float16 there (the GPU issue);
+    on CUDA and the CPU with float16 compute the pool holds the compute dtype only, and
+    auto is that."""
     if name not in KV_DTYPES:
         choices = ", ".join(KV_DTYPES)
         raise InvalidRequestError("kv_dtype", f"must be one of {choices}, got {name!r}")
@@ -168,10 +170,12 @@ def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[
     if name == "auto":
         return np.dtype(np.float16) if any_dtype else compute
     wanted = kv_dtype_named(name)
-    if wanted != compute and not any_dtype:
+    cuda_float16 = xp is not np and compute == np.float32 and wanted == np.float16
+    if wanted != compute and not any_dtype and not cuda_float16:
         where = "the CPU with --dtype float32" if xp is np else "this device"
+        keeps = "" if xp is np or compute != np.float32 else " or float16"
         raise UnsupportedModelError(
-            f"--kv-dtype {name}: {where} keeps the KV in the compute dtype ({compute}); "
+            f"--kv-dtype {name}: {where} keeps the KV in the compute dtype ({compute}){keeps}; "
             f"use --kv-dtype auto"
         )
     return wanted

@@ -91,7 +91,8 @@ class StepLayout:
             limit = kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim, in_place)
             compiled = kernel_reads(pool.dtype)
         else:  # CuPy: every row in the kernel where it takes this pool
-            limit, compiled = None, pool.dtype == np.float32 and gpu_ops.attention_fits(c.head_dim)
+            fits = pool.dtype in gpu_ops.ATTENTION_KERNELS and gpu_ops.attention_fits(c.head_dim)
+            limit, compiled = None, fits
         rows, plans = [], []
         for g in range(len(pool.groups)):
             spans = [(seg.kv.tables[g], seg.start, seg.length) for seg in segments]

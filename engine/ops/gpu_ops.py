@@ -22,6 +22,15 @@ THREADS = 256
 NORM_THREADS = 256  # as in elementwise.cu
 ATTENTION_SPLIT = 8  # as in attention.cu: warps per (row, head), each on its share of keys
 OPTIONS = ("--std=c++17",)  # NVRTC's, beside the device's -arch that CuPy adds
+# the kernels that write and read a pool of each KV dtype (float32 queries and arithmetic)
+ROPE_KERNELS = {
+    np.dtype(np.float32): "wf_rope_into_pool",
+    np.dtype(np.float16): "wf_rope_into_pool_f16",
+}
+ATTENTION_KERNELS = {
+    np.dtype(np.float32): "wf_paged_attention",
+    np.dtype(np.float16): "wf_paged_attention_f16",
+}
 Array = Any  # cupy.ndarray
 
 
@@ -35,6 +44,12 @@ def compiled(source: str) -> Any:
 def gpu_float32(*arrays: Array) -> bool:
     """Every array is a CuPy float32 one (the kernels here take them)."""
     return all(type(a).__module__.startswith("cupy") and a.dtype == np.float32 for a in arrays)
+
+
+def pool_kernels(pool: Array) -> bool:
+    """Whether the rope and attention kernels read and write this pool array (CuPy,
+    float32 or float16)."""
+    return type(pool).__module__.startswith("cupy") and pool.dtype in ATTENTION_KERNELS
 
 
 def _blocks(n: int) -> tuple[int]:
@@ -82,8 +97,8 @@ def rope_into_pool(qkv: Array, heads: int, kv_heads: int, head_dim: int,
                    tables: tuple[Array, Array], positions: Array, rows: Array, shift: int,
                    k_pool: Array, v_pool: Array) -> Array:  # fmt: skip
     """A step's qkv [N, (H + 2 Hkv) D] in one launch: q rotated, returned [N, H, D]; k
-    rotated and v written into the pools (float32, contiguous) at `rows` [N * Hkv] + shift
-    of the pool seen as [positions, D] (KVPool.write_layer's places)."""
+    rotated and v written into the pools (float32 or float16, contiguous) at `rows`
+    [N * Hkv] + shift of the pool seen as [positions, D] (KVPool.write_layer's places)."""
     cupy = importlib.import_module("cupy")
     qkv = cupy.ascontiguousarray(qkv)
     n = qkv.shape[0]
@@ -91,7 +106,7 @@ def rope_into_pool(qkv: Array, heads: int, kv_heads: int, head_dim: int,
     threads = n * (heads + 2 * kv_heads) * (head_dim // 2)
     if threads:
         cos_t, sin_t = tables
-        compiled("elementwise.cu").get_function("wf_rope_into_pool")(
+        compiled("elementwise.cu").get_function(ROPE_KERNELS[k_pool.dtype])(
             _blocks(threads),
             (THREADS,),
             (
@@ -143,11 +158,13 @@ def paged_attention(
     sinks: Array | None = None,
 ) -> Array:
     """Every row's attention over its keys: q [N, H, D]; k_layer, v_layer [num_blocks, Hkv,
-    B, D]; tables [N, width] int32 block ids; lengths [N] int32 keys seen. With a window,
-    each row sees its last `window` keys only; with sinks [H], each head's logit joins its
-    softmax's denominator (gpt-oss). -> [N, H, D]."""
+    B, D] (float32 or float16); tables [N, width] int32 block ids; lengths [N] int32 keys
+    seen. With a window, each row sees its last `window` keys only; with sinks [H], each
+    head's logit joins its softmax's denominator (gpt-oss). -> [N, H, D] in q's dtype (float16
+    queries are widened, and the output rounded back)."""
     cupy = importlib.import_module("cupy")
-    q = cupy.ascontiguousarray(q)
+    asked = q.dtype
+    q = cupy.ascontiguousarray(q, dtype=cupy.float32)
     n, heads, d = q.shape
     _, hkv, bs, _ = k_layer.shape
     out = cupy.empty_like(q)
@@ -155,7 +172,7 @@ def paged_attention(
     # without sinks the kernel never reads its pointer: any device array will do
     head_sinks = q if sinks is None else cupy.asarray(sinks, dtype=cupy.float32)  # [H]
     if tasks:
-        compiled("attention.cu").get_function("wf_paged_attention")(
+        compiled("attention.cu").get_function(ATTENTION_KERNELS[k_layer.dtype])(
             (tasks,),
             (32 * ATTENTION_SPLIT,),
             (
@@ -176,4 +193,4 @@ def paged_attention(
                 np.int32(sinks is not None),
             ),
         )
-    return out
+    return out if asked == np.float32 else out.astype(asked)

@@ -121,3 +121,22 @@ def test_a_session_spills_to_disk_and_comes_back(
     assert back is not None and back.token_ids == PROMPT[:-1]
     restored = pool_of(model).load("", back.k, back.v, back.token_ids)
     assert np.array_equal(run_segments(model, [(restored, PROMPT[-1:])]), expected)
+
+
+def test_a_float16_pool_beside_float32_compute_gives_the_cpus_float16_logits(
+    tmp_path: Path,
+) -> None:
+    """--kv-dtype float16 on CUDA: the rope kernel rounds each key and value into the pool,
+    the attention kernel widens them; the CPU's float16 pool is the reference (both round
+    to nearest even, so the pools differ only where the float32 keys do)."""
+    path = write_tiny_llama(tmp_path / "m.gguf", **VARIANTS["q8-tied-d32"])
+    gpu = Model.load(path, device="cuda", kv_dtype="float16")
+    cpu = Model.load(path, device="cpu", kv_dtype="float16")
+    assert pool_of(gpu).k.dtype == np.float16 and gpu.dtype == np.float32
+    cache_gpu, cache_cpu = new_kv(gpu), new_kv(cpu)
+    got = np.concatenate([run_segments(gpu, [(cache_gpu, [t])]) for t in PROMPT])
+    want = np.concatenate([run_segments(cpu, [(cache_cpu, [t])]) for t in PROMPT])
+    assert np.abs(got - want).max() < 10 * ATOL
+    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    prompt = run_segments(gpu, [(new_kv(gpu), PROMPT)])  # one prefill: the last position
+    assert np.abs(prompt[0] - want[-1]).max() < 10 * ATOL

@@ -104,8 +104,10 @@ def test_kv_dtype_names_and_refusals() -> None:
         kv_dtype_for("q4_0", f32, np)
     with pytest.raises(UnsupportedModelError, match="--kv-dtype float32: the CPU with"):
         kv_dtype_for("float32", F16, np)
-    with pytest.raises(UnsupportedModelError, match="--kv-dtype float16: this device keeps"):
-        kv_dtype_for("float16", f32, ModuleType("cupy"))  # CuPy's or MLX's module
+    cupy = ModuleType("cupy")  # CUDA: float16 beside float32 compute, the kernels widen it
+    assert kv_dtype_for("float16", f32, cupy) == F16
+    with pytest.raises(UnsupportedModelError, match=r"float32: this device keeps .*\(float16\);"):
+        kv_dtype_for("float32", F16, cupy)
 
 
 def test_a_float32_spill_file_restored_by_a_float16_worker_continues_the_text(

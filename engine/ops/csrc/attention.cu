@@ -1,5 +1,7 @@
 // Causal attention over the paged KV pool on the GPU, float32: every row of a step (decode
-// rows and prefill chunks alike) in one launch per layer (engine/ops/gpu_ops.py).
+// rows and prefill chunks alike) in one launch per layer (engine/ops/gpu_ops.py). The pool
+// holds float32 (wf_paged_attention) or float16 (wf_paged_attention_f16: each value widened
+// as it is loaded, exactly), the queries and the arithmetic are float32.
 //
 // A block per (row, query head), SPLIT warps in it: warp w takes the row's keys in runs of
 // KEYS, runs w, w + SPLIT, ... (so a long context is read by SPLIT warps at once, not one).
@@ -27,15 +29,23 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [R, H, D]
-                                              const float* __restrict__ k,
-                                              const float* __restrict__ v,
-                                              const int* __restrict__ tables, int width,
-                                              const int* __restrict__ lengths, float scale,
-                                              float* __restrict__ out,  // [R, H, D]
-                                              int heads, int hkv, int d, int bs, int window,
-                                              const float* __restrict__ sinks,  // [H]
-                                              int has_sinks) {
+__device__ __forceinline__ float load(const float* p) { return *p; }
+
+__device__ __forceinline__ float load(const unsigned short* p) {  // float16 bits
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(*p));
+    return f;
+}
+
+template <typename KV>
+__device__ void paged_attention(const float* __restrict__ q,  // [R, H, D]
+                                const KV* __restrict__ k, const KV* __restrict__ v,
+                                const int* __restrict__ tables, int width,
+                                const int* __restrict__ lengths, float scale,
+                                float* __restrict__ out,  // [R, H, D]
+                                int heads, int hkv, int d, int bs, int window,
+                                const float* __restrict__ sinks,  // [H]
+                                int has_sinks) {
     __shared__ float part_top[SPLIT], part_total[SPLIT];
     __shared__ float part_acc[SPLIT][32 * MAX_DIMS_PER_LANE];
     int task = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -54,8 +64,8 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
     const float neg_inf = -__int_as_float(0x7f800000);
     float top = neg_inf, total = 0.0f;
     for (int t0 = lo + warp * KEYS; t0 < n; t0 += SPLIT * KEYS) {
-        const float* kt[KEYS];
-        const float* vt[KEYS];
+        const KV* kt[KEYS];
+        const KV* vt[KEYS];
         float p[KEYS];
 #pragma unroll
         for (int j = 0; j < KEYS; ++j) {
@@ -66,7 +76,7 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
             float s = 0.0f;
 #pragma unroll
             for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
-                if (i < dpl) s = fmaf(qv[i], kt[j][32 * i], s);
+                if (i < dpl) s = fmaf(qv[i], load(kt[j] + 32 * i), s);
             }
             p[j] = warp_sum(s);
         }
@@ -87,7 +97,7 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
             if (i < dpl) {
                 float a = acc[i] * corr;
 #pragma unroll
-                for (int j = 0; j < KEYS; ++j) a = fmaf(p[j], vt[j][32 * i], a);
+                for (int j = 0; j < KEYS; ++j) a = fmaf(p[j], load(vt[j] + 32 * i), a);
                 acc[i] = a;
             }
         }
@@ -123,3 +133,17 @@ extern "C" __global__ void wf_paged_attention(const float* __restrict__ q,  // [
         if (i < dpl) o[lane + 32 * i] = merged[i] * inv;
     }
 }
+
+#define PAGED_ATTENTION(name, KV)                                                              \
+    extern "C" __global__ void name(const float* __restrict__ q, const KV* __restrict__ k,      \
+                                    const KV* __restrict__ v, const int* __restrict__ tables,   \
+                                    int width, const int* __restrict__ lengths, float scale,    \
+                                    float* __restrict__ out, int heads, int hkv, int d, int bs, \
+                                    int window, const float* __restrict__ sinks,                \
+                                    int has_sinks) {                                            \
+        paged_attention<KV>(q, k, v, tables, width, lengths, scale, out, heads, hkv, d, bs,     \
+                            window, sinks, has_sinks);                                          \
+    }
+
+PAGED_ATTENTION(wf_paged_attention, float)
+PAGED_ATTENTION(wf_paged_attention_f16, unsigned short)  // a float16 pool
