@@ -9,8 +9,9 @@ beats gathering them and attending with BLAS and NumPy's softmax 2-3.5x (a 256-r
 over 700 positions: 66 against 131 ms for the 30 layers; bench/RESULTS.md). With only the
 Numba fallback (no C compiler), prefill chunks longer than kernels.SMALL_ROWS gather their
 sequence's keys and values once per layer and attend with BLAS. On CuPy float32 every row
-of a step is one launch of engine/ops/csrc/attention.cu per layer (gpu_ops.paged_attention);
-float16 takes the gather path for every segment.
+of a step is one launch of engine/ops/csrc/attention.cu per layer (gpu_ops.paged_attention),
+over a float32 or a float16 pool (float16 compute's queries widened to float32 for it, its
+output rounded back).
 
 Shapes: R query rows, H heads, Hkv KV heads, G = H / Hkv, D head_dim, B block size.
 """
