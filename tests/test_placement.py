@@ -206,14 +206,19 @@ def cluster(default_cluster: Cluster) -> Cluster:
 
 
 def four_new_sessions_at_once(client: Client, round_: int) -> list[str]:
-    """The workers that ran them."""
+    """The workers that ran them. Each reply is 48 tokens (about a second here), so every
+    request is still on its worker's stream while the others are placed, however the
+    machine delays their sending: with 4 tokens (and an EOS) a busy machine let a first
+    reply end before the fourth request was placed, which then went where it had ended."""
     barrier = threading.Barrier(4)
     placed: list[str] = []
 
     def talk(i: int) -> None:
         messages = [{"role": "user", "content": f"Name an animal with {i + 2} legs."}]
         barrier.wait(timeout=60)
-        reply = client.complete(f"placement-{round_}-{i}", messages=messages, max_tokens=4)
+        reply = client.complete(
+            f"placement-{round_}-{i}", messages=messages, max_tokens=48, ignore_eos=True
+        )
         placed.append(reply.completion.worker_id)
 
     threads = [threading.Thread(target=talk, args=(i,)) for i in range(4)]
