@@ -9,7 +9,8 @@
 # DEVICE: cuda (cpu for the dry run); PYTHON: python3 (the image's, which holds CuPy).
 #
 # Steps, each under its own deadline (the sum is 8 minutes): the GPU tests; doctor; the
-# engine's decode steps at batch 1, 8 and 32; `warmfleet up --workers 1` with the 8-agent
+# engine's decode steps at batch 1, 8 and 32, eager then replayed as CUDA graphs
+# (WARMFLEET_DECODE_GRAPHS=1); `warmfleet up --workers 1` with the 8-agent
 # workload; the cluster tests of sticky, warm and exact sessions, restores from disk, forks
 # and preemption (their workers take the GPU: --device auto). A failed step is recorded and
 # the next one runs.
@@ -114,10 +115,12 @@ step "GPU tests" 110 "${PYTEST[@]}" tests/unit/test_cuda_forward.py tests/unit/t
     tests/unit/test_decode_graphs.py tests/unit/test_cuda_experts.py \
     "tests/unit/test_gpt_oss_tiny.py::test_float_products_match_llama_cpp_at_every_position[cuda]"
 step "doctor --device $DEVICE" 40 "$PY" -m warmfleet.cli doctor --device "$DEVICE"
-step "engine decode steps" 80 "$PY" -m bench.engine_context --device "$DEVICE" --batches 1 8 32 \
+step "engine decode steps" 60 "$PY" -m bench.engine_context --device "$DEVICE" --batches 1 8 32 \
     --contexts 128 --steps 16
-step "up --workers 1, 8 agents" 100 bash -c agents_on_up
-step "cluster sessions on the GPU" 150 "${PYTEST[@]}" tests/test_cluster.py \
+step "engine decode steps, CUDA graphs" 60 env WARMFLEET_DECODE_GRAPHS=1 \
+    "$PY" -m bench.engine_context --device "$DEVICE" --batches 1 8 32 --contexts 128 --steps 16
+step "up --workers 1, 8 agents" 90 bash -c agents_on_up
+step "cluster sessions on the GPU" 120 "${PYTEST[@]}" tests/test_cluster.py \
     tests/test_small_warm_budget.py \
     tests/test_kvstore_cluster.py::test_fork_then_both_continue_and_delete_leaves_nothing \
     tests/test_kvstore_cluster.py::test_fork_of_a_session_on_disk \

@@ -14,7 +14,8 @@ The capture is behind `Capturer`: `Rerun` replays by running the step again from
 static buffers (the CPU's, and what the tests drive); `CudaCapturer` records the launches
 into a CUDA graph through CuPy's stream capture, each graph with a memory pool of its own
 that nothing else allocates from, so what its launches address stays theirs.
-Not verified on a GPU yet, and not used by the worker until it is (bench/gpu_check.sh).
+Not verified on a GPU yet: the model's steps use it only where WARMFLEET_DECODE_GRAPHS=1
+asks (engine/graph_steps.py) until it is (bench/gpu_check.sh).
 """
 
 from __future__ import annotations

@@ -103,6 +103,11 @@ def threads_for_step(longest_chunk: int) -> None:
     blas.POOL.use(1 if longest_chunk <= kernels.SMALL_ROWS else blas.POOL.configured)
 
 
+def device_name(xp: ModuleType) -> str:
+    """What `--device` names the array module: cpu, mlx or cuda."""
+    return "cpu" if xp is np else "mlx" if on_mlx(xp) else "cuda"
+
+
 def to_host(a: Any) -> np.ndarray:
     """A NumPy copy (or view) of an array from either module."""
     return a.get() if hasattr(a, "get") else np.asarray(a)

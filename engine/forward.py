@@ -113,10 +113,11 @@ def forward(
     positions: Array,
     segments: list[Segment],
     xp: ModuleType,
+    step: StepLayout | None = None,
 ) -> Array:
     """Run the batch, write its keys and values into the pool where each segment's block
     table says, and return the logits [num segments wanting logits, vocab] of each such
-    segment's last token.
+    segment's last token (`step`: its layout, where the caller built it already).
 
     tokens, positions: [N] integer arrays, segments in the order their tokens appear.
     Each segment's blocks must be its own for the positions it writes (PagedKV.prepare_write);
@@ -125,7 +126,7 @@ def forward(
     the C kernels and the family's layer is theirs, the layers are one call of them
     (engine/ops/native_layers.py): the same bits as the family's layer run op by op.
     """
-    step = StepLayout.build(pool, segments, weights.in_place)
+    step = step or StepLayout.build(pool, segments, weights.in_place)
     x = weights.embed_rows(tokens, xp)  # [N, dim]
     native = native_layers(weights, config) if xp is np and family.native_layers else None
     if native is None or not native.run(x, positions, rope, pool, step, get_num_threads()):

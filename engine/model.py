@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidRequestError, UnsupportedModelError
-from engine.device import array_module, compute_dtype, on_mlx, to_host
+from engine.device import array_module, compute_dtype, device_name, on_mlx, to_host
 from engine.forward import forward
+from engine.graph_steps import GraphSteps, decode_only
 from engine.kv.kv_pool import KVPool
 from engine.kv_files.kv_dtypes import fits, kv_dtype_named, token_bytes, values_per_item
 from engine.loader.experts import refuse_unbuilt
@@ -24,7 +25,7 @@ from engine.loader.rope import rope_scaling
 from engine.loader.weights import Weights, load_weights, release_copied
 from engine.models.families import family_for
 from engine.models.family import Family
-from engine.step import RopeTables, Segment
+from engine.step import RopeTables, Segment, StepLayout
 from engine.text.gguf_file import open_gguf, read_metadata
 from engine.text.model_config import ModelConfig
 from engine.text.tokenizer import Tokenizer
@@ -48,6 +49,7 @@ class Model:
     dtype: np.dtype[Any]
     xp: ModuleType
     kv_dtype: np.dtype[Any]  # what the KV pool holds (kv_dtype_for)
+    graphs: GraphSteps | None = None  # decode steps replayed (WARMFLEET_DECODE_GRAPHS=1)
 
     @classmethod
     def load(
@@ -93,6 +95,7 @@ class Model:
             dtype=np_dtype,
             xp=xp,
             kv_dtype=pool_dtype,
+            graphs=GraphSteps.asked(loaded, config, family, rope, xp),
         )
         release_copied(reader, loaded)  # the map stays open where experts are read in place
         del reader, meta  # the header's values and the file mapping
@@ -102,7 +105,7 @@ class Model:
 
     @property
     def device(self) -> str:
-        return "cpu" if self.xp is np else "mlx" if on_mlx(self.xp) else "cuda"
+        return device_name(self.xp)
 
     def new_pool(self, pool_bytes: int) -> KVPool:
         """A KV pool on this model's device of as many blocks as fit `pool_bytes`."""
@@ -130,9 +133,15 @@ class Model:
             w, c, f = self.weights, self.config, self.family
             return mlx_forward(w, c, f, self.rope, pool, tokens, positions, segments, self.dtype)
         xp = self.xp
-        logits = forward(self.weights, self.config, self.family, self.rope, pool,
-                         xp.asarray(tokens, dtype=xp.int64),
-                         xp.asarray(positions, dtype=xp.int64), segments, xp)  # fmt: skip
+        ids, at = xp.asarray(tokens, dtype=xp.int64), xp.asarray(positions, dtype=xp.int64)
+        layout = None
+        if self.graphs is not None and decode_only(segments):
+            layout = StepLayout.build(pool, segments, self.weights.in_place)
+            replayed = self.graphs.logits(pool, ids, at, layout, len(segments))
+            if replayed is not None:  # a view of the bucket's buffer: copied here
+                return np.array(to_host(replayed), dtype=np.float32)
+        w, c, f = self.weights, self.config, self.family
+        logits = forward(w, c, f, self.rope, pool, ids, at, segments, xp, layout)
         return to_host(logits).astype(np.float32, copy=False)
 
     @property

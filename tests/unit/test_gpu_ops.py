@@ -103,16 +103,23 @@ def attention_reference(
     return out
 
 
+def attention_case(
+    rng: np.random.Generator, heads: int, hkv: int, d: int, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Random queries [R, H, D], a pool's keys and values [40, Hkv, B, D] and each row's
+    table of distinct blocks, for rows of these lengths."""
+    k, v = (rng.standard_normal((40, hkv, BLOCK, d)).astype(np.float32) for _ in "kv")
+    width = -(-int(lengths.max()) // BLOCK)
+    tables = np.stack([rng.permutation(40)[:width] for _ in lengths]).astype(np.int32)
+    q = rng.standard_normal((len(lengths), heads, d)).astype(np.float32)
+    return q, k, v, tables
+
+
 @pytest.mark.parametrize(("heads", "hkv", "d"), [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
 def test_paged_attention_every_row_in_one_launch(heads: int, hkv: int, d: int) -> None:
     rng = np.random.default_rng(heads * d)
-    num_blocks = 40
-    k = rng.standard_normal((num_blocks, hkv, BLOCK, d)).astype(np.float32)
-    v = rng.standard_normal((num_blocks, hkv, BLOCK, d)).astype(np.float32)
     lengths = np.array([1, 2, 5, 16, 17, 100, 333, 64, 3], dtype=np.int32)
-    width = -(-int(lengths.max()) // BLOCK)
-    tables = np.stack([rng.permutation(num_blocks)[:width] for _ in lengths]).astype(np.int32)
-    q = rng.standard_normal((len(lengths), heads, d)).astype(np.float32)
+    q, k, v, tables = attention_case(rng, heads, hkv, d, lengths)
     kg, vg = cp.asarray(k), cp.asarray(v)
 
     def run(rows: slice) -> np.ndarray:
@@ -132,13 +139,9 @@ def test_paged_attention_with_a_window_and_sinks(window: int, with_sinks: bool) 
     """gpt-oss's limits in the same launch: only the last `window` keys read, each head's
     sink in its denominator; the bits of a row still its own."""
     rng = np.random.default_rng(window)
-    heads, hkv, d, num_blocks = 8, 2, 64, 40
-    k = rng.standard_normal((num_blocks, hkv, BLOCK, d)).astype(np.float32)
-    v = rng.standard_normal((num_blocks, hkv, BLOCK, d)).astype(np.float32)
+    heads, d = 8, 64
     lengths = np.array([1, 6, 7, 8, 16, 17, 100, 129, 333], dtype=np.int32)
-    width = -(-int(lengths.max()) // BLOCK)
-    tables = np.stack([rng.permutation(num_blocks)[:width] for _ in lengths]).astype(np.int32)
-    q = rng.standard_normal((len(lengths), heads, d)).astype(np.float32)
+    q, k, v, tables = attention_case(rng, heads, 2, d, lengths)
     sinks = (3 * rng.standard_normal(heads)).astype(np.float32) if with_sinks else None
     kg, vg = cp.asarray(k), cp.asarray(v)
     head_sinks = None if sinks is None else cp.asarray(sinks)
