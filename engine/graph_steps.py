@@ -5,8 +5,9 @@ path the tests drive through the engine). A step goes this way when every segmen
 token wanting its logits, a bucket holds its rows and its block tables fit the captured
 width (the model's context); any other step runs eagerly, as without the setting.
 
-Opt in until a GPU has run it (bench/gpu_check.sh): refused for mixtures of experts,
-whose routing waits for the host inside a step (engine/ops/moe_cuda.py), and on MLX.
+Opt in until a GPU has run it (bench/gpu_check.sh); refused on MLX. A mixture of experts'
+step reads nothing back on CUDA either (engine/ops/moe_cuda.py routes on the device), so
+its decode steps are captured too, if CuPy's sorts capture (the GPU check says).
 """
 
 from __future__ import annotations
@@ -30,22 +31,15 @@ GRAPHS_ENV = "WARMFLEET_DECODE_GRAPHS"
 Array = Any
 
 
-def graphs_asked(device: str, experts: bool) -> bool:
+def graphs_asked(device: str) -> bool:
     """Whether WARMFLEET_DECODE_GRAPHS=1 asks for decode graphs (read at each load);
-    UnsupportedModelError where the model or device cannot have them."""
+    UnsupportedModelError on MLX, which has no such graphs."""
     value = os.environ.get(GRAPHS_ENV, "0").strip()
     if value not in ("0", "1", ""):
         raise ValueError(f"{GRAPHS_ENV}={value!r}: expected 0 or 1")
-    if value != "1":
-        return False
-    if device == "mlx":
+    if value == "1" and device == "mlx":
         raise UnsupportedModelError(f"{GRAPHS_ENV}=1: decode graphs run on CUDA, not MLX")
-    if experts:
-        raise UnsupportedModelError(
-            f"{GRAPHS_ENV}=1: a mixture of experts routes on the host inside a step, which "
-            "a captured graph cannot hold; unset it"
-        )
-    return True
+    return value == "1"
 
 
 def decode_only(segments: list[Segment]) -> bool:
@@ -68,9 +62,7 @@ class GraphSteps:
     ) -> GraphSteps | None:
         """The model's decode graphs where WARMFLEET_DECODE_GRAPHS=1 asks (graphs_asked);
         None where it does not."""
-        experts = any(lw.moe is not None for lw in weights.layers)
-        asked = graphs_asked(device_name(xp), experts)
-        return cls(weights, config, family, rope, xp) if asked else None
+        return cls(weights, config, family, rope, xp) if graphs_asked(device_name(xp)) else None
 
     def for_pool(self, pool: KVPool) -> DecodeGraphs:
         held = self.by_pool.get(id(pool))

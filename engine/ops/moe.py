@@ -26,26 +26,27 @@ from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
 SWIGLU_ALPHA, SWIGLU_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's
 
 
-def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+def route(logits: Any, top_k: int, xp: ModuleType = np) -> tuple[Any, Any]:
     """Each row's top_k experts by descending probability (ties: the lower index first) and
-    their weights renormalised over the k: ([N, k] int64, [N, k] float32)."""
+    their weights renormalised over the k: ([N, k] int64, [N, k] float32), on NumPy or
+    CuPy (whose sorts are stable too)."""
     shifted = logits - logits.max(axis=1, keepdims=True)  # [N, E]
-    probs = np.exp(shifted)
+    probs = xp.exp(shifted)
     probs /= probs.sum(axis=1, keepdims=True)
-    experts = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
-    chosen = np.take_along_axis(probs, experts, axis=1)
+    experts = xp.argsort(-probs, axis=1, kind="stable")[:, :top_k]
+    chosen = xp.take_along_axis(probs, experts, axis=1)
     total = chosen[:, 0].copy()
     for j in range(1, top_k):  # in rank order, as the C kernel sums them
         total += chosen[:, j]
     return experts.astype(np.int64), (chosen / total[:, None]).astype(np.float32)
 
 
-def route_top_logits(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+def route_top_logits(logits: Any, top_k: int, xp: ModuleType = np) -> tuple[Any, Any]:
     """gpt-oss's routing: each row's top_k experts by descending logit (ties: the lower
     index first) and the softmax of those k logits, summed in rank order."""
-    experts = np.argsort(-logits, axis=1, kind="stable")[:, :top_k]
-    chosen = np.take_along_axis(logits, experts, axis=1)
-    e = np.exp(chosen - chosen[:, :1])  # the first is the largest
+    experts = xp.argsort(-logits, axis=1, kind="stable")[:, :top_k]
+    chosen = xp.take_along_axis(logits, experts, axis=1)
+    e = xp.exp(chosen - chosen[:, :1])  # the first is the largest
     total = e[:, 0].copy()
     for j in range(1, top_k):
         total += e[:, j]

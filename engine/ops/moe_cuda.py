@@ -1,12 +1,12 @@
-"""The mixture-of-experts FFN of a step on CuPy: the CPU's routing (engine/ops/moe.py's own
-functions, on the router's logits copied to the host: N x E floats), then each of the
-three products of every (row, expert) pair in one launch (quant/cuda_experts.py), and
-gpt-oss's biases, its clamped SwiGLU and the weighing as CuPy expressions. A pair's product
-is its row's with its expert's matrix whatever else is in the step, and a row's k outputs
-are added in its own ranking order: a row's bits do not depend on the batch.
-
-The copy to the host makes the step wait for the router, once a layer: an eager step. A
-captured decode graph (engine/decode_graphs.py) would need the routing on the device.
+"""The mixture-of-experts FFN of a step on CuPy, nothing read back to the host: the CPU's
+routing functions (engine/ops/moe.py) on the device's arrays, the pairs grouped by expert
+and cut into tiles there too (quant/cuda_experts.py), each of the three products of every
+(row, expert) pair in one launch, and gpt-oss's biases, its clamped SwiGLU and the weighing
+as CuPy expressions. A pair's product is its row's with its expert's matrix whatever else is
+in the step, and a row's k outputs are added in its own ranking order: a row's bits do not
+depend on the batch. With no read back, a decode step can be a CUDA graph
+(engine/decode_graphs.py). The counters count calls only on CUDA (experts touched and
+bytes read would need a read back a layer).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops.moe import buckets, route, route_top_logits, swiglu_oai, weigh
-from engine.ops.quant.cuda_experts import GpuExperts, grouped_matmul_t, tile_plan
+from engine.ops.moe import route, route_top_logits, swiglu_oai, weigh
+from engine.ops.quant.cuda_experts import GpuExperts, buckets_on, grouped_matmul_t, tile_plan
 from engine.ops.quant.experts import GptOssExperts, MoEWeights
 
 Array = Any  # cupy.ndarray (numpy.ndarray in the unit test of the routing around the kernel)
@@ -36,7 +36,7 @@ class CudaExperts:
     up: GpuExperts
     down: GpuExperts  # [E, dim, expert_ffn]
     top_k: int
-    stats: np.ndarray  # MoEWeights.stats: counted on the host
+    stats: np.ndarray  # MoEWeights.stats: its calls only (see above)
     gpt_oss: GptOssExperts | None  # its biases in GPU memory
 
     @classmethod
@@ -69,24 +69,20 @@ def moe_ffn_cuda(
     logits = x @ moe.router.T
     if extra is not None:
         logits += extra.router_bias
-    host = logits if xp is np else xp.asnumpy(logits)  # the one wait for the device
-    experts, weights = (route if extra is None else route_top_logits)(host, k)
-    order, starts = buckets(experts, moe.num_experts)
-    by_expert = experts.reshape(-1)[order]
-    tiles = xp.asarray(tile_plan(starts))
-    rows = xp.asarray(order // k)  # each pair's activation row, in bucket order
+    experts, weights = (route if extra is None else route_top_logits)(logits, k, xp)
+    order, starts = buckets_on(experts, moe.num_experts, xp)
+    tiles = tile_plan(starts, len(order), xp)
+    rows = order // k  # each pair's activation row, in bucket order
     gate, up = product(x, moe.gate, rows, tiles), product(x, moe.up, rows, tiles)
     if extra is None:
         hidden = gate / (np.float32(1) + xp.exp(-gate)) * up
     else:
-        chosen = xp.asarray(by_expert)
+        chosen = experts.reshape(-1)[order]  # each pair's expert
         gate += extra.gate_bias[chosen]
         up += extra.up_bias[chosen]
         hidden = swiglu_oai(gate, up, xp)
     down = product(hidden, moe.down, xp.arange(len(order), dtype=np.int64), tiles)
     if extra is not None:
         down += extra.down_bias[chosen]
-    touched = int(np.count_nonzero(np.diff(starts)))
-    read = touched * sum(w.expert_bytes for w in (moe.gate, moe.up, moe.down))
-    moe.stats[:] += (1, touched, read)
-    return weigh(down, xp.asarray(order), xp.asarray(weights), xp)
+    moe.stats[0] += 1
+    return weigh(down, order, weights, xp)

@@ -36,7 +36,7 @@ def test_each_pair_has_the_bits_of_its_row_times_its_expert_alone(qtype: T) -> N
     chosen = rng.integers(0, 5, size=(19, 3))
     order, starts = buckets(chosen, 5)
     rows = order // 3
-    tiles = cp.asarray(tile_plan(starts))
+    tiles = cp.asarray(tile_plan(starts, len(order), np))
     got = cp.asnumpy(grouped_matmul_t(cp.asarray(x), experts, cp.asarray(rows), tiles))
     for e in range(5):
         pairs = np.arange(starts[e], starts[e + 1])

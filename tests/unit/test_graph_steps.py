@@ -1,8 +1,8 @@
 """Decode graphs in the engine's own steps (engine/graph_steps.py, WARMFLEET_DECODE_GRAPHS=1):
 on the CPU a replay runs the step again from the bucket's buffers, so the engine's greedy
 tokens must be those of eager steps, the decode steps must have gone through the buckets,
-and the prefill steps must not have. Refused, with a message, where a step cannot be
-captured. The CUDA graphs themselves run in bench/gpu_check.sh (test_decode_graphs.py)."""
+and the prefill steps must not have; a mixture of experts' too. Refused on MLX, with a
+message. The CUDA graphs themselves run in bench/gpu_check.sh (test_decode_graphs.py)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,18 @@ def test_the_engines_tokens_are_the_eager_ones_through_the_buckets(
     assert sorted(graphs.replays) == [1, 2, 4]  # a capture a bucket
 
 
-def test_where_a_step_cannot_be_captured_it_is_refused(
+def test_a_mixture_of_experts_gives_its_eager_tokens_and_mlx_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_tiny(tmp_path / "moe.gguf", "qwen3moe")
+    want = greedy(Model.load(path, device="cpu"))
     monkeypatch.setenv(GRAPHS_ENV, "1")
-    with pytest.raises(UnsupportedModelError, match="mixture of experts routes on the host"):
-        Model.load(path, device="cpu")
+    model = Model.load(path, device="cpu")
+    assert model.graphs is not None and greedy(model) == want
+    ((_, graphs),) = model.graphs.by_pool.values()
+    assert sorted(graphs.replays) == [1, 2, 4]
+    with pytest.raises(UnsupportedModelError, match="decode graphs run on CUDA, not MLX"):
+        Model.load(path, device="mlx")
     monkeypatch.setenv(GRAPHS_ENV, "yes")
     with pytest.raises(ValueError, match="WARMFLEET_DECODE_GRAPHS='yes': expected 0 or 1"):
         Model.load(path, device="cpu")

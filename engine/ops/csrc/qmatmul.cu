@@ -14,7 +14,7 @@
 // wf_qmatmul_grouped: a mixture of experts' products, every (row, expert) pair of a step in
 // one launch. The experts' matrices lie one after another ([E * N, K]); the pairs come
 // grouped by expert, and each tile (grid.y) is up to TILE_ROWS pairs of one expert, its
-// rows gathered from x by index. A pair's sum is the one wf_qmatmul gives that row with
+// rows gathered from x by index; a tile of no pairs does nothing. A pair's sum is the one wf_qmatmul gives that row with
 // that expert's matrix (the same device function), whatever else is in the step.
 
 #define KIND_Q4 0
@@ -173,6 +173,7 @@ extern "C" __global__ void wf_qmatmul_grouped(const unsigned char* __restrict__ 
     if (n >= n_out) return;
     int t = blockIdx.y;  // tiles: each one's expert, first pair and pairs
     int expert = tiles[t], p0 = tiles[num_tiles + t], rows = tiles[2 * num_tiles + t];
+    if (rows <= 0) return;  // a tile past the step's own (its grid is fixed by its shape)
     const float* xs[TILE_ROWS];
 #pragma unroll
     for (int j = 0; j < TILE_ROWS; ++j) xs[j] = x + pair_rows[p0 + min(j, rows - 1)] * k;

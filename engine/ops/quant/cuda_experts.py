@@ -5,8 +5,9 @@ The E experts' [N, K] matrices of a tensor are one GpuQuantMatrix of E * N rows 
 kernels' form (formats.py: MXFP4 as 8-bit codes with its power-of-two scales, exact and
 twice the file's bytes; the K-quants' codes and scales as decoded), or, for F32 experts,
 their float32 bytes as they are (KIND_F32). A step's pairs come grouped by expert
-(engine/ops/moe.py's buckets); `tile_plan` cuts each expert's run into tiles of up to
-TILE_ROWS pairs, one grid row each.
+(`buckets_on`: engine/ops/moe.py's buckets on the device); `tile_plan` cuts each expert's
+run into tiles of up to TILE_ROWS pairs, one grid row each, on the device too: a step
+reads nothing back, so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -63,21 +64,36 @@ class GpuExperts:
         return self.matrix.nbytes // self.num_experts
 
 
-def tile_plan(starts: np.ndarray) -> np.ndarray:
-    """[3, T] int32: each tile's expert, first pair and pair count (1 to TILE_ROWS), for
-    pairs grouped by expert with expert e's from starts[e] to starts[e + 1] ([E + 1])."""
-    counts = np.diff(starts)
-    per = -(-counts // TILE_ROWS)  # tiles of each expert
-    experts = np.repeat(np.arange(len(counts)), per)
-    within = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
-    first = np.repeat(starts[:-1], per) + within * TILE_ROWS
-    rows = np.minimum(TILE_ROWS, np.repeat(starts[1:], per) - first)
-    return np.stack([experts, first, rows]).astype(np.int32)
+def buckets_on(experts: Array, num_experts: int, xp: ModuleType) -> tuple[Array, Array]:
+    """moe.buckets on the array's own device, nothing read back: the pairs (row * k +
+    rank) grouped by expert, in row then rank order within one ([P] int64), and where each
+    expert's run starts ([E + 1] int64)."""
+    flat = experts.reshape(-1)
+    order = xp.argsort(flat, kind="stable")
+    starts = xp.searchsorted(flat[order], xp.arange(num_experts + 1), side="left")
+    return order.astype(np.int64), starts.astype(np.int64)
+
+
+def tile_plan(starts: Array, pairs: int, xp: ModuleType) -> Array:
+    """[3, T] int32: each tile's expert, first pair and pair count (up to TILE_ROWS), for
+    `pairs` pairs grouped by expert with expert e's from starts[e] to starts[e + 1]
+    ([E + 1]), worked out on the device: T is the most tiles any routing of `pairs` pairs
+    can take (a step's grid is fixed by its shape: a captured graph's is), and the tiles
+    past the routing's own count hold no pairs (the kernel skips them)."""
+    num_experts = len(starts) - 1
+    per = (starts[1:] - starts[:-1] + TILE_ROWS - 1) // TILE_ROWS  # tiles of each expert
+    offsets = xp.concatenate([xp.zeros(1, dtype=np.int64), xp.cumsum(per)])
+    t = xp.arange(-(-pairs // TILE_ROWS) + min(num_experts, pairs), dtype=np.int64)
+    expert = xp.clip(xp.searchsorted(offsets, t, side="right") - 1, 0, num_experts - 1)
+    first = starts[expert] + (t - offsets[expert]) * TILE_ROWS
+    rows = xp.clip(starts[expert + 1] - first, 0, TILE_ROWS)
+    return xp.stack([expert, first, rows]).astype(np.int32)
 
 
 def grouped_matmul_t(x: Array, w: GpuExperts, pair_rows: Array, tiles: Array) -> Array:
     """[P, w.n]: pair p is row x[pair_rows[p]] times its tile's expert's matrix,
-    transposed; x [R, K] float32, pair_rows [P] int64, tiles [3, T] int32 (tile_plan's)."""
+    transposed; x [R, K] float32, pair_rows [P] int64, tiles [3, T] int32 (tile_plan's:
+    every pair in one tile)."""
     cupy = importlib.import_module("cupy")
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
     pair_rows = cupy.ascontiguousarray(pair_rows, dtype=cupy.int64)
