@@ -70,7 +70,7 @@ class StepOps:
         hd, qd, kvd = c.head_dim, c.q_dim, c.kv_dim
         tables, positions = (self.rope.cos, self.rope.sin), self.positions
         kv_rows, plan = self.step.for_layer(layer)
-        one_launch = gpu_ops.gpu_float32(qkv) and gpu_ops.pool_kernels(pool.k)
+        one_launch = gpu_ops.gpu_float32(qkv) and gpu_ops.rope_writes(pool.k)
         if one_launch and len(pool.groups) == 1:  # CuPy: one launch
             q = gpu_ops.rope_into_pool(
                 qkv,

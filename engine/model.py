@@ -165,26 +165,24 @@ KV_DTYPES = ("auto", "float32", "float16", "q8_0")
 
 
 def kv_dtype_for(name: str, compute: np.dtype[Any], xp: ModuleType) -> np.dtype[Any]:
-    """The KV pool's dtype `--kv-dtype name` asks. On the CPU with float32 compute and on
-    MLX with either, float32, float16 or q8_0 (the CPU's C kernels read each, widening each
-    value as they load it; MLX widens the rows attention reads), and auto is float16; on
-    CUDA with float32 compute, float32 or float16 (its kernels widen each value as they
-    load it), and auto is float32 until a GPU has checked float16 there (the GPU issue);
-    on CUDA and the CPU with float16 compute the pool holds the compute dtype only, and
-    auto is that."""
+    """The KV pool's dtype `--kv-dtype name` asks. With float32 compute (on the CPU, CUDA
+    or MLX) and on MLX with float16 compute too: float32, float16 or q8_0 (the kernels
+    widen each value as they load it; MLX widens the rows attention reads). auto is float16
+    on the CPU and MLX, and float32 on CUDA until a GPU has checked the others there (the
+    GPU issue). On CUDA and the CPU with float16 compute the pool holds the compute dtype
+    only, and auto is that."""
     if name not in KV_DTYPES:
         choices = ", ".join(KV_DTYPES)
         raise InvalidRequestError("kv_dtype", f"must be one of {choices}, got {name!r}")
-    any_dtype = on_mlx(xp) or (xp is np and compute == np.float32)
+    any_dtype = on_mlx(xp) or compute == np.float32
     if name == "auto":
-        return np.dtype(np.float16) if any_dtype else compute
+        host_or_mlx = xp is np or on_mlx(xp)
+        return np.dtype(np.float16) if any_dtype and host_or_mlx else compute
     wanted = kv_dtype_named(name)
-    cuda_float16 = xp is not np and compute == np.float32 and wanted == np.float16
-    if wanted != compute and not any_dtype and not cuda_float16:
-        where = "the CPU with --dtype float32" if xp is np else "this device"
-        keeps = "" if xp is np or compute != np.float32 else " or float16"
+    if wanted != compute and not any_dtype:
+        where = "the CPU with --dtype float16" if xp is np else "this device"
         raise UnsupportedModelError(
-            f"--kv-dtype {name}: {where} keeps the KV in the compute dtype ({compute}){keeps}; "
+            f"--kv-dtype {name}: {where} keeps the KV in the compute dtype ({compute}); "
             f"use --kv-dtype auto"
         )
     return wanted

@@ -91,7 +91,7 @@ class StepLayout:
             limit = kernel_row_limit(c.num_heads, c.num_kv_heads, c.head_dim, in_place)
             compiled = kernel_reads(pool.dtype)
         else:  # CuPy: every row in the kernel where it takes this pool
-            fits = pool.dtype in gpu_ops.ATTENTION_KERNELS and gpu_ops.attention_fits(c.head_dim)
+            fits = pool.k.dtype in gpu_ops.ATTENTION_KERNELS and gpu_ops.attention_fits(c.head_dim)
             limit, compiled = None, fits
         rows, plans = [], []
         for g in range(len(pool.groups)):

@@ -75,3 +75,5 @@ class Pool(Protocol):
     def copy_block(self, dst: int, src: int, group: int = 0) -> None: ...
 
     def take_kv(self, kv: Any) -> tuple[Any, Any]: ...  # kv: a PagedKV of it
+
+    def host_view(self, a: Any) -> np.ndarray: ...  # what take_kv gave, on the host

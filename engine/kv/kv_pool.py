@@ -15,11 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from engine.device import to_host
+from engine.device import device_name, to_host
 from engine.kv.block_groups import WINDOW_SHARE, BlockGroup, block_groups
 from engine.kv.blocks import BlockAllocator, PoolExhaustedError
 from engine.kv.paged_kv import PagedKV
-from engine.kv_files.kv_dtypes import Q8_0, quantize, row_items, token_bytes
+from engine.kv_files.kv_dtypes import (
+    Q8_0,
+    quantize,
+    quantize_bytes,
+    row_bytes,
+    row_items,
+    token_bytes,
+)
 from engine.kv_files.spill_file import SpilledKV
 from engine.ops.elementwise import put_kv_rows
 from engine.text.model_config import ModelConfig
@@ -30,9 +37,10 @@ BLOCK_TOKENS = 16  # positions per block (see bench/RESULTS.md for the choice)
 
 class KVPool:
     """Per block group g: k_groups[g], v_groups[g] [group's layers, its blocks, kv_heads,
-    block, head_dim] (q8_0: head_dim / 32 blocks, kv_dtypes.py), a block's positions its
-    slots, and allocs[g], which says who holds which. k, v and alloc are the first group's
-    (the only one of a model without windows)."""
+    block, head_dim] (q8_0: head_dim / 32 blocks, kv_dtypes.py; on CUDA, whose arrays hold no
+    structured dtype, their bytes: `device_bytes`), a block's positions its slots, and
+    allocs[g], which says who holds which. k, v and alloc are the first group's (the only
+    one of a model without windows)."""
 
     def __init__(
         self,
@@ -49,6 +57,9 @@ class KVPool:
         self.config = config
         self.dtype = np.dtype(dtype)
         self.xp = xp
+        # a q8_0 pool on CUDA: each row its blocks' bytes (uint8 [.., head_dim / 32 * 34]);
+        # what comes in or goes out to the host is q8_0 as everywhere (on_device, host_view)
+        self.device_bytes = self.dtype == Q8_0 and device_name(xp) == "cuda"
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.groups = block_groups(list(windows) or [0] * config.num_layers)
@@ -69,12 +80,15 @@ class KVPool:
     def _allocate(self) -> None:
         c = self.config
         row = row_items(c.head_dim, self.dtype)
+        dtype = self.dtype
+        if self.device_bytes:
+            row, dtype = row_bytes(c.head_dim, self.dtype), np.dtype(np.uint8)
         self.k_groups: list[Array] = []
         self.v_groups: list[Array] = []
         for group in self.groups:
             shape = (len(group.layers), self.num_blocks, c.num_kv_heads, self.block_size, row)
-            self.k_groups.append(self.xp.zeros(shape, dtype=self.dtype))  # zero pages:
-            self.v_groups.append(self.xp.zeros(shape, dtype=self.dtype))  # taken as written
+            self.k_groups.append(self.xp.zeros(shape, dtype=dtype))  # zero pages:
+            self.v_groups.append(self.xp.zeros(shape, dtype=dtype))  # taken as written
         self.k, self.v = self.k_groups[0], self.v_groups[0]
 
     def layer_kv(self, layer: int) -> tuple[Array, Array]:
@@ -95,7 +109,7 @@ class KVPool:
         these positions: whole blocks (a restored session) as blocks, the rest one by one."""
         whole = self._whole_blocks(blocks, slots)
         arrays = (self.k_groups[group], self.v_groups[group])
-        for pool, src in zip(arrays, (self.xp.asarray(k), self.xp.asarray(v)), strict=True):
+        for pool, src in zip(arrays, (self.on_device(k), self.on_device(v)), strict=True):
             if whole:
                 layers, heads, _, d = src.shape
                 part = src[:, :, : whole * self.block_size]
@@ -104,6 +118,17 @@ class KVPool:
                 ).transpose(0, 2, 1, 3, 4)
             rest = slice(whole * self.block_size, None)
             pool[:, blocks[rest], :, slots[rest]] = src[:, :, rest].transpose(2, 0, 1, 3)
+
+    def on_device(self, a: Array) -> Array:
+        """Keys or values from the host or the device in the pool's module and layout."""
+        if self.device_bytes and a.dtype == Q8_0:
+            a = np.ascontiguousarray(a).view(np.uint8)
+        return self.xp.asarray(a)
+
+    def host_view(self, a: Array) -> np.ndarray:
+        """Keys or values the pool gave (take) as a host array of its dtype."""
+        host = to_host(a)
+        return np.ascontiguousarray(host).view(Q8_0) if self.device_bytes else host
 
     def _whole_blocks(self, blocks: np.ndarray, slots: np.ndarray) -> int:
         """How many whole blocks, in order, these positions start with (each block's slots
@@ -133,12 +158,14 @@ class KVPool:
         assignment on a flat view, 30x faster than indexing blocks, heads and slots at once
         (about 1 us against 30); quantized first for a q8_0 pool. On the host with the C
         kernels, one call of theirs for each (NumPy took 3-4x as long, rounding to float16)."""
-        at, d = rows + self.row_shift(layer), row_items(self.config.head_dim, self.dtype)
-        g = self.group_of[layer]
-        if put_kv_rows((self.k_groups[g], self.v_groups[g]), at, (k, v)):
+        at, g = rows + self.row_shift(layer), self.group_of[layer]
+        if self.device_bytes:
+            k, v = quantize_bytes(k, self.xp), quantize_bytes(v, self.xp)
+        elif put_kv_rows((self.k_groups[g], self.v_groups[g]), at, (k, v)):
             return
-        if self.dtype == Q8_0:
+        elif self.dtype == Q8_0:
             k, v = quantize(k), quantize(v)
+        d = self.k_groups[g].shape[-1]
         self.k_groups[g].reshape(-1, d)[at] = k.reshape(-1, d)
         self.v_groups[g].reshape(-1, d)[at] = v.reshape(-1, d)
 
@@ -172,7 +199,7 @@ class KVPool:
             start = held_from[group.layers[0]]
             gk, gv = self.take(*kv.slots(start, n - start, g), g)
             at = (list(group.layers), slice(None), slice(start, None))
-            k[at], v[at] = to_host(gk), to_host(gv)
+            k[at], v[at] = self.host_view(gk), self.host_view(gv)
         return k, v
 
     @classmethod
@@ -253,6 +280,7 @@ def group_bytes(
 def detach(kv: PagedKV) -> SpilledKV:
     """The table's KV and tokens copied to host memory (for a spill file), its blocks freed."""
     k, v, token_ids = kv.state()
-    copy = SpilledKV(to_host(k), to_host(v), token_ids, scope=kv.scope, held_from=kv.held_from())
+    k, v = kv.pool.host_view(k), kv.pool.host_view(v)
+    copy = SpilledKV(k, v, token_ids, scope=kv.scope, held_from=kv.held_from())
     kv.release()
     return copy

@@ -15,6 +15,7 @@ as they load a block: their results are the float32 kernel's on `dequantize`'s v
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,19 @@ def quantize(x: np.ndarray) -> np.ndarray:
     out["q"] = np.rint(blocks * inverse).astype(np.int8)
     out["d"] = d[..., 0].astype(np.float16)
     return out
+
+
+def quantize_bytes(x: Any, xp: ModuleType) -> Any:
+    """`quantize`'s blocks as their bytes, [..., D / 32 * 34] uint8 (each block its float16
+    d, little-endian, then its 32 codes), on NumPy or CuPy, whose arrays hold no structured
+    dtype (a q8_0 pool on a GPU holds these bytes): the same arithmetic, the same bytes."""
+    x = x.astype(np.float32)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // Q8_VALUES, Q8_VALUES)
+    d = xp.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    inverse = xp.where(d > 0, np.float32(1) / xp.where(d > 0, d, np.float32(1)), np.float32(0))
+    codes = xp.rint(blocks * inverse.astype(np.float32)).astype(np.int8).view(np.uint8)
+    scale = d.astype(np.float16).view(np.uint8)  # [..., D / 32, 2]
+    return xp.concatenate([scale, codes], axis=-1).reshape(*x.shape[:-1], -1)
 
 
 def dequantize(q: np.ndarray) -> np.ndarray:

@@ -27,9 +27,10 @@ ROPE_KERNELS = {
     np.dtype(np.float32): "wf_rope_into_pool",
     np.dtype(np.float16): "wf_rope_into_pool_f16",
 }
-ATTENTION_KERNELS = {
+ATTENTION_KERNELS = {  # by the pool array's dtype: a q8_0 pool holds its bytes on CUDA
     np.dtype(np.float32): "wf_paged_attention",
     np.dtype(np.float16): "wf_paged_attention_f16",
+    np.dtype(np.uint8): "wf_paged_attention_q8",
 }
 Array = Any  # cupy.ndarray
 
@@ -46,10 +47,10 @@ def gpu_float32(*arrays: Array) -> bool:
     return all(type(a).__module__.startswith("cupy") and a.dtype == np.float32 for a in arrays)
 
 
-def pool_kernels(pool: Array) -> bool:
-    """Whether the rope and attention kernels read and write this pool array (CuPy,
-    float32 or float16)."""
-    return type(pool).__module__.startswith("cupy") and pool.dtype in ATTENTION_KERNELS
+def rope_writes(pool: Array) -> bool:
+    """Whether the rope kernel writes into this pool array (CuPy, float32 or float16; a
+    q8_0 pool's keys are quantized by KVPool.write_layer)."""
+    return type(pool).__module__.startswith("cupy") and pool.dtype in ROPE_KERNELS
 
 
 def _blocks(n: int) -> tuple[int]:
@@ -158,10 +159,11 @@ def paged_attention(
     sinks: Array | None = None,
 ) -> Array:
     """Every row's attention over its keys: q [N, H, D]; k_layer, v_layer [num_blocks, Hkv,
-    B, D] (float32 or float16); tables [N, width] int32 block ids; lengths [N] int32 keys
-    seen. With a window, each row sees its last `window` keys only; with sinks [H], each
-    head's logit joins its softmax's denominator (gpt-oss). -> [N, H, D] in q's dtype (float16
-    queries are widened, and the output rounded back)."""
+    B, D] (float32 or float16; a q8_0 pool's bytes, [num_blocks, Hkv, B, D / 32 * 34]
+    uint8); tables [N, width] int32 block ids; lengths [N] int32 keys seen. With a window,
+    each row sees its last `window` keys only; with sinks [H], each head's logit joins its
+    softmax's denominator (gpt-oss). -> [N, H, D] in q's dtype (float16 queries are
+    widened, and the output rounded back)."""
     cupy = importlib.import_module("cupy")
     asked = q.dtype
     q = cupy.ascontiguousarray(q, dtype=cupy.float32)
@@ -188,6 +190,7 @@ def paged_attention(
                 np.int32(hkv),
                 np.int32(d),
                 np.int32(bs),
+                np.int32(k_layer.shape[-1]),  # a row's elements
                 np.int32(window),
                 head_sinks,
                 np.int32(sinks is not None),

@@ -123,16 +123,18 @@ def test_a_session_spills_to_disk_and_comes_back(
     assert np.array_equal(run_segments(model, [(restored, PROMPT[-1:])]), expected)
 
 
-def test_a_float16_pool_beside_float32_compute_gives_the_cpus_float16_logits(
-    tmp_path: Path,
+@pytest.mark.parametrize(("kv_dtype", "held"), [("float16", np.float16), ("q8_0", np.uint8)])
+def test_a_smaller_pool_beside_float32_compute_gives_the_cpus_logits(
+    tmp_path: Path, kv_dtype: str, held: type
 ) -> None:
-    """--kv-dtype float16 on CUDA: the rope kernel rounds each key and value into the pool,
-    the attention kernel widens them; the CPU's float16 pool is the reference (both round
-    to nearest even, so the pools differ only where the float32 keys do)."""
+    """--kv-dtype float16 or q8_0 on CUDA: the rope kernel rounds each key and value into a
+    float16 pool (KVPool.write_layer quantizes a q8_0 one's, held as its blocks' bytes), the
+    attention kernel widens them; the CPU's pool of the same dtype is the reference (both
+    round alike, so the pools differ only where the float32 keys do)."""
     path = write_tiny_llama(tmp_path / "m.gguf", **VARIANTS["q8-tied-d32"])
-    gpu = Model.load(path, device="cuda", kv_dtype="float16")
-    cpu = Model.load(path, device="cpu", kv_dtype="float16")
-    assert pool_of(gpu).k.dtype == np.float16 and gpu.dtype == np.float32
+    gpu = Model.load(path, device="cuda", kv_dtype=kv_dtype)
+    cpu = Model.load(path, device="cpu", kv_dtype=kv_dtype)
+    assert pool_of(gpu).k.dtype == held and gpu.dtype == np.float32
     cache_gpu, cache_cpu = new_kv(gpu), new_kv(cpu)
     got = np.concatenate([run_segments(gpu, [(cache_gpu, [t])]) for t in PROMPT])
     want = np.concatenate([run_segments(cpu, [(cache_cpu, [t])]) for t in PROMPT])

@@ -113,12 +113,11 @@ def test_a_spill_file_between_q8_and_a_float_dtype_is_refused_and_counted(
 
 
 def test_q8_0_is_refused_where_no_kernel_reads_it(tmp_path: Path) -> None:
-    f32 = np.dtype(np.float32)
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     assert kv_name(kv_dtype_for("q8_0", f32, np)) == "q8_0"
-    with pytest.raises(
-        UnsupportedModelError, match=r"q8_0: this device keeps .*\(float32\) or float16"
-    ):
-        kv_dtype_for("q8_0", f32, ModuleType("cupy"))  # CuPy's or MLX's module
+    assert kv_name(kv_dtype_for("q8_0", f32, ModuleType("cupy"))) == "q8_0"  # CUDA's kernel
+    with pytest.raises(UnsupportedModelError, match=r"q8_0: this device keeps .*\(float16\);"):
+        kv_dtype_for("q8_0", f16, ModuleType("cupy"))  # float16 compute: its own dtype only
     path = write_tiny_llama(tmp_path / "m.gguf")  # heads of 16 values
     with pytest.raises(UnsupportedModelError, match="heads of 16 values do not split into"):
         Model.load(path, device="cpu", kv_dtype="q8_0")

@@ -1,7 +1,10 @@
 // Causal attention over the paged KV pool on the GPU, float32: every row of a step (decode
 // rows and prefill chunks alike) in one launch per layer (engine/ops/gpu_ops.py). The pool
-// holds float32 (wf_paged_attention) or float16 (wf_paged_attention_f16: each value widened
-// as it is loaded, exactly), the queries and the arithmetic are float32.
+// holds float32 (wf_paged_attention), float16 (wf_paged_attention_f16) or q8_0 blocks' bytes
+// (wf_paged_attention_q8: a row of D values is D / 32 blocks of 34 bytes, a float16 d and 32
+// int8 codes, kv_dtypes.py), each value widened as it is loaded (d * q: exact in float32);
+// the queries and the arithmetic are float32. A pool row is `row` elements (D, or
+// D / 32 * 34 bytes).
 //
 // A block per (row, query head), SPLIT warps in it: warp w takes the row's keys in runs of
 // KEYS, runs w, w + SPLIT, ... (so a long context is read by SPLIT warps at once, not one).
@@ -17,7 +20,7 @@
 // them (window 0, has_sinks 0) every operation is the one of the kernel without them.
 //
 // Shapes: R rows, H heads, Hkv KV heads, D head_dim (a multiple of 32, at most 128), B block
-// size; k, v: one layer [num_blocks, Hkv, B, D]; tables [R, width] int32; lengths [R] int32.
+// size; k, v: one layer [num_blocks, Hkv, B, row]; tables [R, width] int32; lengths [R] int32.
 
 #define MAX_DIMS_PER_LANE 4
 #define KEYS 4
@@ -29,12 +32,23 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-
-__device__ __forceinline__ float load(const unsigned short* p) {  // float16 bits
+__device__ __forceinline__ float half_value(unsigned short h) {
     float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(*p));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+}
+
+// value i of a pool row
+__device__ __forceinline__ float load(const float* row, int i) { return row[i]; }
+
+__device__ __forceinline__ float load(const unsigned short* row, int i) {  // float16 bits
+    return half_value(row[i]);
+}
+
+__device__ __forceinline__ float load(const unsigned char* row, int i) {  // q8_0 blocks
+    const unsigned char* block = row + 34 * (i >> 5);  // 2-byte aligned at best: bytes
+    float d = half_value((unsigned short)(block[0] | (block[1] << 8)));
+    return d * (float)(signed char)block[2 + (i & 31)];
 }
 
 template <typename KV>
@@ -43,7 +57,7 @@ __device__ void paged_attention(const float* __restrict__ q,  // [R, H, D]
                                 const int* __restrict__ tables, int width,
                                 const int* __restrict__ lengths, float scale,
                                 float* __restrict__ out,  // [R, H, D]
-                                int heads, int hkv, int d, int bs, int window,
+                                int heads, int hkv, int d, int bs, int row, int window,
                                 const float* __restrict__ sinks,  // [H]
                                 int has_sinks) {
     __shared__ float part_top[SPLIT], part_total[SPLIT];
@@ -70,13 +84,13 @@ __device__ void paged_attention(const float* __restrict__ q,  // [R, H, D]
 #pragma unroll
         for (int j = 0; j < KEYS; ++j) {
             int t = min(t0 + j, n - 1);  // past the end: the last key again, weighed 0 below
-            long long at = (((long long)table[t / bs] * hkv + kh) * bs + t % bs) * d + lane;
+            long long at = (((long long)table[t / bs] * hkv + kh) * bs + t % bs) * row;
             kt[j] = k + at;
             vt[j] = v + at;
             float s = 0.0f;
 #pragma unroll
             for (int i = 0; i < MAX_DIMS_PER_LANE; ++i) {
-                if (i < dpl) s = fmaf(qv[i], load(kt[j] + 32 * i), s);
+                if (i < dpl) s = fmaf(qv[i], load(kt[j], lane + 32 * i), s);
             }
             p[j] = warp_sum(s);
         }
@@ -97,7 +111,7 @@ __device__ void paged_attention(const float* __restrict__ q,  // [R, H, D]
             if (i < dpl) {
                 float a = acc[i] * corr;
 #pragma unroll
-                for (int j = 0; j < KEYS; ++j) a = fmaf(p[j], load(vt[j] + 32 * i), a);
+                for (int j = 0; j < KEYS; ++j) a = fmaf(p[j], load(vt[j], lane + 32 * i), a);
                 acc[i] = a;
             }
         }
@@ -139,11 +153,12 @@ __device__ void paged_attention(const float* __restrict__ q,  // [R, H, D]
                                     const KV* __restrict__ v, const int* __restrict__ tables,   \
                                     int width, const int* __restrict__ lengths, float scale,    \
                                     float* __restrict__ out, int heads, int hkv, int d, int bs, \
-                                    int window, const float* __restrict__ sinks,                \
+                                    int row, int window, const float* __restrict__ sinks,       \
                                     int has_sinks) {                                            \
-        paged_attention<KV>(q, k, v, tables, width, lengths, scale, out, heads, hkv, d, bs,     \
+        paged_attention<KV>(q, k, v, tables, width, lengths, scale, out, heads, hkv, d, bs, row, \
                             window, sinks, has_sinks);                                          \
     }
 
 PAGED_ATTENTION(wf_paged_attention, float)
 PAGED_ATTENTION(wf_paged_attention_f16, unsigned short)  // a float16 pool
+PAGED_ATTENTION(wf_paged_attention_q8, unsigned char)    // a q8_0 pool's bytes
