@@ -67,6 +67,11 @@ class CudaCapturer:
         pool = cp.cuda.MemoryPool()
         self.pools.append(pool)
         with cp.cuda.using_allocator(pool.malloc), self.stream:
+            # once eagerly first: the graph's pool then holds every buffer the step takes, so
+            # the capture allocates nothing new (cudaMalloc in a capture may be refused); the
+            # step reads only its static inputs, so running it twice writes the same values
+            run()
+            self.stream.synchronize()
             self.stream.begin_capture()
             run()
             graph = self.stream.end_capture()
