@@ -15,8 +15,9 @@ import pytest
 from engine.ops.moe import buckets, moe_ffn_gpt_oss, moe_ffn_numpy
 from engine.ops.moe_cuda import CudaExperts, moe_ffn_cuda
 from engine.ops.quant.cuda import TILE_ROWS
-from engine.ops.quant.cuda_experts import buckets_on, tile_plan
+from engine.ops.quant.cuda_experts import buckets_on, fp4_form, tile_plan
 from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
+from engine.ops.quant.formats import MXFP4_VALUES
 from tests.unit.expert_cases import T, random_experts, starts_of
 
 
@@ -85,3 +86,19 @@ def test_with_the_kernel_as_a_plain_product_the_ffn_is_the_cpus(gpt_oss: bool) -
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     assert (experts.stats - before).tolist() == [1, 0, 0]  # calls only
+
+
+def test_mxfp4_on_the_gpu_keeps_the_files_nibbles_and_gives_its_exact_values() -> None:
+    """KIND_FP4's form (cuda_experts.fp4_form), decoded as qmatmul.cu decodes it (byte j of a
+    block: value j in its low nibble, j + 16 in its high one, through MXFP4_VALUES, times
+    the block's scale), is gguf's dequantization exactly, in 0.625 bytes a weight."""
+    m = random_experts(np.random.default_rng(5), T.MXFP4, e=3, n=10, k=128)
+    rows = m.data.reshape(30, -1)
+    codes, scale = fp4_form(rows)
+    assert codes.shape == (30, 64) and scale.shape == (30, 4) and scale.dtype == np.float32
+    blocks = codes.reshape(30, 4, 16)
+    nibbles = np.stack([blocks & 0x0F, blocks >> 4], axis=2)  # [30, 4, 2, 16]
+    values = MXFP4_VALUES[nibbles.reshape(30, 4, 32)] * scale[..., None]
+    want = np.concatenate([m.dense(e) for e in range(3)])
+    assert np.array_equal(values.reshape(30, 128).astype(np.float32), want)
+    assert (codes.nbytes + scale.nbytes) / (30 * 128) == 0.625

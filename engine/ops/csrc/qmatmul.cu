@@ -1,7 +1,8 @@
 // Quantized matrix products on the GPU (compiled by CuPy's NVRTC; engine/ops/quant/cuda.py), on
 // the kernels' form of engine/ops/quant/formats.py: codes plus a float32 scale and offset per
 // group of 16 or 32 weights, w = scale * code + offset (one rounding: the product is
-// exact), or f16/bf16 values as they are.
+// exact), or f16/bf16 values as they are; for experts on the GPU also float32 values as
+// they are (KIND_F32) and MXFP4's E2M1 nibbles through their table (KIND_FP4).
 //
 // wf_qmatmul: out[M, N] = x[M, K] @ w[N, K]^T. A warp computes one output column (a weight
 // row) for TILE_ROWS activation rows; its lanes take the row's 16-weight units in turn
@@ -22,6 +23,9 @@
 #define KIND_F16 2
 #define KIND_BF16 3
 #define KIND_F32 8  // float32 weights as they are (an MoE file's F32 experts; GPU only)
+#define KIND_FP4 9  // MXFP4's E2M1 nibbles (laid out as Q4's) times a block's 2^(e - 128)
+
+__constant__ float FP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define TILE_ROWS 8
 #define WARPS 8  // per block: 8 output columns
 
@@ -42,6 +46,15 @@ __device__ __forceinline__ void codes8(uint2 b, int shift, unsigned int mask, fl
     for (int i = 0; i < 4; ++i) {
         w[i] = fmaf(s, (float)((b.x >> (8 * i + shift)) & mask), o);
         w[4 + i] = fmaf(s, (float)((b.y >> (8 * i + shift)) & mask), o);
+    }
+}
+
+// 8 E2M1 nibbles (shift 0: low, 4: high) of a uint2 -> weights, each exact (s a power of 2)
+__device__ __forceinline__ void fp4x8(uint2 b, int shift, float s, float* w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = s * FP4_VALUES[(b.x >> (8 * i + shift)) & 0x0fu];
+        w[4 + i] = s * FP4_VALUES[(b.y >> (8 * i + shift)) & 0x0fu];
     }
 }
 
@@ -73,6 +86,10 @@ __device__ __forceinline__ void unit_weights(int kind, int gshift,
                w);
         codes8(*(const uint2*)(row + lo + 16), 0, 0xffu, scale[(lo + 16) >> gshift],
                offset[(lo + 16) >> gshift], w + 8);
+    } else if (kind == KIND_FP4) {
+        uint2 b = *(const uint2*)(row + 16 * (lo >> 5) + (lo & 31));
+        fp4x8(b, 0, scale[lo >> gshift], w);
+        fp4x8(b, 4, scale[(lo + 16) >> gshift], w + 8);
     } else if (kind == KIND_F32) {
         const float4* a = (const float4*)((const float*)row + lo);
         const float4* b = (const float4*)((const float*)row + lo + 16);
@@ -200,7 +217,12 @@ extern "C" __global__ void wf_dequant_rows(const unsigned char* __restrict__ cod
     long long r = ids[blockIdx.y];
     const unsigned char* row = codes + r * row_bytes;
     float v;
-    if (kind == KIND_Q4 || kind == KIND_Q8) {
+    if (kind == KIND_FP4) {
+        unsigned int b = row[16 * (c >> 5) + (c & 15)];
+        v = scale[r * num_groups + (c >> gshift)] * FP4_VALUES[(c & 16) ? b >> 4 : b & 0x0fu];
+    } else if (kind == KIND_F32) {
+        v = ((const float*)row)[c];
+    } else if (kind == KIND_Q4 || kind == KIND_Q8) {
         unsigned int code;
         if (kind == KIND_Q4) {
             unsigned int b = row[16 * (c >> 5) + (c & 15)];

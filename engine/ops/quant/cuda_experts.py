@@ -2,12 +2,12 @@
 launch each (engine/ops/csrc/qmatmul.cu's wf_qmatmul_grouped).
 
 The E experts' [N, K] matrices of a tensor are one GpuQuantMatrix of E * N rows in the
-kernels' form (formats.py: MXFP4 as 8-bit codes with its power-of-two scales, exact and
-twice the file's bytes; the K-quants' codes and scales as decoded), or, for F32 experts,
-their float32 bytes as they are (KIND_F32). A step's pairs come grouped by expert
-(`buckets_on`: engine/ops/moe.py's buckets on the device); `tile_plan` cuts each expert's
-run into tiles of up to TILE_ROWS pairs, one grid row each, on the device too: a step
-reads nothing back, so it can be captured in a CUDA graph.
+kernels' form (formats.py: the K-quants' codes and scales as decoded), or, for MXFP4, its
+nibbles as the file has them with each block's power-of-two scale (KIND_FP4: `fp4_form`),
+and for F32 experts their float32 bytes as they are (KIND_F32). A step's pairs come grouped
+by expert (`buckets_on`: engine/ops/moe.py's buckets on the device); `tile_plan` cuts each
+expert's run into tiles of up to TILE_ROWS pairs, one grid row each, on the device too: a
+step reads nothing back, so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix
 
 KIND_F32 = 8  # as in qmatmul.cu: float32 weights as they are (GPU only)
+KIND_FP4 = 9  # as in qmatmul.cu: MXFP4's nibbles through their table, times 2^(e - 128)
+MXFP4_BLOCK = 17  # bytes: an E8M0 exponent, then 16 bytes of two E2M1 values each
 MAX_GRID_Y = 65535  # CUDA's bound on a grid's second dimension: tiles a launch
 Array = Any  # cupy.ndarray
 
@@ -43,9 +45,14 @@ class GpuExperts:
         if m.packed:
             raise ValueError("a packed matrix is read by the CPU's kernels alone")
         rows = m.data.reshape(m.num_experts * m.n, -1)  # a view of the file's blocks
+        empty = xp.zeros((len(rows), 0), dtype=np.float32)
         if m.qtype == gguf.GGMLQuantizationType.F32:
-            empty = xp.zeros((len(rows), 0), dtype=np.float32)
             matrix = GpuQuantMatrix(KIND_F32, 32, xp.asarray(rows), empty, empty, m.k, "F32")
+        elif m.qtype == gguf.GGMLQuantizationType.MXFP4:
+            codes, scale = fp4_form(rows)
+            matrix = GpuQuantMatrix(
+                KIND_FP4, 32, xp.asarray(codes), xp.asarray(scale), empty, m.k, "MXFP4"
+            )
         else:
             decoded = QuantMatrix.from_decoded(decode(rows, m.qtype), m.qtype.name)
             matrix = GpuQuantMatrix.upload(decoded, xp)
@@ -62,6 +69,17 @@ class GpuExperts:
     @property
     def expert_bytes(self) -> int:
         return self.matrix.nbytes // self.num_experts
+
+
+def fp4_form(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4 rows [R, row bytes] as KIND_FP4 reads them: the blocks' nibbles as they lie
+    ([R, K / 2]: byte j of a block holds its values j and j + 16, Q4's layout) and each
+    block's scale 2^(e - 128) ([R, K / 32] float32; formats.MXFP4_VALUES are twice E2M1's
+    values): 0.625 bytes a weight, where the 8-bit codes of the CPU's form take 1.25 (the
+    difference between gpt-oss-120b fitting a GB10's 128 GB or not)."""
+    b = rows.reshape(len(rows), -1, MXFP4_BLOCK)
+    scale = np.ldexp(np.float32(1), b[..., 0].astype(np.int32) - 128).astype(np.float32)
+    return np.ascontiguousarray(b[..., 1:].reshape(len(rows), -1)), scale
 
 
 def buckets_on(experts: Array, num_experts: int, xp: ModuleType) -> tuple[Array, Array]:
