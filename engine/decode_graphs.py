@@ -66,10 +66,12 @@ class CudaCapturer:
         cp = self.cupy
         pool = cp.cuda.MemoryPool()
         self.pools.append(pool)
+        caller = cp.cuda.get_current_stream()  # where the step's inputs were filled
         with cp.cuda.using_allocator(pool.malloc), self.stream:
             # once eagerly first: the graph's pool then holds every buffer the step takes, so
             # the capture allocates nothing new (cudaMalloc in a capture may be refused); the
             # step reads only its static inputs, so running it twice writes the same values
+            self.stream.wait_event(caller.record())
             run()
             self.stream.synchronize()
             self.stream.begin_capture()
