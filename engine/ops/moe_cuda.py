@@ -6,7 +6,7 @@ as CuPy expressions. A pair's product is its row's with its expert's matrix what
 in the step, and a row's k outputs are added in its own ranking order: a row's bits do not
 depend on the batch. With no read back, a decode step can be a CUDA graph
 (engine/decode_graphs.py). The counters count calls only on CUDA (experts touched and
-bytes read would need a read back a layer).
+bytes read would need a read back a layer), and not a replayed graph's.
 """
 
 from __future__ import annotations
