@@ -126,7 +126,8 @@ def forward(
     the C kernels and the family's layer is theirs, the layers are one call of them
     (engine/ops/native_layers.py): the same bits as the family's layer run op by op.
     """
-    step = step or StepLayout.build(pool, segments, weights.in_place)
+    if step is None:
+        step = StepLayout.build(pool, segments, weights.in_place)
     x = weights.embed_rows(tokens, xp)  # [N, dim]
     native = native_layers(weights, config) if xp is np and family.native_layers else None
     if native is None or not native.run(x, positions, rope, pool, step, get_num_threads()):
