@@ -85,22 +85,14 @@ def fits(head_dim: int, dtype: Any) -> bool:
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """float32 values [..., D] as q8_0 blocks [..., D / 32]."""
-    x = np.asarray(x, dtype=np.float32)
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // Q8_VALUES, Q8_VALUES)
-    amax = np.abs(blocks).max(axis=-1, keepdims=True)
-    d = amax / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    out = np.empty(blocks.shape[:-1], dtype=Q8_0)
-    out["q"] = np.rint(blocks * inverse).astype(np.int8)
-    out["d"] = d[..., 0].astype(np.float16)
-    return out
+    return quantize_bytes(np.asarray(x), np).view(Q8_0)
 
 
 def quantize_bytes(x: Any, xp: ModuleType) -> Any:
-    """`quantize`'s blocks as their bytes, [..., D / 32 * 34] uint8 (each block its float16
-    d, little-endian, then its 32 codes), on NumPy or CuPy, whose arrays hold no structured
-    dtype (a q8_0 pool on a GPU holds these bytes): the same arithmetic, the same bytes."""
+    """Values [..., D] as q8_0 blocks' bytes, [..., D / 32 * 34] uint8 (each block its
+    float16 d, little-endian, then its 32 codes), on NumPy (`quantize` views them as q8_0)
+    or CuPy, whose arrays hold no structured dtype (a q8_0 pool on a GPU holds these
+    bytes): the same arithmetic, so the same bytes."""
     x = x.astype(np.float32)
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // Q8_VALUES, Q8_VALUES)
     d = xp.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)

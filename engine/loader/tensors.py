@@ -96,11 +96,13 @@ class Tensors:
         stats: np.ndarray | None = None,
         biases: bool = False,
         pack: bool = False,
+        native: bool = True,
     ) -> MoEWeights:
         """Layer `prefix`'s router (float32) and expert tensors (in the file's map; with
         `pack`, repacked where the C kernels pack them), their reads counted in `stats` where
         given (see MoEWeights; a model's layers share one); with `biases`, gpt-oss's router
-        and expert biases (GptOssExperts)."""
+        and expert biases (GptOssExperts); bound to the C kernels unless not `native` (a
+        GPU's experts: the kernels are not built for them)."""
         kinds = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
         gate, up, down = (self.in_file(f"{prefix}{k}.weight", pack) for k in kinds)
         router = np.ascontiguousarray(self.host(f"{prefix}ffn_gate_inp.weight"))
@@ -110,8 +112,8 @@ class Tensors:
             extra = GptOssExperts(
                 *(self.host(f"{prefix}{k}.bias") for k in ("ffn_gate_inp", *kinds))
             )
-        native = moe_kernel(router, top_k, gate, up, down, extra)
-        return MoEWeights(router, gate, up, down, top_k, stats, native, extra)
+        kernel = moe_kernel(router, top_k, gate, up, down, extra) if native else None
+        return MoEWeights(router, gate, up, down, top_k, stats, kernel, extra)
 
     def in_file(self, name: str, pack: bool = False) -> ExpertMatrix:
         """The 3-D tensor's blocks in the file's map or, with `pack`, repacked where the C

@@ -37,9 +37,7 @@ class LayerWeights:
     ffn_norm: Array  # [dim]
     w_gate_up: Matrix  # [2 * ffn_dim, dim]; None in a mixture-of-experts layer
     w_down: Matrix  # [dim, ffn_dim]; None in a mixture-of-experts layer
-    bqkv: Array | None = (
-        None  # [q_dim + 2 * kv_dim] added to wqkv's products (Qwen 2); in its order
-    )
+    bqkv: Array | None = None  # [q_dim + 2 kv_dim] added to wqkv's products, in its order (Qwen 2)
     q_norm: Array | None = (
         None  # [head_dim] each head's q RMS-normed with it (Qwen 3); in its order
     )
@@ -251,8 +249,9 @@ def _layer(
     bias, q_norm, k_norm = tensors.extras(p, spec, (q_order, k_order))
     moe: Experts = None
     if spec.experts:
-        moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases, pack)
-        moe = moe if put.xp is np else CudaExperts.upload(moe, put.xp)
+        host = put.xp is np
+        moe = tensors.experts(p, config.num_experts_used, moe_stats, spec.expert_biases, pack, host)
+        moe = moe if host else CudaExperts.upload(moe, put.xp)
     dense = (p + "ffn_gate.weight", p + "ffn_up.weight")
     # an MoE model's attention matrices too are read in the file's blocks: its products
     # quantize activations anyway (the expert kernels), and the blocks are narrower

@@ -53,14 +53,14 @@ def route_top_logits(logits: Any, top_k: int, xp: ModuleType = np) -> tuple[Any,
     return experts.astype(np.int64), (e / total[:, None]).astype(np.float32)
 
 
-def buckets(experts: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
+def buckets(experts: Any, num_experts: int, xp: ModuleType = np) -> tuple[Any, Any]:
     """The pairs (row * k + rank) grouped by expert, in row then rank order within one
-    ([P] int64), and where each expert's run starts ([E + 1] int64)."""
+    ([P] int64), and where each expert's run starts ([E + 1] int64), on NumPy or CuPy
+    (nothing read back to the host)."""
     flat = experts.reshape(-1)
-    order = np.argsort(flat, kind="stable").astype(np.int64)
-    starts = np.zeros(num_experts + 1, dtype=np.int64)
-    np.cumsum(np.bincount(flat, minlength=num_experts), out=starts[1:])
-    return order, starts
+    order = xp.argsort(flat, kind="stable")
+    starts = xp.searchsorted(flat[order], xp.arange(num_experts + 1), side="left")
+    return order.astype(np.int64), starts.astype(np.int64)
 
 
 def grouped(w: ExpertMatrix, x: np.ndarray, rows: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops.moe import route, route_top_logits, swiglu_oai, weigh
-from engine.ops.quant.cuda_experts import GpuExperts, buckets_on, grouped_matmul_t, tile_plan
+from engine.ops.moe import buckets, route, route_top_logits, swiglu_oai, weigh
+from engine.ops.quant.cuda_experts import GpuExperts, grouped_matmul_t, tile_plan
 from engine.ops.quant.experts import GptOssExperts, MoEWeights
 
 Array = Any  # cupy.ndarray (numpy.ndarray in the unit test of the routing around the kernel)
@@ -70,7 +70,7 @@ def moe_ffn_cuda(
     if extra is not None:
         logits += extra.router_bias
     experts, weights = (route if extra is None else route_top_logits)(logits, k, xp)
-    order, starts = buckets_on(experts, moe.num_experts, xp)
+    order, starts = buckets(experts, moe.num_experts, xp)
     tiles = tile_plan(starts, len(order), xp)
     rows = order // k  # each pair's activation row, in bucket order
     gate, up = product(x, moe.gate, rows, tiles), product(x, moe.up, rows, tiles)

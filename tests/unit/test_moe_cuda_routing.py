@@ -1,9 +1,9 @@
 """What the CUDA path of a mixture of experts (engine/ops/moe_cuda.py) does around its
-grouped kernel, on NumPy: the pairs grouped as on the host, the tiles cutting each expert's
-run into launches' rows that cover every pair once; and with the kernel replaced by a plain
-product of each tile, the FFN is the CPU's (routing, the gpt-oss biases and clamp, the
-weighing in rank order).
-The kernel itself runs in tests/unit/test_cuda_experts.py, where a GPU is found."""
+grouped kernel, on NumPy: the tiles cutting each expert's run of pairs into launches' rows
+that cover every pair once; with the kernel replaced by a plain product of each tile, the
+FFN is the CPU's (routing, the gpt-oss biases and clamp, the weighing in rank order); and
+MXFP4 in the GPU's 4-bit form. The kernel itself runs in tests/unit/test_cuda_experts.py,
+where a GPU is found."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from engine.ops.moe import buckets, moe_ffn_gpt_oss, moe_ffn_numpy
+from engine.ops.moe import moe_ffn_gpt_oss, moe_ffn_numpy
 from engine.ops.moe_cuda import CudaExperts, moe_ffn_cuda
 from engine.ops.quant.cuda import TILE_ROWS
-from engine.ops.quant.cuda_experts import buckets_on, fp4_form, tile_plan
+from engine.ops.quant.cuda_experts import fp4_form, tile_plan
 from engine.ops.quant.experts import ExpertMatrix, GptOssExperts, MoEWeights
 from engine.ops.quant.formats import MXFP4_VALUES
 from tests.unit.expert_cases import T, random_experts, starts_of
@@ -35,12 +35,6 @@ def test_the_tiles_cover_every_pair_once_each_within_one_expert(counts: tuple[in
         assert starts[e] <= f and f + r <= starts[e + 1]
     assert len(experts) == sum(-(-c // TILE_ROWS) for c in counts)
     assert tiles.shape[1] == -(-pairs // TILE_ROWS) + min(len(counts), pairs)  # by shape
-
-
-def test_the_pairs_are_grouped_by_expert_as_on_the_cpu() -> None:
-    chosen = np.random.default_rng(2).integers(0, 9, size=(37, 4))
-    for got, want in zip(buckets_on(chosen, 9, np), buckets(chosen, 9), strict=True):
-        assert got.dtype == np.int64 and got.tolist() == want.tolist()
 
 
 def tile_products(x: np.ndarray, w: Any, pair_rows: np.ndarray, tiles: np.ndarray) -> np.ndarray:

@@ -23,12 +23,19 @@ def device_module() -> ModuleType:
     return stand_in
 
 
-def test_the_bytes_quantized_on_the_device_are_the_blocks_bytes() -> None:
+def test_the_bytes_quantized_on_the_device_are_each_blocks_d_then_its_codes() -> None:
     x = (np.random.default_rng(0).standard_normal((7, 3, 64)) * 4).astype(np.float32)
     x[0, 0, :32] = 0  # a block of zeros: d 0, codes 0
     got = quantize_bytes(x, device_module())
     assert got.dtype == np.uint8 and got.shape == (7, 3, 68)
-    assert np.array_equal(got, quantize(x).view(np.uint8).reshape(7, 3, 68))
+    blocks, parts = x.reshape(7, 3, 2, 32), got.reshape(7, 3, 2, 34)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    half = np.ascontiguousarray(parts[..., :2]).view("<f2")
+    assert np.array_equal(half, d.astype(np.float16))
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    codes = np.ascontiguousarray(parts[..., 2:]).view(np.int8)
+    assert np.array_equal(codes, np.rint(blocks * inverse).astype(np.int8))
+    assert got.tobytes() == quantize(x).tobytes()  # what the CPU's q8_0 pool holds
 
 
 def test_a_device_pool_holds_and_gives_back_the_host_pools_q8_0(model_kv_q8: Model) -> None:

@@ -5,7 +5,7 @@ The E experts' [N, K] matrices of a tensor are one GpuQuantMatrix of E * N rows 
 kernels' form (formats.py: the K-quants' codes and scales as decoded), or, for MXFP4, its
 nibbles as the file has them with each block's power-of-two scale (KIND_FP4: `fp4_form`),
 and for F32 experts their float32 bytes as they are (KIND_F32). A step's pairs come grouped
-by expert (`buckets_on`: engine/ops/moe.py's buckets on the device); `tile_plan` cuts each
+by expert (engine/ops/moe.py's buckets, on the device); `tile_plan` cuts each
 expert's run into tiles of up to TILE_ROWS pairs, one grid row each, on the device too: a
 step reads nothing back, so it can be captured in a CUDA graph.
 """
@@ -66,10 +66,6 @@ class GpuExperts:
     def nbytes(self) -> int:
         return self.matrix.nbytes
 
-    @property
-    def expert_bytes(self) -> int:
-        return self.matrix.nbytes // self.num_experts
-
 
 def fp4_form(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """MXFP4 rows [R, row bytes] as KIND_FP4 reads them: the blocks' nibbles as they lie
@@ -80,16 +76,6 @@ def fp4_form(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     b = rows.reshape(len(rows), -1, MXFP4_BLOCK)
     scale = np.ldexp(np.float32(1), b[..., 0].astype(np.int32) - 128).astype(np.float32)
     return np.ascontiguousarray(b[..., 1:].reshape(len(rows), -1)), scale
-
-
-def buckets_on(experts: Array, num_experts: int, xp: ModuleType) -> tuple[Array, Array]:
-    """moe.buckets on the array's own device, nothing read back: the pairs (row * k +
-    rank) grouped by expert, in row then rank order within one ([P] int64), and where each
-    expert's run starts ([E + 1] int64)."""
-    flat = experts.reshape(-1)
-    order = xp.argsort(flat, kind="stable")
-    starts = xp.searchsorted(flat[order], xp.arange(num_experts + 1), side="left")
-    return order.astype(np.int64), starts.astype(np.int64)
 
 
 def tile_plan(starts: Array, pairs: int, xp: ModuleType) -> Array:
