@@ -12,8 +12,10 @@
 # engine's decode steps at batch 1, 8 and 32, eager then replayed as CUDA graphs
 # (WARMFLEET_DECODE_GRAPHS=1); `warmfleet up --workers 1` with the 8-agent
 # workload; the cluster tests of sticky, warm and exact sessions, restores from disk, forks
-# and preemption (their workers take the GPU: --device auto). A failed step is recorded and
-# the next one runs.
+# and preemption (their workers take the GPU: --device auto; test_cuda_cluster's, --device
+# cuda with each KV dtype). A failed step is recorded and the next one runs. Where no GPU
+# is found the tests run the CUDA sources on the CPU (tests/cuda_emu), so a dry run checks
+# them too.
 set -uo pipefail
 
 DEVICE=${1:-cuda}
@@ -110,7 +112,7 @@ fi
 export DEVICE PY OUT HTTP_PORT
 export -f agents_on_up
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
-step "GPU tests" 110 "${PYTEST[@]}" tests/unit/test_cuda_forward.py tests/unit/test_cuda_kernels.py \
+step "GPU tests" 100 "${PYTEST[@]}" tests/unit/test_cuda_forward.py tests/unit/test_cuda_kernels.py \
     tests/unit/test_gpu_ops.py tests/unit/test_head_rms_norm.py tests/unit/test_families_tiny.py \
     tests/unit/test_decode_graphs.py tests/unit/test_cuda_experts.py \
     "tests/unit/test_gpt_oss_tiny.py::test_float_products_match_llama_cpp_at_every_position[cuda]"
@@ -119,8 +121,9 @@ step "engine decode steps" 60 "$PY" -m bench.engine_context --device "$DEVICE" -
     --contexts 128 --steps 16
 step "engine decode steps, CUDA graphs" 60 env WARMFLEET_DECODE_GRAPHS=1 \
     "$PY" -m bench.engine_context --device "$DEVICE" --batches 1 8 32 --contexts 128 --steps 16
-step "up --workers 1, 8 agents" 90 bash -c agents_on_up
-step "cluster sessions on the GPU" 120 "${PYTEST[@]}" tests/test_cluster.py \
+step "up --workers 1, 8 agents" 80 bash -c agents_on_up
+step "cluster sessions on the GPU" 140 "${PYTEST[@]}" tests/test_cuda_cluster.py \
+    tests/test_cluster.py \
     tests/test_small_warm_budget.py \
     tests/test_kvstore_cluster.py::test_fork_then_both_continue_and_delete_leaves_nothing \
     tests/test_kvstore_cluster.py::test_fork_of_a_session_on_disk \

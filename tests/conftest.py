@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from engine.model import Model
+from tests import cuda_emu
 from tests.cluster_helpers import write_keys
 from tests.tiny_gguf import write_tiny_llama
 from warmfleet.cluster_config import ClusterConfig
@@ -23,6 +25,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def pytest_addoption(parser: pytest.Parser) -> None:
     help = "the fuzz suite draws 20 times as many requests, new ones each run"
     parser.addoption("--long", action="store_true", help=help)
+
+
+@pytest.fixture(scope="module")
+def cuda_module() -> Iterator[ModuleType]:
+    """CuPy, or where no GPU is found its CPU stand-in (tests/cuda_emu), as the module
+    `import cupy` finds for a test module's lifetime."""
+    with cuda_emu.installed() as cp:
+        yield cp
 
 
 @pytest.fixture(scope="session")

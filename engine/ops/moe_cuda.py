@@ -11,27 +11,26 @@ bytes read would need a read back a layer), and not a replayed graph's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from engine.ops.kernels import matmul_t
 from engine.ops.moe import buckets, route, route_top_logits, swiglu_oai, weigh
+from engine.ops.quant.cuda import GpuQuantMatrix
 from engine.ops.quant.cuda_experts import GpuExperts, grouped_matmul_t, tile_plan
 from engine.ops.quant.experts import GptOssExperts, MoEWeights
 
-Array = Any  # cupy.ndarray (numpy.ndarray in the unit test of the routing around the kernel)
-# (x [R, K], experts, pair_rows [P], tiles [3, T]) -> [P, N]: grouped_matmul_t
-Product = Callable[[Array, Any, Array, Array], Array]
+Array = Any  # cupy.ndarray
 
 
 @dataclass(frozen=True, slots=True)
 class CudaExperts:
     """One layer's experts in GPU memory (MoEWeights' fields there)."""
 
-    router: Array  # [E, dim] float32
+    router: GpuQuantMatrix  # [E, dim] float32
     gate: GpuExperts  # [E, expert_ffn, dim]
     up: GpuExperts
     down: GpuExperts  # [E, dim, expert_ffn]
@@ -46,7 +45,9 @@ class CudaExperts:
             parts = (extra.router_bias, extra.gate_bias, extra.up_bias, extra.down_bias)
             extra = GptOssExperts(*(xp.asarray(a, dtype=np.float32) for a in parts))
         gate, up, down = (GpuExperts.upload(m, xp) for m in (moe.gate, moe.up, moe.down))
-        router = xp.asarray(moe.router, dtype=np.float32)
+        router = GpuQuantMatrix.of_float32(
+            np.asarray(moe.router, np.float32), moe.router.shape[1], xp
+        )
         return cls(router, gate, up, down, moe.top_k, moe.stats, extra)
 
     @property
@@ -60,20 +61,18 @@ class CudaExperts:
         return int(self.router.nbytes) + matrices + extra
 
 
-def moe_ffn_cuda(
-    x: Array, moe: CudaExperts, xp: ModuleType, product: Product = grouped_matmul_t
-) -> Array:
+def moe_ffn_cuda(x: Array, moe: CudaExperts, xp: ModuleType) -> Array:
     """The experts' output [N, dim] for x [N, dim] (normed), without the residual."""
     k, extra = moe.top_k, moe.gpt_oss
     x = xp.ascontiguousarray(x, dtype=np.float32)
-    logits = x @ moe.router.T
+    logits = matmul_t(x, moe.router)  # the kernel's, not the BLAS's: batch invariant
     if extra is not None:
         logits += extra.router_bias
     experts, weights = (route if extra is None else route_top_logits)(logits, k, xp)
     order, starts = buckets(experts, moe.num_experts, xp)
     tiles = tile_plan(starts, len(order), xp)
     rows = order // k  # each pair's activation row, in bucket order
-    gate, up = product(x, moe.gate, rows, tiles), product(x, moe.up, rows, tiles)
+    gate, up = grouped_matmul_t(x, moe.gate, rows, tiles), grouped_matmul_t(x, moe.up, rows, tiles)
     if extra is None:
         hidden = gate / (np.float32(1) + xp.exp(-gate)) * up
     else:
@@ -81,7 +80,7 @@ def moe_ffn_cuda(
         gate += extra.gate_bias[chosen]
         up += extra.up_bias[chosen]
         hidden = swiglu_oai(gate, up, xp)
-    down = product(hidden, moe.down, xp.arange(len(order), dtype=np.int64), tiles)
+    down = grouped_matmul_t(hidden, moe.down, xp.arange(len(order), dtype=np.int64), tiles)
     if extra is not None:
         down += extra.down_bias[chosen]
     moe.stats[0] += 1

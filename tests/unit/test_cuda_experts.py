@@ -1,9 +1,7 @@
 """A mixture of experts on the GPU (engine/ops/moe_cuda.py, quant/cuda_experts.py): the
 grouped kernel gives each pair the bits the plain kernel gives its row with its expert's
 matrix, whatever else is in the launch; the FFN is the CPU's within float32 rounding, each
-row's bits its own. Skipped where CuPy sees no GPU (CI): the sources compile there
-(test_cuda_sources.py) and the routing around the kernel is tested on NumPy
-(test_moe_cuda_routing.py)."""
+row's bits its own. Where no GPU is found (CI) on the CPU stand-in (tests/cuda_emu)."""
 
 from __future__ import annotations
 
@@ -12,18 +10,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.device import cupy_with_gpu
 from engine.ops.moe import buckets, moe_ffn_gpt_oss, moe_ffn_numpy
 from engine.ops.moe_cuda import CudaExperts, moe_ffn_cuda
 from engine.ops.quant.cuda import GpuQuantMatrix, matmul_t
 from engine.ops.quant.cuda_experts import GpuExperts, grouped_matmul_t, tile_plan
 from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix
+from tests import cuda_emu
 from tests.unit.expert_cases import T, random_experts
 from tests.unit.test_moe_cuda_routing import random_layer
 
-cp: Any = cupy_with_gpu()
-pytestmark = pytest.mark.skipif(cp is None, reason="needs a CUDA GPU and CuPy (none here)")
+cp: Any = cuda_emu.cupy()  # on a machine without a GPU, its CPU stand-in
+pytestmark = pytest.mark.usefixtures("cuda_module")
 TYPES = (T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4, T.BF16, T.F32)
 
 

@@ -1,8 +1,8 @@
 """The forward pass on the GPU with the weights kept quantized (engine/ops/quant/cuda.py) and the
 layer kernels (engine/ops/gpu_ops.py) against the float64 NumPy reference of
 test_forward_tiny.py, on tiny random models of two types and three head sizes.
-Skipped where no CUDA GPU is found (CI); `warmfleet doctor --device cuda` checks the real
-model there."""
+Where no CUDA GPU is found (CI) the kernels run on the CPU (tests/cuda_emu); `warmfleet
+doctor --device cuda` checks the real model on a GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.device import cupy_with_gpu
 from engine.kv.kv_pool import detach
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
@@ -24,9 +23,7 @@ from tests.paged import new_kv, pool_of, run_segments
 from tests.tiny_gguf import write_tiny_llama
 from tests.unit.test_forward_tiny import ATOL, PROMPT, Reference, read_reference, reference_logits
 
-pytestmark = pytest.mark.skipif(
-    cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy (none here)"
-)
+pytestmark = pytest.mark.usefixtures("cuda_module")
 T = gguf.GGMLQuantizationType
 VARIANTS: dict[str, dict[str, Any]] = {  # head_dim 16: attention takes the gather path
     "q8-tied-d16": {"matrix_type": T.Q8_0, "tie_embeddings": True},

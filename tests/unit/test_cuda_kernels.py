@@ -3,8 +3,8 @@ dequantization followed by a float64 product, held to the CPU kernels' bound
 (test_quant_kernels.py): every supported type, every activation row count 1..64, and each
 row's bits the same whatever rows come with it.
 
-These need a CUDA GPU and CuPy; where none is found (CI) they are skipped, and the
-reference test of the real model on the GPU is `warmfleet doctor --device cuda`.
+Where no GPU is found (CI) they run on the CPU stand-in (tests/cuda_emu); the reference
+test of the real model on the GPU is `warmfleet doctor --device cuda`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.device import cupy_with_gpu
 from engine.ops.kernels import matmul_t
 from engine.ops.quant.cuda import GpuQuantMatrix, dequant_rows
 from engine.ops.quant.formats import decode, reconstruct
 from engine.ops.quant.matrix import QuantMatrix, concat
+from tests import cuda_emu
 from tests.unit.quant_cases import MAX_ROWS, TYPES, K, N, Stored, T, summation_bound, write_and_read
 
-cp: Any = cupy_with_gpu()
-pytestmark = pytest.mark.skipif(cp is None, reason="needs a CUDA GPU and CuPy (none here)")
+cp: Any = cuda_emu.cupy()  # on a machine without a GPU, its CPU stand-in
+pytestmark = pytest.mark.usefixtures("cuda_module")
 
 
 @pytest.fixture(scope="module")

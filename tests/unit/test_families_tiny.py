@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
-from engine.device import cupy_with_gpu
 from engine.engine import Engine
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
+from tests import cuda_emu
 from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES
 from tests.paged import new_kv, run_segments
@@ -24,7 +24,6 @@ from tests.tiny_families import FAMILIES, write_tiny
 
 LOGIT_TOL = 2e-3  # as for the default model against transformers (measured here: ~3e-05)
 Reference = dict[str, np.ndarray]
-NEEDS_GPU = pytest.mark.skipif(cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy")
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -55,22 +54,23 @@ def logits_one_by_one(model: Model, ids: list[int]) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("device", ["cpu", "mlx", pytest.param("cuda", marks=NEEDS_GPU)])
+@pytest.mark.parametrize("device", ["cpu", "mlx", "cuda"])  # cuda: tests/cuda_emu without a GPU
 def test_tokens_and_logits_at_every_position_match_llama_cpp(
     family: str, model_file: Path, reference: Reference, device: str
 ) -> None:
-    model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
-    assert model.config.architecture == FAMILIES[family].arch
-    for n, text in enumerate(FAMILIES[family].texts):
-        ids = reference[f"ids_{n}"].tolist()
-        assert model.tokenizer.encode(text) == ids  # BOS where it has one, the markup whole
-        cols, expected = reference[f"cols_{n}"], reference[f"logits_{n}"]
-        ours = logits_one_by_one(model, ids)
-        np.testing.assert_allclose(ours[:, cols], expected, atol=LOGIT_TOL, rtol=0)
-        kv = new_kv(model)  # the whole prompt in one prefill: its last position
-        last = run_segments(model, [(kv, ids)])[0]
-        kv.release()
-        np.testing.assert_allclose(last[cols], expected[-1], atol=LOGIT_TOL, rtol=0)
+    with cuda_emu.for_device(device):
+        model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
+        assert model.config.architecture == FAMILIES[family].arch
+        for n, text in enumerate(FAMILIES[family].texts):
+            ids = reference[f"ids_{n}"].tolist()
+            assert model.tokenizer.encode(text) == ids  # BOS where it has one, the markup whole
+            cols, expected = reference[f"cols_{n}"], reference[f"logits_{n}"]
+            ours = logits_one_by_one(model, ids)
+            np.testing.assert_allclose(ours[:, cols], expected, atol=LOGIT_TOL, rtol=0)
+            kv = new_kv(model)  # the whole prompt in one prefill: its last position
+            last = run_segments(model, [(kv, ids)])[0]
+            kv.release()
+            np.testing.assert_allclose(last[cols], expected[-1], atol=LOGIT_TOL, rtol=0)
 
 
 def test_greedy_tokens_match_llama_cpp(family: str, model_file: Path, reference: Reference) -> None:

@@ -14,19 +14,18 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
-from engine.device import cupy_with_gpu
 from engine.engine import Engine
 from engine.model import Model
 from engine.ops.kernels import SMALL_ROWS
 from engine.ops.quant.experts_native import PRODUCTS_ENV, expert_products
 from engine.sequence import Request
+from tests import cuda_emu
 from tests.batch_invariance import check, compositions
 from tests.conftest import FIXTURES
 from tests.paged import new_kv, run_segments
 from tests.tiny_gpt_oss import TEXTS, TOKENIZER_TEXTS, WINDOW, write_tiny_gpt_oss
 from tests.unit.engine_driver import drive, run_alone
 
-NEEDS_GPU = pytest.mark.skipif(cupy_with_gpu() is None, reason="needs a CUDA GPU and CuPy")
 LOGIT_TOL = 2e-3  # as for the other families (measured: 6e-06)
 # The default products multiply MXFP4 experts in integers, each activation row quantized
 # to 8 bits (as llama.cpp's MXFP4 products do): measured within 0.08 of the float32
@@ -90,15 +89,16 @@ def test_tokens_and_the_gpt4o_split_match_llama_cpp(model_file: Path, reference:
         assert model.tokenizer.encode(text) == reference[f"tok_{n}"].tolist(), text
 
 
-@pytest.mark.parametrize("device", ["cpu", "mlx", pytest.param("cuda", marks=NEEDS_GPU)])
+@pytest.mark.parametrize("device", ["cpu", "mlx", "cuda"])  # cuda: tests/cuda_emu without a GPU
 def test_float_products_match_llama_cpp_at_every_position(
     model_file: Path, reference: Reference, float_products: None, device: str
 ) -> None:
     """The CPU's expert products in float32 (MLX's and CUDA's always are: they dequantize
     the MXFP4 blocks, kept as 5- or 8-bit codes, exactly)."""
-    model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
-    assert [lw.window for lw in model.weights.layers] == [WINDOW, 0, WINDOW, 0]
-    compare(model, reference, LOGIT_TOL)
+    with cuda_emu.for_device(device):
+        model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
+        assert [lw.window for lw in model.weights.layers] == [WINDOW, 0, WINDOW, 0]
+        compare(model, reference, LOGIT_TOL)
 
 
 def test_integer_products_stay_near_llama_cpp(model_file: Path, reference: Reference) -> None:

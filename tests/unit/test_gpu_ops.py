@@ -1,6 +1,7 @@
 """The GPU's layer kernels (engine/ops/gpu_ops.py: RMS norm, rope, SiLU * up, paged attention)
-against float64 NumPy, and each row's bits the same whatever rows come with it. Skipped
-where CuPy sees no GPU (CI); test_cuda_forward.py runs them inside the forward pass."""
+against float64 NumPy, and each row's bits the same whatever rows come with it; where no
+GPU is found (CI) on the CPU stand-in (tests/cuda_emu). test_cuda_forward.py runs them
+inside the forward pass."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.device import cupy_with_gpu
 from engine.ops import gpu_ops
+from tests import cuda_emu
 
-cp: Any = cupy_with_gpu()
-pytestmark = pytest.mark.skipif(cp is None, reason="needs a CUDA GPU and CuPy (none here)")
+cp: Any = cuda_emu.cupy()  # on a machine without a GPU, its CPU stand-in
+pytestmark = pytest.mark.usefixtures("cuda_module")
 BLOCK = 16
 
 

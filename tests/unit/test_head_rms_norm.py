@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.device import cupy_with_gpu
 from engine.ops import native
 from engine.ops.elementwise import head_rms_norm
+from tests import cuda_emu
 
-cp: Any = cupy_with_gpu()
+cp: Any = cuda_emu.cupy()  # on a machine without a GPU, its CPU stand-in
 HEADS, KV_HEADS, D, EPS = 4, 2, 64, 1e-6
 COLS = (HEADS + 2 * KV_HEADS) * D
 
@@ -53,11 +53,10 @@ def normed(qkv: np.ndarray, path: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("path", ["c", "numpy", "cuda"])
+@pytest.mark.usefixtures("cuda_module")
 def test_each_head_of_q_and_k_is_normed_and_v_is_left(path: str) -> None:
     if path == "c" and native.library() is None:
         pytest.skip("needs the C kernels")
-    if path == "cuda" and cp is None:
-        pytest.skip("needs a CUDA GPU and CuPy (none here)")
     qkv = qkv_rows(9)
     got = normed(qkv, path)
     want = expected(expected(qkv, 0, HEADS), HEADS * D, KV_HEADS)

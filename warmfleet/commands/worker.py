@@ -17,6 +17,7 @@ from common.errors import InvalidRequestError
 from engine.config import EngineConfig
 from engine.device import set_threads
 from engine.engine import Engine
+from engine.kv_files.kv_dtypes import kv_name
 from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
 from warmfleet.commands.common import (
@@ -147,7 +148,13 @@ def _build(args: argparse.Namespace, config: WorkerConfig, engine_config: Engine
     model = Model.load(
         path, device=args.device, dtype=args.dtype, weights=args.weights, kv_dtype=args.kv_dtype
     )
-    logging.info("weights %s: %s in memory", model.weights_mode, format_size(model.weight_bytes))
+    logging.info(
+        "on %s: weights %s, %s in memory; KV %s",
+        model.device,
+        model.weights_mode,
+        format_size(model.weight_bytes),
+        kv_name(model.kv_dtype),
+    )
     r = connect(args.redis_url, block_ms=config.idle_block_ms)
     engine = Engine(model, engine_config)
     spiller = None

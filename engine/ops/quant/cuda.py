@@ -20,6 +20,7 @@ from engine.ops.gpu_ops import compiled
 from engine.ops.quant.matrix import QuantMatrix
 
 TILE_ROWS, WARPS = 8, 8  # as in qmatmul.cu: activation rows per warp, output columns per block
+KIND_F32 = 8  # as in qmatmul.cu: float32 weights as they are (GPU only)
 DEQUANT_THREADS = 256
 Array = Any  # cupy.ndarray
 
@@ -42,6 +43,15 @@ class GpuQuantMatrix:
         # float16 groups widened (exact): the CUDA kernel reads float32 ones
         codes, scale, offset = (xp.asarray(a) for a in (m.codes, *m.float32_groups()))
         return cls(m.kind, m.group, codes, scale, offset, m.k, m.source)
+
+    @classmethod
+    def of_float32(cls, rows: np.ndarray, k: int, xp: ModuleType) -> GpuQuantMatrix:
+        """Float32 weights as they are (KIND_F32): rows [N, K] float32, or their bytes [N,
+        4 K]; K a multiple of 32. Products through the kernel, not the BLAS, keep a row's
+        bits its own whatever the batch."""
+        codes = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), -1)
+        empty = xp.zeros((len(rows), 0), dtype=np.float32)
+        return cls(KIND_F32, 32, xp.asarray(codes), empty, empty, k, "F32")
 
     @property
     def shape(self) -> tuple[int, int]:

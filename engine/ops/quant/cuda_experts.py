@@ -26,7 +26,6 @@ from engine.ops.quant.experts import ExpertMatrix
 from engine.ops.quant.formats import decode
 from engine.ops.quant.matrix import QuantMatrix
 
-KIND_F32 = 8  # as in qmatmul.cu: float32 weights as they are (GPU only)
 KIND_FP4 = 9  # as in qmatmul.cu: MXFP4's nibbles through their table, times 2^(e - 128)
 MXFP4_BLOCK = 17  # bytes: an E8M0 exponent, then 16 bytes of two E2M1 values each
 MAX_GRID_Y = 65535  # CUDA's bound on a grid's second dimension: tiles a launch
@@ -45,11 +44,11 @@ class GpuExperts:
         if m.packed:
             raise ValueError("a packed matrix is read by the CPU's kernels alone")
         rows = m.data.reshape(m.num_experts * m.n, -1)  # a view of the file's blocks
-        empty = xp.zeros((len(rows), 0), dtype=np.float32)
         if m.qtype == gguf.GGMLQuantizationType.F32:
-            matrix = GpuQuantMatrix(KIND_F32, 32, xp.asarray(rows), empty, empty, m.k, "F32")
+            matrix = GpuQuantMatrix.of_float32(rows, m.k, xp)
         elif m.qtype == gguf.GGMLQuantizationType.MXFP4:
             codes, scale = fp4_form(rows)
+            empty = xp.zeros((len(rows), 0), dtype=np.float32)
             matrix = GpuQuantMatrix(
                 KIND_FP4, 32, xp.asarray(codes), xp.asarray(scale), empty, m.k, "MXFP4"
             )
