@@ -11,11 +11,11 @@
 # Steps, each under its own deadline (the sum is 8 minutes): the GPU tests; doctor; the
 # engine's decode steps at batch 1, 8 and 32, eager then replayed as CUDA graphs
 # (WARMFLEET_DECODE_GRAPHS=1); `warmfleet up --workers 1` with the 8-agent
-# workload; the cluster tests of sticky, warm and exact sessions, restores from disk, forks
-# and preemption (their workers take the GPU: --device auto; test_cuda_cluster's, --device
-# cuda with each KV dtype). A failed step is recorded and the next one runs. Where no GPU
-# is found the tests run the CUDA sources on the CPU (tests/cuda_emu), so a dry run checks
-# them too.
+# workload; the cluster tests of sticky, warm and exact sessions, restores from disk,
+# forks and preemption (their workers take the GPU: --device auto; test_cuda_cluster's,
+# --device cuda with a float32 and a q8_0 pool). A failed step is recorded and the next one
+# runs. Where no GPU is found the tests run the CUDA sources on the CPU (tests/cuda_emu), so
+# a dry run checks them too.
 set -uo pipefail
 
 DEVICE=${1:-cuda}

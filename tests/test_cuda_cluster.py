@@ -2,7 +2,8 @@
 of the tiny Q8_0 llama; where no GPU is found, the worker runs the CUDA sources on the CPU
 through tests/cuda_emu): sessions served in one batch, a warm turn, a turn restored from
 disk, a fork and a preempted batch request each give the tokens the in-process engine on
-the same device gives the whole history cold, for each KV dtype the CUDA pool holds."""
+the same device gives the whole history cold: with CUDA's default float32 pool, and with a
+q8_0 pool (its blocks' bytes on the device, converted at the host boundary)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module", params=["float32", "float16", "q8_0"])
+@pytest.fixture(scope="module", params=["float32", "q8_0"])  # float16: test_cuda_forward
 def kv_dtype(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     return name

@@ -205,14 +205,18 @@ def test_a_client_that_goes_away_mid_stream_is_cancelled_at_once(
     def stopped() -> bool:
         return all(request_id not in worker_status(r, w)["running"] for w in kc.cluster.worker_ids)
 
+    def last_published() -> object:
+        entries = r.xrevrange(keys.out_stream(request_id), count=1)
+        return codec.decode_fields(entries[0][1], TokenChunk, Completion, JobError)
+
     wait_for(stopped, "the worker to drop the request", timeout_s=10)
+    # its heartbeat thread may say so a moment before the step publishes the completion
+    wait_for(lambda: isinstance(last_published(), Completion), "the completion", timeout_s=10)
     print(f"dropped by its worker {time.monotonic() - gone_at:.2f} s after the client left")
     assert time.monotonic() - gone_at < 5
-    published = [codec.decode_fields(f, TokenChunk, Completion, JobError)
-                 for _, f in r.xrange(keys.out_stream(request_id))]  # fmt: skip
-    done = published[-1]
+    done, published = last_published(), r.xlen(keys.out_stream(request_id))
     assert isinstance(done, Completion) and done.finish_reason == FinishReason.CANCELLED
     assert done.usage.completion_tokens < 4000
     time.sleep(0.5)
-    assert r.xlen(keys.out_stream(request_id)) == len(published)  # nothing more after the end
+    assert r.xlen(keys.out_stream(request_id)) == published  # nothing more after the end
     r.close()

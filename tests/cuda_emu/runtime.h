@@ -22,7 +22,6 @@
 #include <functional>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 namespace wf_emu {
 
