@@ -115,6 +115,7 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
 step "GPU tests" 100 "${PYTEST[@]}" tests/unit/test_cuda_forward.py tests/unit/test_cuda_kernels.py \
     tests/unit/test_gpu_ops.py tests/unit/test_head_rms_norm.py tests/unit/test_families_tiny.py \
     tests/unit/test_decode_graphs.py tests/unit/test_cuda_experts.py \
+    tests/unit/test_graph_steps.py::test_on_cuda_the_graphs_give_the_eager_tokens \
     "tests/unit/test_gpt_oss_tiny.py::test_float_products_match_llama_cpp_at_every_position[cuda]"
 step "doctor --device $DEVICE" 40 "$PY" -m warmfleet.cli doctor --device "$DEVICE"
 step "engine decode steps" 60 "$PY" -m bench.engine_context --device "$DEVICE" --batches 1 8 32 \

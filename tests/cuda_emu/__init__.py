@@ -1,8 +1,9 @@
 """CUDA for the GPU tests on any machine: CuPy where it finds a GPU, else a stand-in that
-runs the engine's CUDA sources on the CPU (cupy_module.py, build.py, runtime.h), so the CUDA
-paths' arithmetic, indexing and launches are checked in CI. What the stand-in cannot tell:
-speed, the GPU's own rounding of expf and the like, races between threads (a block's
-threads take turns), memory read past an array's end, and CUDA graphs."""
+runs the engine's CUDA sources on the CPU (cupy_module.py, build.py, runtime.h) and
+records graph captures (graphs.py), so the CUDA paths' arithmetic, indexing, launches and
+captures are checked in CI. What the stand-in cannot tell: speed, the GPU's own rounding of
+expf and the like, races between threads (a block's threads take turns), memory read past
+an array's end, and whether CuPy's own operations capture."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from engine.device import cupy_with_gpu
+from tests.cuda_emu import graphs
 
 
 @functools.cache
@@ -41,6 +43,7 @@ def installed() -> Iterator[ModuleType]:
     try:
         yield cp
     finally:
+        graphs.abandon_capture()  # one a failed test left
         if before is None:
             sys.modules.pop("cupy", None)
         else:

@@ -6,8 +6,9 @@ What CuPy refuses is refused: a device array taken for a NumPy one (it is not on
 converts only through .get()), a NumPy array passed to a kernel, to `ascontiguousarray` or
 into an operation on device arrays (CuPy copies to the device only through asarray/array);
 a kernel argument of another type or element size than the parameter's (CuPy would pass
-its bytes as they are), or not contiguous (the kernel would read the wrong elements). CUDA
-graphs and dynamic shared memory are not emulated: they raise NotImplementedError.
+its bytes as they are), or not contiguous (the kernel would read the wrong elements). A
+stream's capture records a graph (graphs.py); dynamic shared memory is not emulated
+(NotImplementedError).
 `LAUNCHES` counts each kernel's launches."""
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from tests.cuda_emu import build
+from tests.cuda_emu import build, graphs
+from tests.cuda_emu.graphs import refuse_in_capture, traced
 
 LAUNCHES: Counter[str] = Counter()
 HIDDEN = ("__array_interface__", "__array_struct__", "ctypes")  # NumPy's ways to its memory
+READ_BACK = ("item", "tolist", "tobytes")  # methods that give host values
 
 
 class ndarray(NDArrayOperatorsMixin):  # CuPy's name
@@ -41,6 +44,7 @@ class ndarray(NDArrayOperatorsMixin):  # CuPy's name
         self._a = a
 
     def get(self) -> np.ndarray:
+        refuse_in_capture("a read back (.get())")
         return self._a.copy()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -50,14 +54,12 @@ class ndarray(NDArrayOperatorsMixin):  # CuPy's name
         )
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        refuse_host((inputs, kwargs))
-        result = getattr(ufunc, method)(*inner(inputs), **inner(kwargs))
+        result = on_gpu(getattr(ufunc, method), inputs, kwargs)
         out = kwargs.get("out")
-        return on_device(result) if out is None else out[0] if len(out) == 1 else out
+        return result if out is None else out[0] if len(out) == 1 else out
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        refuse_host((args, kwargs))
-        return on_device(func(*inner(args), **inner(kwargs)))
+        return on_gpu(func, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name in HIDDEN:
@@ -65,13 +67,17 @@ class ndarray(NDArrayOperatorsMixin):  # CuPy's name
         found = getattr(self._a, name)
         if not callable(found):
             return on_device(found)
-        return lambda *args, **kwargs: on_device(found(*inner(args), **inner(kwargs)))
+        if name in READ_BACK:
+            refuse_in_capture(f"a read back (.{name}())")
+        return lambda *args, **kwargs: on_gpu(found, args, kwargs)
 
     def __getitem__(self, key: Any) -> Any:
-        return on_device(self._a[inner(key)])
+        return on_device(traced(lambda: self._a[inner(key)]))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._a[inner(key)] = inner(value)
+        if isinstance(value, np.ndarray):
+            refuse_in_capture("a copy from the host")
+        traced(lambda: self._a.__setitem__(inner(key), inner(value)))
 
     def __len__(self) -> int:
         return len(self._a)
@@ -80,15 +86,19 @@ class ndarray(NDArrayOperatorsMixin):  # CuPy's name
         return (on_device(row) for row in self._a)
 
     def __bool__(self) -> bool:
+        refuse_in_capture("a read back (bool())")
         return bool(self._a)
 
     def __int__(self) -> int:
+        refuse_in_capture("a read back (int())")
         return int(self._a)
 
     def __float__(self) -> float:
+        refuse_in_capture("a read back (float())")
         return float(self._a)
 
     def __index__(self) -> int:
+        refuse_in_capture("a read back (an index)")
         return operator.index(self._a)
 
     def __repr__(self) -> str:
@@ -121,6 +131,13 @@ def refuse_host(value: Any) -> None:
             refuse_host(v)
 
 
+def on_gpu(func: Any, args: Any, kwargs: Any) -> Any:
+    """func(*args, **kwargs) on the arrays inside (host arrays refused), traced for a
+    capture, its arrays returned as device arrays."""
+    refuse_host((args, kwargs))
+    return on_device(traced(lambda: func(*inner(args), **inner(kwargs))))
+
+
 def on_device(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return ndarray(value)
@@ -132,18 +149,21 @@ def on_device(value: Any) -> Any:
 def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     """A device array: a device array as it is (cast if need be), anything else copied."""
     if isinstance(a, ndarray):
-        return a if dtype is None else ndarray(a._a.astype(dtype, copy=False))
+        return a if dtype is None else on_gpu(np.asarray, (a,), {"dtype": dtype})
+    refuse_in_capture("a copy from the host (cupy.asarray)")
     return ndarray(np.array(a, dtype=dtype, order=order or "K", copy=True))
 
 
 def array(a: Any, dtype: Any = None, copy: bool = True) -> ndarray:
+    if not isinstance(a, ndarray):
+        refuse_in_capture("a copy from the host (cupy.array)")
     return ndarray(np.array(inner(a), dtype=dtype, copy=copy))
 
 
 def ascontiguousarray(a: Any, dtype: Any = None) -> ndarray:
     if not isinstance(a, ndarray):
         raise TypeError(f"Argument 'a' has incorrect type (expected cupy.ndarray, got {type(a)})")
-    return ndarray(np.ascontiguousarray(a._a, dtype=dtype))
+    return on_gpu(np.ascontiguousarray, (a,), {"dtype": dtype})
 
 
 def asnumpy(a: Any) -> np.ndarray:
@@ -172,11 +192,15 @@ class RawKernel:
             raise TypeError(f"{name} takes {len(params)} arguments, {len(args)} given")
         pairs = enumerate(zip(args, params, strict=True))
         values = [_argument(name, i, a, p) for i, (a, p) in pairs]
-        argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         dims = (ctypes.c_uint * 6)(*(list(grid) + [1] * 3)[:3], *(list(block) + [1] * 3)[:3])
+        # a replay's launch holds the arguments' values and arrays (so their memory)
+        traced(functools.partial(self._launch, dims, values, args))
+
+    def _launch(self, dims: Any, values: list[Any], arrays: tuple[Any, ...]) -> None:
+        argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         if self.fn(dims, argv):
-            raise RuntimeError(f"{name}: {self.lib.wf_emu_error().decode()}")
-        LAUNCHES[name] += 1
+            raise RuntimeError(f"{self.kernel.name}: {self.lib.wf_emu_error().decode()}")
+        LAUNCHES[self.kernel.name] += 1
 
 
 def _argument(name: str, i: int, a: Any, p: build.Param) -> Any:
@@ -190,7 +214,7 @@ def _argument(name: str, i: int, a: Any, p: build.Param) -> Any:
             raise TypeError(f"{where}: an array of {a.dtype}")
         return ctypes.c_void_p(a._a.ctypes.data)
     given = np.dtype(type(a)) if isinstance(a, bool | int | float) else getattr(a, "dtype", None)
-    if isinstance(a, np.ndarray) or given != p.dtype:
+    if isinstance(a, np.ndarray | ndarray) or given != p.dtype:  # a 0-d array: a pointer
         raise TypeError(f"{where}: a {type(a).__name__} ({given}), not a {p.dtype} scalar")
     value = a.item() if isinstance(a, np.generic) else a
     return np.ctypeslib.as_ctypes_type(p.dtype)(value)
@@ -207,23 +231,6 @@ class RawModule:
         return RawKernel(lib, found[name])
 
 
-class Stream:
-    def __init__(self, non_blocking: bool = False) -> None:
-        self.non_blocking = non_blocking
-
-    def synchronize(self) -> None:
-        pass
-
-    def begin_capture(self, *args: Any) -> None:
-        raise NotImplementedError("CUDA graphs are not emulated")
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def _allocator(malloc: Any) -> Iterator[None]:
     yield
@@ -237,11 +244,10 @@ def _numpy_function(name: str) -> Any:
         return found
 
     @functools.wraps(found)
-    def on_gpu(*args: Any, **kwargs: Any) -> Any:
-        refuse_host((args, kwargs))
-        return on_device(found(*inner(args), **inner(kwargs)))
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return on_gpu(found, args, kwargs)
 
-    return on_gpu
+    return call
 
 
 def module() -> ModuleType:
@@ -260,8 +266,8 @@ def module() -> ModuleType:
         __getattr__=_numpy_function,
         cuda=SimpleNamespace(
             runtime=SimpleNamespace(getDeviceCount=lambda: 1),
-            Stream=Stream,
-            get_current_stream=Stream,
+            Stream=graphs.Stream,
+            get_current_stream=graphs.Stream,
             MemoryPool=lambda: SimpleNamespace(malloc=None),
             using_allocator=_allocator,
         ),

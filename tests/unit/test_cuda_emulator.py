@@ -113,3 +113,22 @@ def test_host_and_device_arrays_do_not_mix_as_cupy_refuses() -> None:
 def test_inline_ptx_it_does_not_know_is_refused() -> None:
     with pytest.raises(ValueError, match="does not know"):
         build.without_ptx('asm("mov.u32 %0, %%laneid;" : "=r"(lane));')
+
+
+def test_a_captured_graph_replays_its_launches_and_operations_on_the_memorys_contents() -> None:
+    x, out = cp.asarray(np.ones(40, dtype=np.float32)), cp.zeros(40, dtype=np.float32)
+    stream = cp.cuda.Stream()
+    stream.begin_capture()
+    kernel("scale")((2,), (32,), (x, np.int32(40), np.float32(3), np.int64(0)))
+    out[:] = x + 1  # an operation, then a write into an array captured before
+    total = out.sum()
+    with pytest.raises(RuntimeError, match=r"read back \(float\(\)\)"):
+        float(total)
+    with pytest.raises(RuntimeError, match="copy from the host"):
+        cp.asarray(np.ones(3))
+    graph = stream.end_capture()
+    x[:] = 2  # new inputs in the same memory: a replay reads them
+    graph.launch(stream)
+    assert out.get().tolist() == [7.0] * 40 and float(total) == 280.0
+    graph.launch(stream)
+    assert out.get().tolist() == [19.0] * 40  # x was scaled again: 18 + 1

@@ -2,7 +2,8 @@
 on the CPU a replay runs the step again from the bucket's buffers, so the engine's greedy
 tokens must be those of eager steps, the decode steps must have gone through the buckets,
 and the prefill steps must not have; a mixture of experts' too. Refused on MLX, with a
-message. The CUDA graphs themselves run in bench/gpu_check.sh (test_decode_graphs.py)."""
+message. On CUDA (the CPU stand-in's graphs where no GPU is found) the same, through
+CudaCapturer; test_decode_graphs.py checks the default model's on a GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf import GGMLQuantizationType
 
 from common.errors import UnsupportedModelError
 from common.sampling import SamplingParams
@@ -19,6 +21,7 @@ from engine.graph_steps import GRAPHS_ENV
 from engine.model import Model
 from engine.sequence import Request
 from tests.tiny_families import write_tiny
+from tests.tiny_gguf import write_tiny_llama
 
 PROMPTS = ([1, 2, 3, 4, 5], list(range(7, 40)), list(range(100, 118)))
 
@@ -59,14 +62,34 @@ def test_a_mixture_of_experts_gives_its_eager_tokens_and_mlx_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_tiny(tmp_path / "moe.gguf", "qwen3moe")
-    want = greedy(Model.load(path, device="cpu"))
-    monkeypatch.setenv(GRAPHS_ENV, "1")
-    model = Model.load(path, device="cpu")
-    assert model.graphs is not None and greedy(model) == want
-    ((_, graphs),) = model.graphs.by_pool.values()
-    assert sorted(graphs.replays) == [1, 2, 4]
+    graphs_give_the_eager_tokens(path, "cpu", monkeypatch)
     with pytest.raises(UnsupportedModelError, match="decode graphs run on CUDA, not MLX"):
         Model.load(path, device="mlx")
     monkeypatch.setenv(GRAPHS_ENV, "yes")
     with pytest.raises(ValueError, match="WARMFLEET_DECODE_GRAPHS='yes': expected 0 or 1"):
         Model.load(path, device="cpu")
+
+
+@pytest.mark.usefixtures("cuda_module")
+@pytest.mark.parametrize("family", ["llama", "qwen3moe"])
+def test_on_cuda_the_graphs_give_the_eager_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """CudaCapturer's capture and replay (on a GPU, or the stand-in's graphs, which refuse a
+    read back or a host copy inside the capture as CUDA does)."""
+    if family == "llama":
+        q8 = GGMLQuantizationType.Q8_0  # head_dim 32: the attention kernel's (a capture's)
+        path = write_tiny_llama(tmp_path / "m.gguf", matrix_type=q8, dim=128, ffn_dim=256)
+    else:
+        path = write_tiny(tmp_path / "moe.gguf", "qwen3moe")
+    graphs_give_the_eager_tokens(path, "cuda", monkeypatch)
+
+
+def graphs_give_the_eager_tokens(path: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With WARMFLEET_DECODE_GRAPHS=1 the greedy tokens are the eager ones, a capture a bucket."""
+    want = greedy(Model.load(path, device=device))
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+    model = Model.load(path, device=device)
+    assert model.graphs is not None and greedy(model) == want
+    ((_, graphs),) = model.graphs.by_pool.values()
+    assert sorted(graphs.replays) == [1, 2, 4]
