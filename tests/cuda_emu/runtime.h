@@ -31,27 +31,26 @@ struct Dim3 {
 
 enum State { FRESH, READY, AT_BLOCK, AT_WARP, DONE };
 
+using Jump = jmp_buf;
+
 constexpr int MAX_THREADS = 1024;
 constexpr size_t STACK_BYTES = 128 * 1024;
 
-struct Fiber {
-    jmp_buf at;        // where it waits
-    ucontext_t start;  // its first entry (then it runs block after block)
-    char* stack = nullptr;
-    Dim3 tid{0, 0, 0};
-    int linear = 0;
-    State state = FRESH;
-    int shuffles = 0;  // posted so far: shuffle k posts to slot k % 2
-    int site = 0;      // the source line of the shuffle it waits at
-};
+// The fibers, a block's threads, by index: what each switch touches in arrays of their own
+// (a few cache lines for a warp), the rest apart.
+inline State state[MAX_THREADS];
+inline int shuffles[MAX_THREADS];  // posted so far: shuffle k posts to slot k % 2
+inline int site[MAX_THREADS];      // the source line of the shuffle it waits at
+inline Dim3 tid[MAX_THREADS];
+inline Jump at[MAX_THREADS];  // where it waits
+inline ucontext_t start[MAX_THREADS];  // its first entry (then it runs block after block)
+inline char* stack[MAX_THREADS];
 
 inline Dim3 grid_dim{1, 1, 1}, block_dim{1, 1, 1}, block_idx{0, 0, 0};
-inline Fiber* current = nullptr;
-inline Fiber fibers[MAX_THREADS];
-inline int count = 0, cursor = 0;
+inline int current = 0, count = 0;
 inline int running = 0, at_block = 0;  // the block's fibers not done, and those waiting
 inline int warp_running[MAX_THREADS / 32], at_warp[MAX_THREADS / 32];
-inline jmp_buf scheduler;
+inline Jump scheduler;
 inline const std::function<void()>* body = nullptr;
 inline std::string error;
 inline uint32_t slots[2][MAX_THREADS];
@@ -61,24 +60,24 @@ inline void fail(const std::string& why) {
     if (error.empty()) error = why;
 }
 
-inline void release(int lo, int hi, State at) {
+inline void release(int lo, int hi, State from) {
     for (int i = lo; i < hi; ++i)
-        if (fibers[i].state == at) fibers[i].state = READY;
+        if (state[i] == from) state[i] = READY;
 }
 
 // Release what the fibers' states allow: the block's barrier once every running fiber is
 // there, a warp's once every running lane of it is.
 inline void settle(int warp) {
     if (at_warp[warp] && at_warp[warp] == warp_running[warp]) {
-        int lo = warp * 32, first = -1;
-        for (int i = lo; i < std::min(lo + 32, count); ++i) {
-            if (fibers[i].state != AT_WARP) continue;
+        int lo = warp * 32, hi = std::min(lo + 32, count), first = -1;
+        for (int i = lo; i < hi; ++i) {
+            if (state[i] != AT_WARP) continue;
             if (first < 0) first = i;
-            if (fibers[i].shuffles != fibers[first].shuffles || fibers[i].site != fibers[first].site)
+            if (shuffles[i] != shuffles[first] || site[i] != site[first])
                 fail("lanes of one warp at different shuffles (lines " +
-                     std::to_string(fibers[first].site) + " and " + std::to_string(fibers[i].site) + ")");
+                     std::to_string(site[first]) + " and " + std::to_string(site[i]) + ")");
         }
-        release(lo, std::min(lo + 32, count), AT_WARP);
+        release(lo, hi, AT_WARP);
         at_warp[warp] = 0;
     }
     if (at_block && at_block == running) {
@@ -91,66 +90,62 @@ inline void settle(int warp) {
 // the scheduler when none is (the block done, or a deadlock).
 [[noreturn]] inline void dispatch() {
     for (int step = 1; step <= count; ++step) {
-        int i = (cursor + step) % count;
-        State s = fibers[i].state;
-        if (s == READY || s == FRESH) {
-            cursor = i;
-            current = &fibers[i];
-            if (s == FRESH) {
-                current->state = READY;
-                setcontext(&current->start);
+        int i = current + step < count ? current + step : current + step - count;
+        if (state[i] == READY || state[i] == FRESH) {
+            current = i;
+            if (state[i] == FRESH) {
+                state[i] = READY;
+                setcontext(&start[i]);
             }
-            _longjmp(current->at, 1);
+            _longjmp(at[i], 1);
         }
     }
     deadlock = running > 0;
     _longjmp(scheduler, 1);
 }
 
-inline void wait(State at) {  // in a fiber: until the barrier `at` releases it
-    Fiber* f = current;
-    f->state = at;
-    if (at == AT_WARP)
-        ++at_warp[f->linear / 32];
+inline void wait(State barrier) {  // in a fiber: until the barrier releases it
+    int f = current;
+    state[f] = barrier;
+    if (barrier == AT_WARP)
+        ++at_warp[f / 32];
     else
         ++at_block;
-    settle(f->linear / 32);
-    if (!_setjmp(f->at)) dispatch();
+    settle(f / 32);
+    if (!_setjmp(at[f])) dispatch();
 }
 
 inline void fiber_main() {
     for (;;) {
         (*body)();
-        Fiber* f = current;
-        f->state = DONE;
+        int f = current;
+        state[f] = DONE;
         --running;
-        --warp_running[f->linear / 32];
-        settle(f->linear / 32);
-        if (!_setjmp(f->at)) dispatch();  // back here for the next block
+        --warp_running[f / 32];
+        settle(f / 32);
+        if (!_setjmp(at[f])) dispatch();  // back here for the next block
     }
 }
 
-inline void restart(Fiber& f) {  // its next run starts at fiber_main
-    getcontext(&f.start);
-    f.start.uc_stack.ss_sp = f.stack;
-    f.start.uc_stack.ss_size = STACK_BYTES;
-    f.start.uc_link = nullptr;
-    makecontext(&f.start, fiber_main, 0);
-    f.state = FRESH;
+inline void restart(int f) {  // its next run starts at fiber_main
+    getcontext(&start[f]);
+    start[f].uc_stack.ss_sp = stack[f];
+    start[f].uc_stack.ss_size = STACK_BYTES;
+    start[f].uc_link = nullptr;
+    makecontext(&start[f], fiber_main, 0);
+    state[f] = FRESH;
 }
 
 inline void ready_fibers() {
     for (int i = 0; i < count; ++i) {
-        Fiber& f = fibers[i];
-        if (!f.stack) {
-            f.stack = static_cast<char*>(std::malloc(STACK_BYTES));
-            restart(f);
-        } else if (f.state != FRESH) {
-            f.state = READY;
+        if (!stack[i]) {
+            stack[i] = static_cast<char*>(std::malloc(STACK_BYTES));
+            restart(i);
+        } else if (state[i] != FRESH) {
+            state[i] = READY;
         }
-        f.linear = i;
-        f.tid = {i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
-        f.shuffles = 0;
+        tid[i] = {i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
+        shuffles[i] = 0;
     }
     running = count;
     at_block = 0;
@@ -162,16 +157,14 @@ inline void ready_fibers() {
 
 inline bool run_block() {
     ready_fibers();
-    cursor = count - 1;  // dispatch starts at fiber 0
+    current = count - 1;  // dispatch starts at fiber 0
     deadlock = false;
     if (!_setjmp(scheduler)) dispatch();
     if (!deadlock) return true;
     fail("a deadlock: threads wait at different barriers (__syncthreads or a shuffle) that "
          "cannot all be passed");
-    for (int i = 0; i < count; ++i) {  // those stuck start over in the next launch
-        Fiber& f = fibers[i];
-        if (f.state != DONE) restart(f);
-    }
+    for (int i = 0; i < count; ++i)  // those stuck start over in the next launch
+        if (state[i] != DONE) restart(i);
     return false;
 }
 
@@ -216,17 +209,17 @@ template <typename T>
 inline T shfl_xor(int line, T v, int lane_mask, int width = 32) {
     static_assert(sizeof(T) == 4, "a shuffle of 4-byte values only");
     if (width != 32) fail("a shuffle narrower than the warp (not emulated)");
-    Fiber* f = current;
-    int parity = f->shuffles & 1;
-    std::memcpy(&slots[parity][f->linear], &v, 4);
-    ++f->shuffles;
-    f->site = line;
+    int f = current;
+    int parity = shuffles[f] & 1;
+    std::memcpy(&slots[parity][f], &v, 4);
+    ++shuffles[f];
+    site[f] = line;
     wait(AT_WARP);
-    int src = (f->linear & ~31) | ((f->linear & 31) ^ (lane_mask & 31));
-    bool posted = src < count && fibers[src].shuffles >= f->shuffles;
+    int src = (f & ~31) | ((f & 31) ^ (lane_mask & 31));
+    bool posted = src < count && shuffles[src] >= shuffles[f];
     if (!posted) fail("a shuffle read a lane that returned before it");
     T out;
-    std::memcpy(&out, &slots[parity][posted ? src : f->linear], 4);
+    std::memcpy(&out, &slots[parity][posted ? src : f], 4);
     return out;
 }
 
@@ -247,7 +240,7 @@ struct alignas(16) float4 {
 #define __forceinline__ inline
 #define __shared__ static
 #define __constant__ static const
-#define threadIdx (wf_emu::current->tid)
+#define threadIdx (wf_emu::tid[wf_emu::current])
 #define blockIdx (wf_emu::block_idx)
 #define blockDim (wf_emu::block_dim)
 #define gridDim (wf_emu::grid_dim)

@@ -61,7 +61,10 @@ def test_tokens_and_logits_at_every_position_match_llama_cpp(
     with cuda_emu.for_device(device):
         model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
         assert model.config.architecture == FAMILIES[family].arch
-        for n, text in enumerate(FAMILIES[family].texts):
+        texts = FAMILIES[family].texts
+        if device == "cuda" and cuda_emu.emulated():  # ~0.1 s a step: the first text only
+            texts = texts[:1]
+        for n, text in enumerate(texts):
             ids = reference[f"ids_{n}"].tolist()
             assert model.tokenizer.encode(text) == ids  # BOS where it has one, the markup whole
             cols, expected = reference[f"cols_{n}"], reference[f"logits_{n}"]

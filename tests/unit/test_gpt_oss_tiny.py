@@ -66,8 +66,8 @@ def logits_one_by_one(model: Model, ids: list[int]) -> np.ndarray:
     return np.stack(rows)
 
 
-def compare(model: Model, reference: Reference, tol: float) -> None:
-    for n in range(len(TEXTS)):
+def compare(model: Model, reference: Reference, tol: float, texts: int = len(TEXTS)) -> None:
+    for n in range(texts):
         ids, cols = reference[f"ids_{n}"].tolist(), reference[f"cols_{n}"]
         assert len(ids) > WINDOW  # past the windowed layers' reach
         expected = reference[f"logits_{n}"]
@@ -98,7 +98,9 @@ def test_float_products_match_llama_cpp_at_every_position(
     with cuda_emu.for_device(device):
         model = Model.load(model_file, device=device, kv_dtype="float32")  # llama.cpp's KV
         assert [lw.window for lw in model.weights.layers] == [WINDOW, 0, WINDOW, 0]
-        compare(model, reference, LOGIT_TOL)
+        # the CPU stand-in for CUDA takes ~0.15 s a step: its first text only (past the window)
+        stand_in = device == "cuda" and cuda_emu.emulated()
+        compare(model, reference, LOGIT_TOL, texts=1 if stand_in else len(TEXTS))
 
 
 def test_integer_products_stay_near_llama_cpp(model_file: Path, reference: Reference) -> None:
