@@ -1,5 +1,7 @@
-"""The mixture-of-experts FFN of a step on CuPy, nothing read back to the host: the CPU's
-routing functions (engine/ops/moe.py) on the device's arrays, the pairs grouped by expert
+"""The mixture-of-experts FFN of a step on CuPy, nothing read back to the host: the router's
+product by the quantized-product kernel (its float32 form: a row's routing is its own, as
+cuBLAS's product would not promise), the CPU's routing functions (engine/ops/moe.py) on the
+device's arrays, the pairs grouped by expert
 and cut into tiles there too (quant/cuda_experts.py), each of the three products of every
 (row, expert) pair in one launch, and gpt-oss's biases, its clamped SwiGLU and the weighing
 as CuPy expressions. A pair's product is its row's with its expert's matrix whatever else is
@@ -45,10 +47,10 @@ class CudaExperts:
             parts = (extra.router_bias, extra.gate_bias, extra.up_bias, extra.down_bias)
             extra = GptOssExperts(*(xp.asarray(a, dtype=np.float32) for a in parts))
         gate, up, down = (GpuExperts.upload(m, xp) for m in (moe.gate, moe.up, moe.down))
-        router = GpuQuantMatrix.of_float32(
-            np.asarray(moe.router, np.float32), moe.router.shape[1], xp
-        )
-        return cls(router, gate, up, down, moe.top_k, moe.stats, extra)
+        router = np.asarray(moe.router, np.float32)  # [E, dim]: dim a multiple of 32, as
+        # the experts' quantized blocks along it need
+        gpu_router = GpuQuantMatrix.of_float32(router, router.shape[1], xp)
+        return cls(gpu_router, gate, up, down, moe.top_k, moe.stats, extra)
 
     @property
     def num_experts(self) -> int:

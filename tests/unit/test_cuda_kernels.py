@@ -87,3 +87,19 @@ def test_no_rows_and_non_contiguous_activations() -> None:
     got = cp.asnumpy(matmul_t(x, w))
     exact = cp.asnumpy(x).astype(np.float64) @ reconstruct(decoded).T.astype(np.float64)
     np.testing.assert_allclose(got, exact, rtol=0, atol=1e-3)
+
+
+def test_float32_weights_as_they_are_multiply_as_float32_does() -> None:
+    """KIND_F32 (an MoE router's form on the GPU): each row's bits its own, the product
+    within float32's summation bound; rows of a length the kernel's units do not divide
+    are refused."""
+    w = np.random.default_rng(6).standard_normal((24, K)).astype(np.float32)
+    m = GpuQuantMatrix.of_float32(w, K, cp)
+    x = np.random.default_rng(7).standard_normal((11, K)).astype(np.float32)
+    got = cp.asnumpy(matmul_t(cp.asarray(x), m))
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert (np.abs(got - exact) <= summation_bound(x, w)).all()
+    for r in range(len(x)):
+        assert np.array_equal(cp.asnumpy(matmul_t(cp.asarray(x[r : r + 1]), m))[0], got[r])
+    with pytest.raises(ValueError, match="32-weight units"):
+        GpuQuantMatrix.of_float32(w[:, :48], 48, cp)

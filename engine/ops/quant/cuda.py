@@ -49,6 +49,8 @@ class GpuQuantMatrix:
         """Float32 weights as they are (KIND_F32): rows [N, K] float32, or their bytes [N,
         4 K]; K a multiple of 32. Products through the kernel, not the BLAS, keep a row's
         bits its own whatever the batch."""
+        if k % 32:
+            raise ValueError(f"the CUDA kernel reads rows of 32-weight units, not {k} weights")
         codes = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), -1)
         empty = xp.zeros((len(rows), 0), dtype=np.float32)
         return cls(KIND_F32, 32, xp.asarray(codes), empty, empty, k, "F32")
