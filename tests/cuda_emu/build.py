@@ -144,7 +144,8 @@ def library(source: str, name: str) -> tuple[ctypes.CDLL, dict[str, Kernel]]:
     found = kernels(code, cxx)
     text = f'#include "{RUNTIME}"\n#line 1 "{name}"\n{code}\n{launchers(found)}'
     key = hashlib.blake2b(digest_size=10)
-    for part in (text, RUNTIME.read_text(), " ".join(FLAGS), cxx):
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    for part in (text, RUNTIME.read_text(), " ".join(FLAGS), cxx, version.stdout):
         key.update(part.encode())
     folder = native.kernel_dir() / "cuda-emu"
     cpp = folder / f"{Path(name).stem}-{key.hexdigest()}.cpp"
