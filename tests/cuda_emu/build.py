@@ -68,7 +68,7 @@ KERNEL = re.compile(r'extern\s+"C"\s+void\s+(\w+)\s*\(([^)]*)\)')
 class Param:
     text: str  # the C++ type, without __restrict__
     pointer: bool
-    dtype: np.dtype  # a scalar's; a pointer's element (void: uint8)
+    dtype: np.dtype | None  # a scalar's; a pointer's element (None: void, any array)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,7 @@ def param(text: str) -> Param:
     pointer = "*" in words
     base = " ".join(w for w in words[:-1] if w not in ("const", "*"))
     if base == "void" and pointer:
-        return Param(ctype, True, np.dtype(np.uint8))
+        return Param(ctype, True, None)
     if base not in SCALARS:
         raise ValueError(f"a kernel parameter of a type the CPU build does not know: {text!r}")
     return Param(ctype, pointer, np.dtype(SCALARS[base]))
