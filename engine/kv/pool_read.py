@@ -6,18 +6,25 @@ the pool").
 
 The table is made first, on the thread that owns the pool: blocks the pool holds already
 (by hash) are taken, the others reserved; the block files are then read into those on
-another thread while the pool goes on serving; the table takes its tokens last, back on the
+another thread while the pool goes on serving (by the C kernels where built, a reader
+thread's share in one call: frame_reads.py, given each piece's address by `addresses`); the table takes its tokens last, back on the
 pool's thread, up to the first block that failed its checks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 import numpy as np
 
 from engine.kv.blocks import PoolExhaustedError
+from engine.kv.frame_reads import frame_reads
 from engine.kv.kv_pool import KVPool
 from engine.kv.paged_kv import PagedKV
+from engine.kv_files.kv_frame import FrameRead
 from engine.kv_files.spill_file import Listing
+from engine.ops.native import address
 
 
 class PoolRead:
@@ -45,6 +52,30 @@ class PoolRead:
         self.rows = [list(blocks) for blocks in zip(*self.table.tables, strict=True)]
         every = range(pool.config.num_layers)
         self._places = [(pool.group_of[x], pool.index_in_group[x]) for x in every]
+        self.dtype = pool.dtype
+        self.direct = self._read_direct if frame_reads() is not None else None
+        # each piece of a block's views: its layer's address in block 0, the stride between
+        # blocks, the group whose row it takes
+        arrays = [(a[g], j, g) for a in (pool.k_groups, pool.v_groups) for g, j in self._places]
+        assert all(a.flags.c_contiguous for a, _, _ in arrays)
+        self._first = np.array([address(a) + j * a.strides[0] for a, j, _ in arrays], np.int64)
+        self._stride = np.array([a.strides[1] for a, _, _ in arrays], np.int64)
+        self._group = [g for _, _, g in arrays]
+
+    def _read_direct(
+        self, paths: list[Path], blocks: Sequence[int], magic: bytes, version: int
+    ) -> list[FrameRead | None]:
+        """The blocks' files read whole into their places (block_reads.DirectReader)."""
+        reads = frame_reads()
+        assert reads is not None
+        piece_bytes = int(self._stride[0])  # a piece is a block's row of its layer's array
+        return reads.read(paths, self.addresses(blocks), piece_bytes, magic, version)
+
+    def addresses(self, blocks: Sequence[int]) -> np.ndarray:
+        """Where each piece of views(i) starts, for each block i of `blocks`: int64
+        [blocks, pieces]."""
+        rows = np.array([self.rows[i] for i in blocks], np.int64).reshape(len(blocks), -1)
+        return self._first + rows[:, self._group] * self._stride
 
     @property
     def first(self) -> int:

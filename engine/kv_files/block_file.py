@@ -21,10 +21,11 @@ import numpy as np
 
 from common.block_hash import chain_hash
 from common.errors import SpillFileError
-from engine.kv_files.kv_frame import read_into, write_frame
+from engine.kv_files.kv_frame import FrameRead, checked_frame, read_into, write_frame
 
 MAGIC = b"WFKB"
 VERSION = 1
+KIND = ("block", MAGIC, VERSION)
 MAX_HEADER_BYTES = 1 << 20
 GRACE_S = 120.0  # an unlisted block younger than this may belong to a write in flight
 
@@ -66,16 +67,44 @@ def read_block(
     path = block_path(directory, chain_hash(previous, token_ids))
     name = str(path)
     try:
-        h = read_into(path, ("block", MAGIC, VERSION), MAX_HEADER_BYTES, shape, out)
-        if h.get("fingerprint") != fingerprint:
-            raise SpillFileError(name, "written by another model (fingerprint differs)")
-        if h.get("previous") != previous.hex() or h.get("token_ids") != token_ids:
-            raise SpillFileError(name, "holds another prefix (a foreign block)")
+        h = read_into(path, KIND, MAX_HEADER_BYTES, shape, out)
+        _check_header(h, name, fingerprint, previous, token_ids)
     except FileNotFoundError as e:
         raise SpillFileError(name, "a block it lists is missing") from e
     except SpillFileError:
         path.unlink(missing_ok=True)
         raise
+
+
+def read_whole(
+    frame: FrameRead | None,
+    name: str,
+    fingerprint: str,
+    previous: bytes,
+    token_ids: list[int],
+    shape: list[int],
+    dtype: np.dtype[Any],
+) -> bool:
+    """Whether a block file read whole elsewhere (`frame`: None where that reader found
+    it missing or unreadable) passed every check of read_block; where not, read_block
+    reads it again and says why."""
+    if frame is None:
+        return False
+    try:
+        h = checked_frame(frame, KIND, MAX_HEADER_BYTES, shape, dtype, name)
+        _check_header(h, name, fingerprint, previous, token_ids)
+    except SpillFileError:
+        return False
+    return True
+
+
+def _check_header(
+    h: dict[str, Any], name: str, fingerprint: str, previous: bytes, token_ids: list[int]
+) -> None:
+    if h.get("fingerprint") != fingerprint:
+        raise SpillFileError(name, "written by another model (fingerprint differs)")
+    if h.get("previous") != previous.hex() or h.get("token_ids") != token_ids:
+        raise SpillFileError(name, "holds another prefix (a foreign block)")
 
 
 def advise(directory: Path, hashes: Sequence[bytes]) -> None:

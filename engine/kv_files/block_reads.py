@@ -1,20 +1,24 @@
 """Reading a session's block files back (block_file.read_block) into where they go: a
 pool's blocks (engine/kv/pool_read.py) or a session's own arrays (SessionBlocks), by a few
-threads at once."""
+threads at once; where the target can (a pool's, with the C kernels built), each thread's
+share of the files in one call off the GIL (its DirectReader), their checks after."""
 
 from __future__ import annotations
 
 import functools
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from common.block_hash import chain_hash
 from common.errors import SpillFileError
-from engine.kv_files.block_file import advise, read_block
+from engine.kv_files.block_file import MAGIC, VERSION, advise, block_path, read_block, read_whole
+from engine.kv_files.kv_frame import FrameRead
 
 # threads reading a session's block files, each every READ_THREADS-th one: the disk has
 # every read queued at once (block_file.advise), and each reader's checks hold the GIL
@@ -27,8 +31,21 @@ def _readers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="block-read")
 
 
+class DirectReader(Protocol):
+    def __call__(
+        self, paths: list[Path], blocks: Sequence[int], magic: bytes, version: int
+    ) -> list[FrameRead | None]:
+        """The files of `blocks`, frames of `magic` and `version`, each read whole straight
+        into where the block goes (None for a file missing, or found wrong before its
+        header's fields are looked at)."""
+
+
 class BlockTarget(Protocol):
     """Where the blocks of a session read back go."""
+
+    # reads whole files into place, off the GIL; None: each block read into its views
+    direct: DirectReader | None
+    dtype: np.dtype[Any]  # of the blocks' keys and values
 
     def views(self, i: int) -> list[np.ndarray]:
         """Where block i's payload is read (block_file.read_block's `out`)."""
@@ -56,21 +73,49 @@ def read_blocks(
     def every(step: int) -> tuple[int, str]:
         """Blocks first + step, + READ_THREADS more, ... in order: the first that failed
         (count: none) and why."""
-        for i in range(first + step, count, READ_THREADS):
-            part = ids[i * size : (i + 1) * size]
-            try:
-                read_block(directory, fingerprint, chain[i], part, shape, target.views(i))
+        blocks = range(first + step, count, READ_THREADS)
+        parts = {i: ids[i * size : (i + 1) * size] for i in blocks}
+        whole = _read_direct(directory, fingerprint, chain, parts, shape, target)
+        for i, part in parts.items():
+            try:  # a file the direct read did not take: read again, which says why
+                if i not in whole:
+                    read_block(directory, fingerprint, chain[i], part, shape, target.views(i))
             except SpillFileError as e:
                 return i, e.reason
             target.place(i)
         return count, ""
 
-    # many small files: their reads queued at once, then each of a few readers puts every
-    # few straight into place; the blocks after the first bad one are not used
-    advise(directory, chain[first + 1 : count + 1])
+    # many small files: their reads queued at once (a direct reader asks itself), then each
+    # of a few readers puts every few straight into place; the blocks after the first bad
+    # one are not used
+    if target.direct is None:
+        advise(directory, chain[first + 1 : count + 1])
     futures = [_readers().submit(every, step) for step in range(READ_THREADS)]
     bad, why = min(future.result() for future in futures)  # every read has landed
     return (bad * size, why) if why else (len(ids), "")
+
+
+def _read_direct(
+    directory: Path,
+    fingerprint: str,
+    chain: list[bytes],
+    parts: dict[int, list[int]],
+    shape: list[int],
+    target: BlockTarget,
+) -> set[int]:
+    """The blocks of `parts` (block: its tokens) the target's direct reader read whole and
+    which passed every check (none without one)."""
+    if target.direct is None or not parts:
+        return set()
+    paths = [block_path(directory, chain_hash(chain[i], part)) for i, part in parts.items()]
+    frames = target.direct(paths, list(parts), MAGIC, VERSION)
+    checks = zip(parts.items(), paths, frames, strict=True)
+    dtype = target.dtype
+    return {
+        i
+        for (i, part), path, frame in checks
+        if read_whole(frame, str(path), fingerprint, chain[i], part, shape, dtype)
+    }
 
 
 class SessionBlocks:
@@ -78,8 +123,11 @@ class SessionBlocks:
     rows of a block lie in 2 * layers * kv_heads pieces: each block is read whole into a
     staging block of the reading thread's, then copied into place."""
 
+    direct: DirectReader | None = None  # staged, then copied: read by views
+
     def __init__(self, k: np.ndarray, v: np.ndarray, block_size: int) -> None:
         self.k, self.v, self.block_size = k, v, block_size
+        self.dtype = k.dtype
         self._staging = threading.local()
 
     def views(self, i: int) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
@@ -130,6 +130,31 @@ def read_into(
     finally:
         os.close(fd)
     _check_sum(h, out, name)
+    return h
+
+
+class FrameRead(NamedTuple):
+    """A frame read whole by another reader (engine/kv/frame_reads.py, in C), its payload
+    already in place: its prefix and header, its payload's size and xxh3-64 (hex)."""
+
+    head: bytes
+    payload_bytes: int
+    digest: str
+
+
+def checked_frame(
+    frame: FrameRead,
+    kind: tuple[str, bytes, int],
+    max_header: int,
+    shape: list[int],
+    dtype: np.dtype[Any],
+    name: str,
+) -> dict[str, Any]:
+    """The header of a frame read whole elsewhere, with read_into's checks."""
+    h, _ = read_header(frame.head, kind, max_header, name)
+    _checked_half(h, frame.payload_bytes, shape, dtype, name)
+    if frame.digest != h.get("xxh3_64"):
+        raise SpillFileError(name, "checksum mismatch")
     return h
 
 

@@ -44,6 +44,7 @@ FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-pthread", "-shared"
 BUILD_DEADLINE_S = 1800.0  # the longest a compile, or the wait for another's, may take
 PROGRESS_S = 10.0  # how often a wait for another process's compile says so
 LOCK_POLL_S = 0.2
+OPTIONAL_HEADERS = ("xxhash.h",)  # built with where found (the key says which were)
 
 
 def kernel_dir() -> Path:
@@ -129,10 +130,23 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def _finds(cc: str, header: str) -> bool:
+    """Whether the compiler finds an optional header (a source built without it leaves a
+    part out: frame_read.c without xxhash.h)."""
+    probe = f"#if __has_include(<{header}>)\nfound\n#endif\n"
+    argv = [cc, "-E", "-P", "-x", "c", "-"]
+    try:
+        done = subprocess.run(argv, input=probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "found" in done.stdout.split()
+
+
 def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.blake2b(digest_size=10)
-    machine = (version.stdout, platform.machine(), _cpu_flags())
+    found = " ".join(h for h in OPTIONAL_HEADERS if _finds(cc, h))
+    machine = (version.stdout, platform.machine(), _cpu_flags(), found)
     for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(flags).encode()):
         key.update(part)
     for text in machine:
