@@ -7,8 +7,9 @@ the pool").
 The table is made first, on the thread that owns the pool: blocks the pool holds already
 (by hash) are taken, the others reserved; the block files are then read into those on
 another thread while the pool goes on serving (by the C kernels where built, a reader
-thread's share in one call: frame_reads.py, given each piece's address by `addresses`); the table takes its tokens last, back on the
-pool's thread, up to the first block that failed its checks.
+thread's share in one call: frame_reads.py, given each piece's address by `addresses`);
+the table takes its tokens last, back on the pool's thread, up to the first block that
+failed its checks.
 """
 
 from __future__ import annotations
