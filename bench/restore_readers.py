@@ -11,8 +11,10 @@ Python's, block by block (engine/kv_files/block_file.py read_block), in one proc
 2. What restores cost the sessions a worker goes on decoding meanwhile (KV --beside): a
    batch's decode steps timed alone and while one reader restores such a session back to
    back from the page cache, into a pool of its own (the memory, the cores and the GIL are
-   what they share); each mode's decode step (median, 90th percentile) and the restores it
-   completed a second. The three modes alternated, --repeats rounds.
+   what they share): the C reader with its block readers at the worker's priority and at
+   the lower one they run at (block_reads.READ_NICE), and Python's; each mode's decode step
+   (median, 90th percentile) and the restores it completed a second. The modes alternated,
+   --repeats rounds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from engine.engine import Engine
 from engine.kv.frame_reads import frame_reads
 from engine.kv.kv_pool import BLOCK_TOKENS, KVPool
 from engine.kv.pool_read import PoolRead
+from engine.kv_files import block_reads
+from engine.kv_files.block_reads import READ_NICE
 from engine.kv_files.kv_dtypes import kv_dtype_named
 from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
 from engine.model import Model
@@ -153,29 +157,47 @@ def timed_steps(engine: Engine, steps: int) -> list[float]:
     return times
 
 
+# part 2's modes: the reader, and what its block readers add to their nice value
+BESIDE = {
+    "none": None,
+    "C, nice +0": ("C", 0),
+    "C": ("C", READ_NICE),
+    "Python": ("Python", READ_NICE),
+}
+
+
+def readers_at(nice: int) -> None:
+    """The block readers' pool made anew, its threads at nice + `nice`."""
+    block_reads._readers().shutdown()
+    block_reads._readers.cache_clear()
+    block_reads.READ_NICE = nice
+
+
 def beside(model: Model, args: argparse.Namespace, directory: Path) -> None:
-    modes = ("none", *READERS)
-    steps: dict[str, list[float]] = {m: [] for m in modes}
-    rates: dict[str, list[float]] = {m: [] for m in READERS}
+    steps: dict[str, list[float]] = {m: [] for m in BESIDE}
+    rates: dict[str, list[float]] = {m: [] for m in BESIDE}
     restores = Restores(Session(model.config, model.kv_dtype, directory))
     engine = decoding(model, args.batch)
     timed_steps(engine, 5)  # warm
     for _ in range(args.repeats):
-        for mode in modes:
-            if mode in READERS:
-                restores.start(mode)
+        for mode, how in BESIDE.items():
+            if how is not None:
+                readers_at(how[1])
+                restores.start(how[0])
             start = time.perf_counter()
             steps[mode] += timed_steps(engine, args.steps)
-            if mode in READERS:
+            if how is not None:
                 restores.stop()
                 rates[mode].append(restores.done / (time.perf_counter() - start))
+    readers_at(READ_NICE)
     print(f"\nDecode steps of {args.batch} sessions (KV {args.beside}) beside restores of a")
     print(f"{SESSION_TOKENS}-token session back to back from the page cache, {args.repeats} rounds")
+    print(f"(the block readers at nice +{READ_NICE} but where said)")
     rows = []
-    for mode in modes:
+    for mode in BESIDE:
         ms = sorted(t * 1e3 for t in steps[mode])
         p90 = ms[int(0.9 * (len(ms) - 1))]
-        rate = f"{statistics.median(rates[mode]):.1f}" if mode in READERS else ""
+        rate = f"{statistics.median(rates[mode]):.1f}" if rates[mode] else ""
         rows.append((mode, f"{statistics.median(ms):.1f}", f"{p90:.1f}", rate))
     print_table(("restores by", "decode step (ms)", "p90 (ms)", "restores / s"), rows)
 

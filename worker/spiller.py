@@ -3,15 +3,13 @@ reading thread."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import SpillFileError
+from common.priority import lower_thread_priority
 from engine.kv.pool_read import PoolRead
 from engine.kv_files.spill_file import FileSummary, Listing, SpilledKV, SpillStore
 from engine.model import Model
@@ -219,11 +217,9 @@ class Spiller:
 
 
 def _background_priority() -> None:
-    """Lower the writing thread's CPU priority (nice WRITE_NICE): its hashing and copies
+    """Lower the writing thread's CPU priority (nice + WRITE_NICE): its hashing and copies
     wait for the decoding threads, whose steps it would otherwise stretch where they take
     every core. On 2 cores, a float32 session's disk resume that pushed another out (whose
     write ran meanwhile): its time to first token past the read 51 ms with the writer at
-    nice 0, 31 ms at 10 (means of 6; bench/RESULTS.md). Where threads have no priority of
-    their own (macOS), it keeps the process's."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITE_NICE)
+    nice 0, 31 ms at 10 (means of 6; bench/RESULTS.md)."""
+    lower_thread_priority(WRITE_NICE)

@@ -17,6 +17,7 @@ import numpy as np
 
 from common.block_hash import chain_hash
 from common.errors import SpillFileError
+from common.priority import lower_thread_priority
 from engine.kv_files.block_file import MAGIC, VERSION, advise, block_path, read_block, read_whole
 from engine.kv_files.kv_frame import FrameRead
 
@@ -24,11 +25,23 @@ from engine.kv_files.kv_frame import FrameRead
 # every read queued at once (block_file.advise), and each reader's checks hold the GIL
 # part of the time
 READ_THREADS = min(8, max(2, os.cpu_count() or 1))
+# added to the readers' nice value: their copies and checksums wait for the threads
+# decoding the other sessions, whose steps take every core (OpenMP, which waits at each
+# barrier for a thread a reader displaced). On 2 cores, restores from the page cache back
+# to back stretched a batch's decode step from ~25 ms to ~120 at nice + 0, to 35-67 at
+# + 10, while a restore beside the batch took 20-33 ms for 15-20 (bench.restore_readers);
+# alone, the same.
+READ_NICE = 10
 
 
 @functools.cache
 def _readers() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(READ_THREADS, thread_name_prefix="block-read")
+    return ThreadPoolExecutor(
+        READ_THREADS,
+        thread_name_prefix="block-read",
+        initializer=lower_thread_priority,
+        initargs=(READ_NICE,),
+    )
 
 
 class DirectReader(Protocol):

@@ -4,8 +4,9 @@ a llama-shaped model and on gpt-oss (two block groups: its windowed layers and t
 blocks the pool still knows are taken, not read; a damaged block ends the read there, its
 file deleted and counted, and the table holds the blocks before it and no more; a prompt's
 prefix on disk is read in place up to its first missing block, uncounted; a full pool evicts
-idle sessions to make room, or gives up holding nothing (a step's sequence then ends). Spills are
-written on a thread of lower priority, and read back on one of the worker's own."""
+idle sessions to make room, or gives up holding nothing (a step's sequence then ends). Spills
+are written on a thread of lower priority; a restore runs on one of the worker's own, its
+block files read by threads of lower priority."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv.kv_pool import detach
 from engine.kv.pool_read import PoolRead
+from engine.kv_files.block_reads import READ_NICE
+from engine.kv_files.block_reads import _readers as block_readers
 from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
 from engine.model import Model
 from engine.sequence import Request
@@ -130,7 +133,7 @@ def test_a_damaged_block_ends_the_read_and_the_blocks_past_it_go_back(
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="threads have a priority of their own on Linux")
-def test_spills_are_written_at_a_lower_priority_and_read_at_the_workers(
+def test_spills_are_written_and_block_files_read_at_a_lower_priority(
     tiny_model: Model, tmp_path: Path
 ) -> None:
     spiller = Spiller(SpillStore(tmp_path, tiny_model.fingerprint), tiny_model)
@@ -141,7 +144,9 @@ def test_spills_are_written_at_a_lower_priority_and_read_at_the_workers(
             return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
         assert spiller._io.submit(nice).result() == min(19, mine + WRITE_NICE)
+        # the restore's own thread at the worker's; its block files' readers lower
         assert spiller._reads.submit(nice).result() == mine
+        assert block_readers().submit(nice).result() == min(19, mine + READ_NICE)
         assert spiller._shares.submit(nice).result() == mine  # another worker waits on it
     finally:
         spiller.close()
