@@ -4,8 +4,8 @@ reader thread hands its share of a session's files to one call; what their heade
 checked after, in Python (engine/kv_files/block_reads.py).
 
 None where the kernels are not built, or built without xxHash's header (libxxhash-dev):
-the files are then read block by block in Python, as before (a float16 session from the
-page cache ~2.5x slower; see bench/RESULTS.md)."""
+the files are then read block by block in Python, as before (a float16 session ~1.4x
+slower; bench.restore_readers)."""
 
 from __future__ import annotations
 
