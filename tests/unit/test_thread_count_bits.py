@@ -1,0 +1,48 @@
+"""Decode rows' logits are bit for bit the same whatever number of threads the kernels run
+on: one, two or three, at batch 1 over a context long enough that attention spreads one row
+over every thread (attention.c's row_split, from 1,024 keys) and at batch 4 (tasks taken
+from a shared counter). A worker could then choose its threads step by step as the box's
+load changes (bench/RESULTS.md, "Decode on a busy box") without its tokens changing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from engine.device import set_threads
+from engine.model import Model
+from engine.ops.kernels import get_num_threads
+from tests.paged import new_kv, step
+
+THREADS = (1, 2, 3)
+
+
+@pytest.fixture
+def restored_threads() -> Iterator[None]:
+    before = get_num_threads()
+    yield
+    set_threads(before)
+
+
+@pytest.mark.parametrize("batch, length", [(1, 1100), (4, 300)])
+def test_decode_rows_do_not_depend_on_the_thread_count(
+    model: Model, restored_threads: None, batch: int, length: int
+) -> None:
+    rng = np.random.default_rng(batch)
+    vocab = model.config.vocab_size
+    prompts = [[int(t) for t in rng.integers(3, vocab, length + i)] for i in range(batch)]
+    caches = []
+    for ids in prompts:  # prefilled on the usual threads, but for the last token
+        cache = new_kv(model)
+        step(model, [(cache, ids[:-1])])
+        cache.commit(ids[:-1])
+        caches.append(cache)
+    rows = [(cache, ids[-1:]) for cache, ids in zip(caches, prompts, strict=True)]
+    got = {}
+    for n in THREADS:  # the same decode step (its rows' keys written to the same slots)
+        set_threads(n)
+        got[n] = step(model, rows)
+    for n in THREADS[1:]:
+        assert np.array_equal(got[n], got[1]), (n, np.abs(got[n] - got[1]).max())
