@@ -1,10 +1,10 @@
 /* KV block files read straight into place, their checksums taken, with no Python between
    the bytes (engine/kv/frame_reads.py binds it; engine/kv_files/kv_frame.py is the format).
 
-   Read in Python, a 2,000-token session's 125 block files cost ~15 ms of work under the
-   GIL on top of the copy (each file's open, its 60 pieces' views, the checksum of each piece):
-   the worker's other sessions waited for it, and a float16 session read from the page cache
-   took as long as a float32 one. Here one call reads a reader thread's share of a session's
+   Read in Python, a 2,000-token session's 125 block files cost ~7 ms of work under the GIL
+   on top of the copy (each file's open, its 60 pieces' views, the checksum of each piece),
+   and a float16 session read from the page cache took as long as a float32 one (see
+   bench/RESULTS.md). Here one call reads a reader thread's share of a session's
    files: each opened and asked ahead (posix_fadvise WILLNEED, a batch at a time, so that
    the disk has every read queued at once), its header's frame prefix checked, its payload
    read by preadv straight into the pieces given (a pool's blocks), and its xxh3-64 taken.
