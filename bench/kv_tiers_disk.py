@@ -61,15 +61,21 @@ def as_kv(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     return quantize(values) if dtype == Q8_0 else values.astype(dtype)
 
 
+def random_kv(config: ModelConfig, tokens: int, dtype: np.dtype[Any]) -> SpilledKV:
+    """A `tokens`-position session's KV of the model's shape in `dtype` (token ids 0..)."""
+    shape = (config.num_layers, config.num_kv_heads, tokens, config.head_dim)
+    rng = np.random.default_rng(0)
+    k, v = (as_kv(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in "kv")
+    return SpilledKV(k, v, list(range(tokens)))
+
+
 def spill_throughput(
     config: ModelConfig, tokens: int, repeats: int, dtype: np.dtype[Any]
 ) -> tuple[list[tuple[str, str, str, str]], set[str]]:
     """Write one `tokens`-position KV of the model's shape in `dtype` with SpillStore, and
     read it back as a worker does: its file, then its blocks straight into a pool."""
-    shape = (config.num_layers, config.num_kv_heads, tokens, config.head_dim)
-    rng = np.random.default_rng(0)
-    k, v = (as_kv(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in "kv")
-    kv = SpilledKV(k, v, list(range(tokens)))
+    kv = random_kv(config, tokens, dtype)
+    k, v = kv.k, kv.v
     like = (config.num_layers, config.num_kv_heads, config.head_dim)
     mb = (k.nbytes + v.nbytes) / 1e6
     pool = KVPool(config, -(-tokens // BLOCK_TOKENS) + 1, dtype, np)
@@ -108,13 +114,19 @@ def spill_throughput(
 
 
 def restore(
-    store: SpillStore, pool: KVPool, like: tuple[int, int, int], dtype: np.dtype[Any]
+    store: SpillStore,
+    pool: KVPool,
+    like: tuple[int, int, int],
+    dtype: np.dtype[Any],
+    python_reader: bool = False,
 ) -> PagedKV:
     """Session "s" read back into `pool` as a worker reads it (engine/kv/pool_read.py), its
-    file kept."""
+    file kept; its block files by Python's reader, not the C kernels', if `python_reader`."""
     listing = store.read_listing("s", like=like, dtype=dtype)
     assert isinstance(listing, Listing), "a file of the pool's dtype whose blocks are whole"
     read = PoolRead(pool, listing)
+    if python_reader:
+        read.direct = None
     got, why = store.read_listed(listing, read, read.first)
     assert not why, why
     return read.finish(got)

@@ -29,17 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.kv_tiers_disk import as_kv, drop_page_cache
+from bench.kv_tiers_disk import drop_page_cache, random_kv, restore
 from bench.table import print_table
 from common.sampling import SamplingParams
 from engine.engine import Engine
 from engine.kv.frame_reads import frame_reads
 from engine.kv.kv_pool import BLOCK_TOKENS, KVPool
-from engine.kv.pool_read import PoolRead
 from engine.kv_files import block_reads
 from engine.kv_files.block_reads import READ_NICE
 from engine.kv_files.kv_dtypes import kv_dtype_named
-from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
+from engine.kv_files.spill_file import SpillStore
 from engine.model import Model
 from engine.sequence import Request
 from engine.text.model_config import ModelConfig
@@ -65,29 +64,20 @@ class Session:
     """One spilled session of the model's shape in `dtype`, restored into a pool of its own."""
 
     def __init__(self, config: ModelConfig, dtype: np.dtype[Any], directory: Path) -> None:
-        shape = (config.num_layers, config.num_kv_heads, SESSION_TOKENS, config.head_dim)
-        rng = np.random.default_rng(0)
-        k, v = (as_kv(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in "kv")
+        kv = random_kv(config, SESSION_TOKENS, dtype)
         self.store = SpillStore(directory, "bench")
-        self.store.write("s", SpilledKV(k, v, list(range(SESSION_TOKENS))))
+        self.store.write("s", kv)
         self.paths = [p for p in self.store.directory.rglob("*") if p.is_file()]
         self.pool = KVPool(config, SESSION_TOKENS // BLOCK_TOKENS + 2, dtype, np)
         self.like = (config.num_layers, config.num_kv_heads, config.head_dim)
-        self.dtype, self.v = dtype, v
+        self.dtype, self.v = dtype, kv.v
 
     def restore(self, reader: str, cold: bool) -> float:
         """One restore's seconds, by `reader`, its files' pages dropped first if `cold`."""
         if cold:
             drop_page_cache(self.paths)
         start = time.perf_counter()
-        listing = self.store.read_listing("s", like=self.like, dtype=self.dtype)
-        assert isinstance(listing, Listing)
-        read = PoolRead(self.pool, listing)
-        if reader == "Python":
-            read.direct = None
-        got, why = self.store.read_listed(listing, read, read.first)
-        assert not why, why
-        table = read.finish(got)
+        table = restore(self.store, self.pool, self.like, self.dtype, reader == "Python")
         took = time.perf_counter() - start
         table.release(forget=True)
         return took

@@ -19,7 +19,7 @@ import numpy as np
 from engine.kv_files.kv_frame import HEAD_READ, PREFIX, FrameRead
 from engine.ops import native
 
-OK, MISSING = 0, 2  # wf_read_frames' status of a frame (1: found wrong)
+OK = 0  # wf_read_frames' status of a frame read whole (1: missing, unreadable or wrong)
 
 
 class FrameReads:
@@ -46,7 +46,7 @@ class FrameReads:
         names = (ctypes.c_char_p * n)(*(str(path).encode() for path in paths))
         heads = np.empty((n, HEAD_READ), np.uint8)
         lengths, sums = np.zeros(n, np.int64), np.zeros(n, np.uint64)
-        status = np.full(n, MISSING, np.int32)
+        status = np.ones(n, np.int32)
         addresses = np.ascontiguousarray(addresses, np.int64)
         self._fn(
             n,

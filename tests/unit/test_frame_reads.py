@@ -19,7 +19,7 @@ from engine.kv.frame_reads import frame_reads
 from engine.kv.kv_pool import KVPool
 from engine.kv.paged_kv import PagedKV
 from engine.kv.pool_read import PoolRead
-from engine.kv_files.block_file import MAGIC, VERSION
+from engine.kv_files.block_file import MAGIC, VERSION, block_path
 from engine.kv_files.kv_dtypes import kv_dtype_named, quantize
 from engine.kv_files.kv_frame import FrameRead, read_header, write_frame
 from engine.kv_files.spill_file import Listing, SpilledKV, SpillStore
@@ -51,7 +51,8 @@ def reads() -> Any:
     return found
 
 
-def spill(directory: Path, dtype: np.dtype[Any]) -> tuple[SpillStore, SpilledKV]:
+def spill(directory: Path, dtype: np.dtype[Any]) -> tuple[SpillStore, SpilledKV, list[str]]:
+    """The session written in `dtype`: its store, its KV, its block files' hashes (hex)."""
     shape = (CONFIG.num_layers, CONFIG.num_kv_heads, TOKENS, CONFIG.head_dim)
     rng = np.random.default_rng(7)
     k, v = (rng.standard_normal(shape, dtype=np.float32) for _ in "kv")
@@ -59,8 +60,8 @@ def spill(directory: Path, dtype: np.dtype[Any]) -> tuple[SpillStore, SpilledKV]
         k, v = quantize(k), quantize(v)
     kv = SpilledKV(k.astype(dtype), v.astype(dtype), list(range(3, 3 + TOKENS)), scope="acme")
     store = SpillStore(directory, FINGERPRINT)
-    store.write("acme/s", kv)
-    return store, kv
+    blocks = store.write("acme/s", kv).blocks
+    return store, kv, list(blocks)
 
 
 def read_back(
@@ -91,7 +92,7 @@ def test_the_c_reader_puts_every_block_where_python_does(
     reads: Any, name: str, tmp_path: Path
 ) -> None:
     dtype = kv_dtype_named(name)
-    store, kv = spill(tmp_path, dtype)
+    store, kv, _ = spill(tmp_path, dtype)
     got, why, table, by_python = read_back(store, dtype, direct=True)
     assert (got, why) == (TOKENS, "") and store.num_rejected == 0 and by_python == []
     k, v, ids = table.state()
@@ -129,16 +130,8 @@ def test_a_damaged_file_is_refused_as_the_python_reader_refuses_it(
 ) -> None:
     said = {}
     for direct in (True, False):
-        store, kv = spill(tmp_path / str(direct), np.dtype(np.float16))
-        paths = sorted(store.blocks.glob("*.wfkb"), key=lambda p: p.stat().st_mtime_ns)
-        bad = next(
-            p
-            for p in paths
-            if read_header(p.read_bytes(), ("block", MAGIC, VERSION), 1 << 20, "")[0]["token_ids"][
-                0
-            ]
-            == 3 + 2 * BLOCK
-        )
+        store, kv, blocks = spill(tmp_path / str(direct), np.dtype(np.float16))
+        bad = block_path(store.blocks, bytes.fromhex(blocks[2]))  # the third block's file
         change, reason = DAMAGE[damage]
         if change is None:
             bad.unlink()
@@ -158,7 +151,7 @@ def test_a_damaged_file_is_refused_as_the_python_reader_refuses_it(
 def test_a_header_past_the_c_readers_first_read_is_read_by_python(
     reads: Any, tmp_path: Path
 ) -> None:
-    store, kv = spill(tmp_path, np.dtype(np.float16))
+    store, kv, _ = spill(tmp_path, np.dtype(np.float16))
     path = next(iter(store.blocks.glob("*.wfkb")))
     h, payload = read_header(path.read_bytes(), ("block", MAGIC, VERSION), 1 << 20, str(path))
     half = len(payload) // 2

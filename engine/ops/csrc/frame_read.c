@@ -33,7 +33,7 @@
 #define ADVISE_BATCH 64 /* files open at once per call: their reads queued together */
 #define IOV_CHUNK 512   /* pieces a preadv call takes (under every system's IOV_MAX) */
 
-enum { FRAME_OK = 0, FRAME_BAD = 1, FRAME_MISSING = 2 };
+enum { FRAME_OK = 0, FRAME_BAD = 1 }; /* bad: missing, unreadable or found wrong */
 
 #ifdef WF_FRAME_READ
 
@@ -96,16 +96,15 @@ static int read_frame(int fd, const char *magic, uint32_t version, char *head, i
 /* Read `n` frames (`paths`) of `magic` and `version`: frame i's header (after the prefix,
    head_lens[i] bytes) at heads + i * head_cap + 12, its payload into the `pieces` addresses
    addrs[i * pieces ...] of piece_bytes each, its xxh3-64 in sums[i], and how it went in
-   status[i] (FRAME_OK, FRAME_BAD, FRAME_MISSING). */
+   status[i] (FRAME_OK, FRAME_BAD). */
 void wf_read_frames(int64_t n, const char *const *paths, const char *magic, uint32_t version,
                     char *heads, int64_t head_cap, int64_t *head_lens, const int64_t *addrs,
                     int64_t pieces, int64_t piece_bytes, uint64_t *sums, int32_t *status) {
-    int fds[ADVISE_BATCH], missing[ADVISE_BATCH];
+    int fds[ADVISE_BATCH];
     for (int64_t start = 0; start < n; start += ADVISE_BATCH) {
         int64_t count = n - start < ADVISE_BATCH ? n - start : ADVISE_BATCH;
         for (int64_t j = 0; j < count; j++) {
             fds[j] = open(paths[start + j], O_RDONLY | O_CLOEXEC);
-            missing[j] = fds[j] < 0 && errno == ENOENT;
 #ifdef POSIX_FADV_WILLNEED
             if (fds[j] >= 0) posix_fadvise(fds[j], 0, 0, POSIX_FADV_WILLNEED);
 #endif
@@ -113,7 +112,7 @@ void wf_read_frames(int64_t n, const char *const *paths, const char *magic, uint
         for (int64_t j = 0; j < count; j++) {
             int64_t i = start + j;
             if (fds[j] < 0) {
-                status[i] = missing[j] ? FRAME_MISSING : FRAME_BAD;
+                status[i] = FRAME_BAD;
                 continue;
             }
             status[i] = read_frame(fds[j], magic, version, heads + i * head_cap, head_cap,
