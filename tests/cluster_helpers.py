@@ -20,11 +20,11 @@ from broker.worker_broker import WorkerBroker
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
 from common.v1 import kvstore_pb2 as kvpb
-from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
 from engine.text.chat import render_chat
 from gateway.auth import hash_key
+from tests.cold_runs import cold_ids, cold_outputs
 from warmfleet.client import Client, KVStoreClient, Reply
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -64,8 +64,7 @@ def reference(
 ) -> tuple[list[int], list[int]]:
     """(prompt ids, greedy completion ids) from the in-process engine."""
     ids = prompt_ids(model, messages)
-    out = Engine(model).generate([Request("ref", ids, SamplingParams(max_tokens=max_tokens))])
-    return ids, [t for o in out["ref"] for t in o.token_ids]
+    return ids, cold_ids(model, Request("ref", ids, SamplingParams(max_tokens=max_tokens)))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -125,7 +124,7 @@ def assert_exact(model: Model, turns: list[tuple[list[dict[str, str]], Reply]]) 
         ))
         for i, (m, _) in enumerate(turns)
     ]  # fmt: skip
-    out = Engine(model).generate(requests)
+    out = cold_outputs(model, requests)
     for i, (_, reply) in enumerate(turns):
         expected = [t for o in out[f"ref-{i}"] for t in o.token_ids]
         assert reply.token_ids == expected, f"turn {i}: {reply.text!r}"

@@ -18,11 +18,11 @@ import redis as redis_lib
 
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
-from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
 from tests import cuda_emu
 from tests.cluster_helpers import worker_status
+from tests.cold_runs import cold_ids
 from tests.kv_checks import evict
 from tests.tiny_gguf import VOCAB_SIZE, write_tiny_llama
 from warmfleet.client import Client, KVStoreClient, Reply
@@ -75,8 +75,7 @@ def cluster(
 def cold(model: Model, ids: list[int], new: int = NEW) -> list[int]:
     """The in-process engine's greedy tokens for `ids`, from nothing cached."""
     sampling = SamplingParams(max_tokens=new, ignore_eos=True)
-    out = Engine(model).generate([Request("ref", ids, sampling)])
-    return [t for o in out["ref"] for t in o.token_ids]
+    return cold_ids(model, Request("ref", ids, sampling))
 
 
 def turn(client: Client, sid: str, ids: list[int], new: int = NEW, **options: object) -> Reply:

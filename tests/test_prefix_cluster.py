@@ -16,11 +16,11 @@ import redis as redis_lib
 from broker import keys
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
-from engine.engine import Engine
 from engine.kv_files.spill_file import read_summary, spill_path
 from engine.model import Model
 from engine.sequence import Request
 from tests.cluster_helpers import prompt_ids, settle, write_keys
+from tests.cold_runs import cold_ids
 from warmfleet.client import Client, KVStoreClient, Reply
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -70,8 +70,7 @@ def ask(c: Cluster, api_key: str, session: str, msgs: list[dict[str, str]]) -> R
 
 def expected_ids(model: Model, msgs: list[dict[str, str]]) -> list[int]:
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    out = Engine(model).generate([Request("ref", prompt_ids(model, msgs), params)])
-    return [t for o in out["ref"] for t in o.token_ids]
+    return cold_ids(model, Request("ref", prompt_ids(model, msgs), params))
 
 
 def pool_bytes(c: Cluster) -> int:

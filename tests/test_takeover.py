@@ -29,11 +29,11 @@ from broker.messages import Completion, JobError, TokenChunk
 from common.sampling import SamplingParams
 from common.v1 import inference_pb2 as pb
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.model import Model
 from engine.sequence import Request
 from tests.cluster_fixtures import cluster_client, cluster_redis  # noqa: F401
 from tests.cluster_helpers import prompt_ids, reference, worker_status
+from tests.cold_runs import cold_ids
 from warmfleet.client import Client
 from warmfleet.cluster_config import ClusterConfig
 from warmfleet.launcher import Cluster
@@ -207,8 +207,7 @@ def test_a_late_kill_resumes_by_prefilling_the_tokens_sent(
     messages = [{"role": "user", "content": "Tell me a long story about a cartographer."}]
     stream = TimedStream(messages, {"max_tokens": LATE_TOKENS, "ignore_eos": True})
     ids = prompt_ids(model, messages)
-    out = Engine(model).generate([Request("ref", ids, sampling)])
-    expected = [t for o in out["ref"] for t in o.token_ids]
+    expected = cold_ids(model, Request("ref", ids, sampling))
     supervisor = Supervisor(cluster, lambda line: None)
     reader = threading.Thread(target=stream.read, args=(client, "late-kill"))
     reader.start()

@@ -14,6 +14,7 @@ from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
 from tests.batch_invariance import check, compositions
 from tests.cluster_helpers import prompt_ids
+from tests.cold_runs import cold_ids
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def ids_of(outputs: list[StepOutput]) -> list[int]:
 
 
 def run_alone(model: Model, request: Request) -> list[int]:
-    return ids_of(Engine(model).generate([request])[request.request_id])
+    return cold_ids(model, request)
 
 
 def test_batch_of_8_joining_at_different_steps_equals_each_alone(model: Model) -> None:
