@@ -14,7 +14,7 @@ from engine.ops.kernels import SMALL_ROWS
 from engine.sequence import Request
 from tests.batch_invariance import check, compositions
 from tests.cluster_helpers import prompt_ids
-from tests.cold_runs import cold_ids
+from tests.cold_runs import cold_ids, cold_outputs
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.slow
@@ -122,7 +122,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model: Model) -> 
         Request(f"o{i}", p, SamplingParams(temperature=1.0, seed=i, max_tokens=8))
         for i, p in enumerate(prompts[1:])
     ]
-    outputs = Engine(model).generate([*others, target])
+    outputs = cold_outputs(model, [*others, target])
     assert ids_of(outputs["seeded"]) == alone
     other_seed = Request(
         "seeded",
