@@ -70,16 +70,20 @@ def build(tmp: Path, marches: tuple[str, ...]) -> dict[str, ExpertKernels]:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExpertKernels]:
-    """haswell and x86-64, and skylake-avx512 (AVX-512 without VNNI) where this CPU runs it."""
-    marches = ("haswell", "x86-64", *(("skylake-avx512",) if SKYLAKE <= CPU else ()))
+    """x86-64, and skylake-avx512 (AVX-512 without VNNI) where this CPU runs it."""
+    marches = ("x86-64", *(("skylake-avx512",) if SKYLAKE <= CPU else ()))
     return build(tmp_path_factory.mktemp("builds"), marches)
 
 
 @pytest.fixture(scope="module")
-def builds(compiled: dict[str, ExpertKernels]) -> dict[str, ExpertKernels]:
-    engine = native.library()
-    assert engine is not None
-    return {"native": ExpertKernels(engine), "avx2": compiled["haswell"]}
+def builds() -> dict[str, ExpertKernels]:
+    """The engine's own kernels, and the whole library built for Haswell: the one a process
+    with WARMFLEET_MARCH=haswell loads, built once for this file and the AVX2 tests
+    (tests/unit/test_avx2_build.py, tests/test_avx2_suite.py)."""
+    engine, cc = native.library(), native._compiler()
+    assert engine is not None and cc is not None
+    haswell = ctypes.CDLL(str(native.library_file(cc, native.flags("haswell"))))
+    return {"native": ExpertKernels(engine), "avx2": ExpertKernels(haswell)}
 
 
 @pytest.fixture(scope="module")
