@@ -1,9 +1,11 @@
 """Builds of tests/native/kernel_driver.c (the engine's C kernels run on inputs from a file)
 for checking other builds of the kernels bit for bit against the native one, and the inputs
-those checks feed them: decoded matrices' products, expert products and paged attention."""
+those checks feed them: decoded matrices' products, expert products and paged attention;
+and the engine's library built for Haswell (AVX2), which this machine loads beside its own."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +24,15 @@ from tests.unit.quant_cases import Stored, write_and_read
 DRIVER = Path(__file__).with_name("kernel_driver.c")
 THREADS = 2
 RUN_S = 300  # qemu runs the kernels ~20x slower than the machine
+
+
+def haswell_library() -> ctypes.CDLL:
+    """The engine's kernels built for Haswell with its other flags: the library a process
+    with WARMFLEET_MARCH=haswell loads (tests/test_avx2_suite.py's), built once (in
+    native.kernel_dir()) for every test that compares the AVX2 build."""
+    cc = native._compiler()
+    assert cc is not None
+    return ctypes.CDLL(str(native.library_file(cc, native.flags("haswell"))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from engine.ops import native
 from engine.ops.attention_rows import KERNEL_KV_DTYPES, NO_SINKS, kernel_row_limit, rows_kernel
 from engine.ops.chunks import AVX2_CHUNK_ROWS, SMALL_ROWS, kernel_chunk_rows
 from engine.ops.quant.native import NativeKernels
+from tests.native.driver import haswell_library
 from tests.unit.quant_cases import TYPES, K, Stored, T, write_and_read
 
 FLAGS = set(native._cpu_flags().split())
@@ -37,12 +38,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 
 @pytest.fixture(scope="module")
 def haswell() -> ctypes.CDLL:
-    """The engine's kernels built for Haswell with its other flags: the library a process
-    with WARMFLEET_MARCH=haswell loads (tests/test_avx2_suite.py's), so built once for
-    both, beside the native one."""
-    cc = native._compiler()
-    assert cc is not None
-    return ctypes.CDLL(str(native.library_file(cc, native.flags("haswell"))))
+    return haswell_library()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import pytest
 from engine.ops import native
 from engine.ops.quant.experts import ExpertMatrix
 from engine.ops.quant.experts_native import ExpertKernels, Products
+from tests.native.driver import haswell_library
 from tests.unit.expert_cases import (
     BUCKETS,
     INT_TYPES,
@@ -77,13 +78,11 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExpertKernel
 
 @pytest.fixture(scope="module")
 def builds() -> dict[str, ExpertKernels]:
-    """The engine's own kernels, and the whole library built for Haswell: the one a process
-    with WARMFLEET_MARCH=haswell loads, built once for this file and the AVX2 tests
-    (tests/unit/test_avx2_build.py, tests/test_avx2_suite.py)."""
-    engine, cc = native.library(), native._compiler()
-    assert engine is not None and cc is not None
-    haswell = ctypes.CDLL(str(native.library_file(cc, native.flags("haswell"))))
-    return {"native": ExpertKernels(engine), "avx2": ExpertKernels(haswell)}
+    """The engine's own kernels, and the whole library built for Haswell (the AVX2 tests'
+    own, not compiled again here)."""
+    engine = native.library()
+    assert engine is not None
+    return {"native": ExpertKernels(engine), "avx2": ExpertKernels(haswell_library())}
 
 
 @pytest.fixture(scope="module")
